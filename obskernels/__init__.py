@@ -1,0 +1,27 @@
+"""obskernels: fast, exact observers for LLM quantization calibration.
+
+``import obskernels`` needs neither CUDA nor triton: the kernels are imported
+only when the triton backend is used.
+"""
+
+from obskernels import ops
+from obskernels.backends import (
+    BackendUnavailableError,
+    KernelUnsupportedError,
+    available_backends,
+    get_backend,
+    set_backend,
+    use_backend,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ops",
+    "available_backends",
+    "get_backend",
+    "set_backend",
+    "use_backend",
+    "BackendUnavailableError",
+    "KernelUnsupportedError",
+]

@@ -1,0 +1,151 @@
+"""Backend choice: which implementation computes an operation.
+
+Names:
+- "reference": the pure-PyTorch definitions in ``obskernels.reference``.
+- "triton": the fused kernels in ``obskernels.kernels``; runs on CUDA tensors,
+  and on CPU tensors when TRITON_INTERPRET=1 was set before triton was imported.
+- "auto" (default): triton where it can run for the given tensor, else reference.
+
+The active name comes from ``set_backend``/``use_backend``, else from the
+environment variable OBSKERNELS_BACKEND, else "auto". Forcing a backend that
+cannot run raises ``BackendUnavailableError`` saying why; it never falls back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import logging
+import os
+from types import ModuleType
+from typing import Iterator
+
+import torch
+
+__all__ = [
+    "BACKEND_NAMES",
+    "BackendUnavailableError",
+    "KernelUnsupportedError",
+    "available_backends",
+    "get_backend",
+    "set_backend",
+    "use_backend",
+    "resolve_backend",
+    "backend_module",
+    "triton_unavailable_reason",
+]
+
+BACKEND_NAMES = ("auto", "reference", "triton")
+ENV_VAR = "OBSKERNELS_BACKEND"
+
+logger = logging.getLogger("obskernels")
+
+_active: str | None = None
+
+
+class BackendUnavailableError(RuntimeError):
+    """A backend was asked for by name but cannot run here."""
+
+
+class KernelUnsupportedError(NotImplementedError):
+    """The triton backend does not cover this case (raised before any launch).
+
+    Under a forced "triton" backend it reaches the caller; under "auto" the
+    operation falls back to the reference with one logged message.
+    """
+
+
+def _check_name(name: str) -> str:
+    if not isinstance(name, str) or name.lower() not in BACKEND_NAMES:
+        raise ValueError(f"backend must be one of {BACKEND_NAMES}, got {name!r}")
+    return name.lower()
+
+
+def get_backend() -> str:
+    """The requested backend name (may be "auto")."""
+    if _active is not None:
+        return _active
+    return _check_name(os.environ.get(ENV_VAR, "auto") or "auto")
+
+
+def set_backend(name: str) -> None:
+    """Select the backend for every later operation in this process.
+
+    A forced name is checked at once for the runtime (triton importable); whether
+    it fits a given tensor's device is checked when an operation runs.
+    """
+    global _active
+    name = _check_name(name)
+    if name == "triton":
+        reason = triton_unavailable_reason(None)
+        if reason is not None:
+            raise BackendUnavailableError(f"backend 'triton' cannot run: {reason}")
+    _active = name
+
+
+@contextlib.contextmanager
+def use_backend(name: str) -> Iterator[None]:
+    """Context manager form of ``set_backend``; restores the previous choice."""
+    global _active
+    previous = _active
+    set_backend(name)
+    try:
+        yield
+    finally:
+        _active = previous
+
+
+def _interpreter_on() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def triton_unavailable_reason(tensor: torch.Tensor | None) -> str | None:
+    """Why the triton backend cannot run (for ``tensor``'s device), or None."""
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed"
+    try:
+        importlib.import_module("obskernels.kernels")
+    except ImportError as exc:  # triton present but broken, or kernels missing
+        return f"the kernels failed to import ({exc})"
+    if tensor is None:
+        if torch.cuda.is_available() or _interpreter_on():
+            return None
+        return "no CUDA device and TRITON_INTERPRET=1 is not set"
+    if tensor.is_cuda:
+        return None
+    if tensor.device.type == "cpu":
+        if _interpreter_on():
+            return None
+        return "CPU tensors need TRITON_INTERPRET=1 set before triton is imported"
+    return f"tensors on device {tensor.device.type!r} are not supported"
+
+
+def available_backends(tensor: torch.Tensor | None = None) -> list[str]:
+    """Names that can run now (for ``tensor``'s device when given)."""
+    names = ["auto", "reference"]
+    if triton_unavailable_reason(tensor) is None:
+        names.append("triton")
+    return names
+
+
+def resolve_backend(tensor: torch.Tensor) -> str:
+    """The concrete backend ("reference" or "triton") for an operation on ``tensor``."""
+    name = get_backend()
+    if name == "reference":
+        return "reference"
+    reason = triton_unavailable_reason(tensor)
+    if name == "triton":
+        if reason is not None:
+            raise BackendUnavailableError(f"backend 'triton' cannot run: {reason}")
+        return "triton"
+    return "triton" if reason is None else "reference"
+
+
+def backend_module(name: str) -> ModuleType:
+    """The module holding the operations of a concrete backend."""
+    if name == "reference":
+        return importlib.import_module("obskernels.reference")
+    if name == "triton":
+        return importlib.import_module("obskernels.kernels")
+    raise ValueError(f"no concrete backend named {name!r}")

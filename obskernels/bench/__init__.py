@@ -1,0 +1,1 @@
+"""obskernels.bench."""

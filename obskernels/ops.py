@@ -1,0 +1,86 @@
+"""The observer operations, dispatched to the active backend.
+
+Every function here has the signature of its twin in ``obskernels.reference``
+and ``obskernels.kernels``. Observers reach tensors only through this module.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from obskernels.backends import (
+    KernelUnsupportedError,
+    backend_module,
+    get_backend,
+    logger,
+    resolve_backend,
+)
+
+__all__ = ["flatten_for_calibration", "min_max", "mse_search", "accumulate_sq"]
+
+_fallbacks_logged: set[str] = set()
+
+
+def _dispatch(op: str, tensor: torch.Tensor, *args, **kwargs):
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{op}: expected a torch.Tensor, got {type(tensor).__name__}")
+    name = resolve_backend(tensor)
+    fn: Callable = getattr(backend_module(name), op)
+    if name == "reference":
+        return fn(tensor, *args, **kwargs)
+    try:
+        return fn(tensor, *args, **kwargs)
+    except KernelUnsupportedError as exc:
+        if get_backend() == "triton":
+            raise
+        key = f"{op}: {exc}"
+        if key not in _fallbacks_logged:
+            _fallbacks_logged.add(key)
+            logger.warning("obskernels: %s; using the reference backend", key)
+        return getattr(backend_module("reference"), op)(tensor, *args, **kwargs)
+
+
+def flatten_for_calibration(value, base_name, args, g_idx=None):
+    """(num_observations, *qparam_shape, group_size) view or copy of ``value`` (SPEC §2)."""
+    return _dispatch("flatten_for_calibration", value, base_name, args, g_idx=g_idx)
+
+
+def min_max(value, base_name, args, g_idx=None):
+    """(min_vals, max_vals) per group, with the qparam shape (SPEC §2)."""
+    return _dispatch("min_max", value, base_name, args, g_idx=g_idx)
+
+
+def mse_search(
+    value,
+    base_name,
+    args,
+    *,
+    maxshrink,
+    patience,
+    grid,
+    norm,
+    expand=1.0,
+    importance=None,
+    flavour="mse",
+):
+    """(min_vals, max_vals) minimizing the shrink-grid error (SPEC §4)."""
+    return _dispatch(
+        "mse_search",
+        value,
+        base_name,
+        args,
+        maxshrink=maxshrink,
+        patience=patience,
+        grid=grid,
+        norm=norm,
+        expand=expand,
+        importance=importance,
+        flavour=flavour,
+    )
+
+
+def accumulate_sq(x, sum_buf, count_buf):
+    """sum_buf += sum over tokens of x**2 (fp32); count_buf += tokens. In place."""
+    return _dispatch("accumulate_sq", x, sum_buf, count_buf)

@@ -1,0 +1,11 @@
+"""Pure-PyTorch reference of every obskernels operation: the oracle.
+
+Each function has the exact signature of its Triton twin in obskernels.kernels.
+"""
+
+from obskernels.reference.accumulate_sq import accumulate_sq
+from obskernels.reference.flatten import flatten_for_calibration
+from obskernels.reference.min_max import min_max
+from obskernels.reference.mse_search import mse_search
+
+__all__ = ["flatten_for_calibration", "min_max", "mse_search", "accumulate_sq"]

@@ -1,0 +1,139 @@
+"""Reference MSE shrink-grid search, SPEC §4.
+
+For step i the candidate range is (base_min * p, base_max * p) with
+p = 1 - i / grid; each group keeps the candidate of smallest error, and the
+search stops after ``patience`` consecutive steps in which no group improved.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from compressed_tensors.quantization import QuantizationStrategy as S
+from compressed_tensors.quantization.lifecycle import fake_quantize
+from compressed_tensors.quantization.utils import calculate_qparams
+
+from obskernels.reference.flatten import flatten_for_calibration
+from obskernels.validation import WEIGHT, strategy_of
+
+__all__ = ["mse_search", "search_args", "num_steps", "broadcast_importance"]
+
+FLAVOURS = ("mse", "imatrix")
+
+
+def check_search_params(maxshrink, patience, grid, norm, expand, flavour) -> None:
+    if flavour not in FLAVOURS:
+        raise ValueError(f"flavour must be one of {FLAVOURS}, got {flavour!r}")
+    if not isinstance(grid, (int, float)) or not math.isfinite(grid) or grid <= 0:
+        raise ValueError(f"grid must be a finite number > 0, got {grid!r}")
+    if not isinstance(patience, int) or isinstance(patience, bool) or patience < 0:
+        raise ValueError(f"patience must be an integer >= 0, got {patience!r}")
+    if not isinstance(maxshrink, (int, float)) or not 0 <= maxshrink <= 1:
+        raise ValueError(f"maxshrink must be in [0, 1], got {maxshrink!r}")
+    if not isinstance(norm, (int, float)) or not math.isfinite(norm) or norm <= 0:
+        raise ValueError(f"norm must be a finite positive number, got {norm!r}")
+    if not isinstance(expand, (int, float)) or not math.isfinite(expand) or expand < 1:
+        raise ValueError(f"expand must be a finite number >= 1, got {expand!r}")
+
+
+def search_args(args):
+    """(args for qparams, args for fake quantization) used during the search."""
+    if strategy_of(args) == S.TENSOR_GROUP and args.scale_dtype is not None:
+        args = args.model_copy(update={"scale_dtype": None})
+    return args, args.model_copy(update={"strategy": S.TOKEN})
+
+
+def num_steps(maxshrink: float, grid: float, flavour: str) -> int:
+    """How many grid steps the search may take (i = 0 .. num_steps - 1)."""
+    if flavour == "mse":
+        return int(maxshrink * grid)
+    return max(1, int(maxshrink * grid)) + 1
+
+
+def broadcast_importance(importance, value, args):
+    """Per-column importance, broadcast over rows and flattened like the weight."""
+    if not isinstance(importance, torch.Tensor):
+        raise TypeError(
+            f"importance must be a torch.Tensor, got {type(importance).__name__}"
+        )
+    rows, cols = value.shape
+    if importance.dim() != 1 or importance.numel() != cols:
+        raise ValueError(
+            f"importance must be 1-D with one entry per input column ({cols}), "
+            f"got shape {tuple(importance.shape)}"
+        )
+    if importance.device != value.device:
+        raise ValueError(
+            f"importance is on {importance.device} but value is on {value.device}"
+        )
+    if not bool(torch.isfinite(importance).all()) or bool((importance < 0).any()):
+        raise ValueError("importance must be finite and non-negative")
+    full = importance.to(torch.float32).unsqueeze(0).expand(rows, cols)
+    return flatten_for_calibration(full, WEIGHT, args)
+
+
+def mse_search(
+    value,
+    base_name,
+    args,
+    *,
+    maxshrink,
+    patience,
+    grid,
+    norm,
+    expand=1.0,
+    importance=None,
+    flavour="mse",
+):
+    check_search_params(maxshrink, patience, grid, norm, expand, flavour)
+    observed = flatten_for_calibration(value, base_name, args)
+    weights = None
+    if importance is not None:
+        if base_name != WEIGHT or strategy_of(args) not in (S.CHANNEL, S.GROUP, S.TENSOR_GROUP):
+            raise ValueError(
+                "importance applies only to weights with the 'channel', 'group' or "
+                f"'tensor_group' strategy, got base_name {base_name!r} and strategy "
+                f"{strategy_of(args).value!r}"
+            )
+        weights = broadcast_importance(importance, value, args)
+
+    qparam_args, token_args = search_args(args)
+    base_min = torch.amin(observed, dim=(0, -1)) * expand
+    base_max = torch.amax(observed, dim=(0, -1)) * expand
+    error_dtype = observed.dtype if flavour == "mse" else torch.float32
+    best_error = torch.full_like(
+        base_min, torch.finfo(error_dtype).max, dtype=error_dtype
+    )
+    best_min, best_max = base_min.clone(), base_max.clone()
+
+    stale = 0
+    for i in range(num_steps(maxshrink, grid, flavour)):
+        p = 1 - i / grid
+        cand_min, cand_max = base_min * p, base_max * p
+        scale, zero_point = calculate_qparams(cand_min, cand_max, qparam_args, None)
+        q = fake_quantize(
+            observed, scale.unsqueeze(-1), zero_point.unsqueeze(-1), token_args
+        )
+        if flavour == "mse":
+            # every step in the observed dtype: bf16 stays bf16, the sum too
+            err = torch.sum((q.to(observed.dtype) - observed).abs().pow(norm), dim=(0, -1))
+        else:
+            diff = (q.float() - observed.float()).abs().pow(norm)
+            if weights is not None:
+                diff = diff * weights
+            err = diff.sum(dim=(0, -1))
+
+        improved = err < best_error
+        if bool(improved.any()):
+            best_error[improved] = err[improved]
+            best_min[improved] = cand_min[improved]
+            best_max[improved] = cand_max[improved]
+            stale = 0
+        else:
+            stale += 1
+            if flavour == "mse" and stale >= patience:
+                break
+            if flavour == "imatrix" and patience > 0 and stale >= patience:
+                break
+    return best_min, best_max

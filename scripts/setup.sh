@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs obskernels and what its tests and benchmarks need into the current
+# Python environment. An installed torch is kept as it is. Without one, a
+# machine with no NVIDIA GPU gets the CPU build of torch (never the CUDA
+# wheels): from $TORCH_CPU_INDEX if set (e.g. PyTorch's CPU wheel index), else
+# torch==$TORCH_VERSION from the configured package index.
+set -euo pipefail
+PY=${PYTHON:-python3}
+TORCH_VERSION=${TORCH_VERSION:-2.13.0}
+cd "$(dirname "$0")/.."
+
+pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
+
+if "$PY" -c "import torch" 2>/dev/null; then
+    echo "setup: keeping installed torch $("$PY" -c 'import torch; print(torch.__version__)')"
+elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    echo "setup: NVIDIA GPU found, installing torch $TORCH_VERSION (CUDA build)"
+    pip_install "torch==$TORCH_VERSION"
+elif [ -n "${TORCH_CPU_INDEX:-}" ]; then
+    echo "setup: no GPU, installing CPU torch $TORCH_VERSION from $TORCH_CPU_INDEX"
+    pip_install "torch==$TORCH_VERSION" --index-url "$TORCH_CPU_INDEX"
+else
+    echo "setup: no GPU, installing torch $TORCH_VERSION (CPU build where the index provides one)"
+    pip_install "torch==$TORCH_VERSION"
+fi
+# torch is present now, so the project's plain `torch>=` requirement installs nothing more.
+pip_install -e ".[test,bench]"
+"$PY" -c "import torch, obskernels; print('setup: torch', torch.__version__, '| obskernels', obskernels.__version__, '| backends', obskernels.available_backends())"
