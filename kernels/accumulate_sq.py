@@ -1,0 +1,157 @@
+"""E[x²] accumulation for the imatrix importance, deterministic.
+
+    sum_buf[h] += sum over tokens t of float32(x[t, h])**2
+    count_buf  += number of tokens
+
+x is read once in its own dtype (bf16 / fp16 / fp32, any leading dims, any
+strides) and squared in fp32 registers; no fp32 copy is made. Every sum runs
+in a fixed order, so repeated runs agree bit for bit: one program owns a
+block of channels and a fixed range of tokens (compensated summation per
+lane, then a fixed-shape tree over lanes). When the tokens are split across
+programs to fill a GPU, the partial sums land in a (split, hidden) buffer
+and a second launch adds them in split order.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from obskernels.kernels._layout import (
+    LaunchConfig,
+    choose_blocks,
+    choose_split,
+    coalesce,
+    num_warps_for,
+    pow2_at_most,
+    row_offsets,
+)
+from obskernels.reference.accumulate_sq import accumulate_sq as _reference_accumulate_sq
+from obskernels.reference.accumulate_sq import check_accumulate_args
+
+__all__ = ["accumulate_sq", "CONFIG"]
+
+CONFIG = LaunchConfig()
+
+
+@triton.jit(do_not_specialize=["NT", "tokens_per_split"])
+def _sum_sq_kernel(
+    x_ptr, out_ptr, count_ptr,
+    H, sh, NT, R1, R2, sr0, sr1, sr2, tokens_per_split, s_out_split, s_out_h,
+    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, ADD: tl.constexpr,
+):
+    """Program (i, s): channels [i*BLOCK_H, (i+1)*BLOCK_H), tokens
+    [s*tokens_per_split, (s+1)*tokens_per_split).
+
+    total[h] = sum over its tokens of x[t, h]**2 in fp32, Kahan-compensated
+    per (token lane, channel) so long token ranges keep full fp32 accuracy.
+    ADD: out is sum_buf, out[h] += total[h], and program (0, 0) adds NT to
+    the count. Otherwise out[s, h] = total[h] (a partial for the finish pass).
+    """
+    pid_h = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)[None, :]
+    h_ok = h < H
+    h_off = h.to(tl.int64) * sh
+    t_lo = pid_s * tokens_per_split
+    t_hi = tl.minimum(t_lo + tokens_per_split, NT)
+    acc = tl.zeros([BLOCK_T, BLOCK_H], tl.float32)
+    comp = tl.zeros([BLOCK_T, BLOCK_H], tl.float32)
+    for t0 in range(t_lo, t_hi, BLOCK_T):
+        t = t0 + tl.arange(0, BLOCK_T)[:, None]
+        ok = (t < t_hi) & h_ok
+        x = tl.load(x_ptr + row_offsets(t, R1, R2, sr0, sr1, sr2) + h_off, mask=ok, other=0.0)
+        x = x.to(tl.float32)
+        y = x * x - comp
+        s = acc + y
+        comp = (s - acc) - y
+        # Once a lane holds inf or NaN, inf - inf would poison the compensation
+        # (the reference's plain sum stays inf): drop it there.
+        comp = tl.where(comp == comp, comp, 0.0)
+        acc = s
+    total = tl.sum(acc - comp, axis=0)
+    hh = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    if ADD:
+        ptrs = out_ptr + hh.to(tl.int64) * s_out_h
+        tl.store(ptrs, tl.load(ptrs, mask=hh < H, other=0.0) + total, mask=hh < H)
+        if (pid_h == 0) & (pid_s == 0):
+            tl.store(count_ptr, tl.load(count_ptr) + NT)
+    else:
+        ptrs = out_ptr + pid_s.to(tl.int64) * s_out_split + hh.to(tl.int64) * s_out_h
+        tl.store(ptrs, total, mask=hh < H)
+
+
+@triton.jit(do_not_specialize=["SPLIT", "NT"])
+def _sum_sq_finish_kernel(
+    part_ptr, sum_ptr, count_ptr, H, s_sum, SPLIT, NT,
+    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    """sum_buf[h] += sum over s of part[s, h] (fixed order); program 0 adds NT
+    to the count. One program per BLOCK_H channels."""
+    pid = tl.program_id(0)
+    h = pid * BLOCK_H + tl.arange(0, BLOCK_H)[None, :]
+    acc = tl.zeros([BLOCK_S, BLOCK_H], tl.float32)
+    for s0 in range(0, SPLIT, BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)[:, None]
+        acc += tl.load(part_ptr + s.to(tl.int64) * H + h, mask=(s < SPLIT) & (h < H), other=0.0)
+    hh = pid * BLOCK_H + tl.arange(0, BLOCK_H)
+    ptrs = sum_ptr + hh.to(tl.int64) * s_sum
+    tl.store(ptrs, tl.load(ptrs, mask=hh < H, other=0.0) + tl.sum(acc, axis=0), mask=hh < H)
+    if pid == 0:
+        tl.store(count_ptr, tl.load(count_ptr) + NT)
+
+
+def accumulate_sq(x, sum_buf, count_buf):
+    """sum_buf += sum over tokens of x**2 (fp32); count_buf += tokens. In place.
+
+    Same signature, checks and result (to fp32 rounding) as the reference.
+    """
+    check_accumulate_args(x, sum_buf, count_buf)
+    if x.numel() == 0:
+        # Nothing to read: the reference adds zeros (or raises what it raises).
+        return _reference_accumulate_sq(x, sum_buf, count_buf)
+    H, sh = x.shape[-1], x.stride(-1)
+    token_dims = coalesce(list(zip(x.shape[:-1], x.stride()[:-1])))
+    if len(token_dims) > 3:
+        # More leading dims than the kernel's three row levels, none mergeable:
+        # gather the tokens once, still in x's own dtype.
+        x = x.reshape(-1, H)
+        H, sh = x.shape[-1], x.stride(-1)
+        token_dims = coalesce([(x.shape[0], x.stride(0))])
+    token_dims = [(1, 0)] * (3 - len(token_dims)) + token_dims
+    (_, sr0), (R1, sr1), (R2, sr2) = token_dims
+    NT = x.numel() // H
+    config = CONFIG
+
+    # Channels are the group axis, tokens the row axis (E = 1).
+    BH, BT, _ = choose_blocks((H, NT, 1), (abs(sh), abs(sr2) if R2 > 1 else 1 << 62, 1 << 62),
+                              min(config.tile, 2048))
+    # Keep enough channel blocks to spread over programs, and some token lanes
+    # so each lane's compensated sum runs over fewer tokens.
+    while BH > 128 and BT < min(8, pow2_at_most(NT, 8)):
+        BH, BT = BH // 2, BT * 2
+    n_h = triton.cdiv(H, BH)
+    split = choose_split(NT, BT, BH, n_h, x.device, config)
+    tokens_per_split = triton.cdiv(triton.cdiv(NT, split), BT) * BT
+    split = triton.cdiv(NT, tokens_per_split)
+
+    rows = (H, sh, NT, R1, R2, sr0, sr1, sr2, tokens_per_split)
+    if split == 1:
+        _sum_sq_kernel[(n_h, 1)](
+            x, sum_buf, count_buf, *rows, 0, sum_buf.stride(0),
+            BLOCK_T=BT, BLOCK_H=BH, ADD=True, num_warps=num_warps_for(BT * BH),
+        )
+        return None
+    part = torch.empty((split, H), dtype=torch.float32, device=x.device)
+    _sum_sq_kernel[(n_h, split)](
+        x, part, count_buf, *rows, H, 1, BLOCK_T=BT, BLOCK_H=BH, ADD=False,
+        num_warps=num_warps_for(BT * BH),
+    )
+    FH = pow2_at_most(H, 256)
+    FS = pow2_at_most(split, max(config.tile // FH, 1))
+    _sum_sq_finish_kernel[(triton.cdiv(H, FH),)](
+        part, sum_buf, count_buf, H, sum_buf.stride(0), split, NT,
+        BLOCK_S=FS, BLOCK_H=FH,
+    )
+    return None

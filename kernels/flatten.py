@@ -1,0 +1,82 @@
+"""Flattening for calibration (SPEC §2), with the copies written by a kernel.
+
+Two layouts are not views of the value and must be materialised:
+- BLOCK [bh, bw]: out[0, i, j, a*bw + b] = w[i*bh + a, j*bw + b], or 0 where
+  that index falls past the weight (zero padding of a partial block);
+- GROUP with g_idx: out[0, i, k, e] = w[i, perm[k*g + e]], perm the stable
+  argsort of g_idx.
+Both are written in one pass by ``_flatten_kernel``. Every other strategy is a
+view (or the reference's reshape), so it is taken from the reference as is.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from compressed_tensors.quantization import QuantizationStrategy
+
+from obskernels.kernels._layout import (
+    LaunchConfig,
+    choose_blocks,
+    group_coords,
+    group_layout,
+    load_tile,
+    num_warps_for,
+    row_offsets,
+)
+from obskernels.reference.flatten import flatten_for_calibration as _reference_flatten
+from obskernels.validation import strategy_of
+
+__all__ = ["flatten_for_calibration", "CONFIG"]
+
+CONFIG = LaunchConfig()
+
+
+@triton.jit(do_not_specialize=["Q", "NR", "lim_r", "lim_e"])
+def _flatten_kernel(
+    x_ptr, perm_ptr, out_ptr,
+    Q, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e,
+    BLOCK_Q: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr,
+    PAD: tl.constexpr, GATHER: tl.constexpr,
+):
+    """out[(q*NR + r)*E + e] = flat[q, r, e] (padding zeros included).
+
+    Program (i, j) copies groups [i*BLOCK_Q, (i+1)*BLOCK_Q) x rows
+    [j*BLOCK_R, (j+1)*BLOCK_R), looping over the elements in BLOCK_E chunks.
+    """
+    q = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)[:, None, None]
+    r = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)[None, :, None]
+    qa, qb = group_coords(q, QB)
+    base = qa.to(tl.int64) * sqa + qb.to(tl.int64) * sqb + row_offsets(r, R1, R2, sr0, sr1, sr2)
+    qr_ok = (q < Q) & (r < NR)
+    out_base = (q.to(tl.int64) * NR + r) * E
+    for e0 in range(0, E, BLOCK_E):
+        e = e0 + tl.arange(0, BLOCK_E)[None, None, :]
+        in_group = qr_ok & (e < E)
+        x = load_tile(x_ptr, perm_ptr, base, qa, qb, r, e, in_group,
+                      NR, E, se, lim_r, lim_e, PAD, GATHER)
+        tl.store(out_ptr + out_base + e, x, mask=in_group)
+
+
+def flatten_for_calibration(value, base_name, args, g_idx=None):
+    """Same signature, checks and result as the reference's flatten_for_calibration.
+
+    BLOCK and g_idx layouts come back as new contiguous tensors written by the
+    kernel; every other strategy returns the reference's view.
+    """
+    if isinstance(value, torch.Tensor) and value.numel() == 0:
+        return _reference_flatten(value, base_name, args, g_idx=g_idx)
+    layout = group_layout(value, base_name, args, g_idx)  # raises what the reference raises
+    if not (strategy_of(args) == QuantizationStrategy.BLOCK or layout.gather):
+        return _reference_flatten(value, base_name, args, g_idx=g_idx)
+    out = torch.empty(layout.flat_shape, dtype=value.dtype, device=value.device)
+    Q, NR, E = layout.num_groups, layout.num_rows, layout.elems
+    BQ, BR, BE = choose_blocks((Q, NR, E), layout.axis_strides(), CONFIG.tile)
+    perm = layout.perm if layout.gather else value  # unread unless GATHER
+    _flatten_kernel[(triton.cdiv(Q, BQ), triton.cdiv(NR, BR))](
+        value, perm, out, *layout.scalar_args(),
+        BLOCK_Q=BQ, BLOCK_R=BR, BLOCK_E=BE, PAD=layout.pad, GATHER=layout.gather,
+        num_warps=num_warps_for(BQ * BR * BE),
+    )
+    return out

@@ -1,0 +1,161 @@
+"""Per-group min/max straight from the raw value (SPEC §2), in one pass.
+
+    min_vals[q] = min over (r, e) of flat[q, r, e],  max_vals likewise
+
+where flat is the flattened value of SPEC §2 (padding zeros of a partial
+block included), addressed through ``kernels._layout.group_layout``: no
+flattened, padded, permuted or upcast copy is made. A group holding a NaN
+gives NaN for both, as torch.amin / amax do. Results are exact (a min is one
+of its inputs), so they equal the reference bit for bit.
+
+Launches: one, or two when the rows of a group tile are split across
+programs to fill a GPU (a whole-tensor reduction): the first writes one
+partial min/max per (split, group), the second reduces the partials.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from obskernels.kernels._layout import (
+    LaunchConfig,
+    choose_blocks,
+    choose_split,
+    group_coords,
+    group_layout,
+    load_tile,
+    num_warps_for,
+    pow2_at_most,
+    row_offsets,
+)
+from obskernels.reference.min_max import min_max as _reference_min_max
+
+__all__ = ["min_max", "CONFIG"]
+
+CONFIG = LaunchConfig()
+
+
+# Sizes that vary per call are not specialised on (one compiled variant per
+# block shape and mode, not per tensor size); strides stay specialised so a
+# unit stride is known at compile time and loads vectorise.
+@triton.jit(do_not_specialize=["Q", "NR", "lim_r", "lim_e", "rows_per_split"])
+def _min_max_kernel(
+    x_ptr, perm_ptr, min_ptr, max_ptr,
+    Q, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e,
+    rows_per_split,
+    BLOCK_Q: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr,
+    PAD: tl.constexpr, GATHER: tl.constexpr,
+):
+    """Program (i, s): groups [i*BLOCK_Q, (i+1)*BLOCK_Q), rows
+    [s*rows_per_split, (s+1)*rows_per_split), every element of those rows.
+
+    Writes min/max of that slice to min_ptr[s*Q + q] / max_ptr[s*Q + q]
+    (s is 0 without a split, then these are the results), in their dtype.
+    Lanes keep running min/max in fp32 (exact for fp16/bf16/fp32 values) and
+    reduce once at the end; NaN is tracked as a flag because min/max on a GPU
+    drop NaN operands.
+    """
+    pid_q = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    q = pid_q * BLOCK_Q + tl.arange(0, BLOCK_Q)[:, None, None]
+    q_ok = q < Q
+    qa, qb = group_coords(q, QB)
+    gbase = qa.to(tl.int64) * sqa + qb.to(tl.int64) * sqb
+    r_lo = pid_s * rows_per_split
+    r_hi = tl.minimum(r_lo + rows_per_split, NR)
+
+    lo = tl.full([BLOCK_Q, BLOCK_R, BLOCK_E], float("inf"), tl.float32)
+    hi = tl.full([BLOCK_Q, BLOCK_R, BLOCK_E], float("-inf"), tl.float32)
+    nan = tl.zeros([BLOCK_Q, BLOCK_R, BLOCK_E], tl.int1)
+    for r0 in range(r_lo, r_hi, BLOCK_R):
+        r = r0 + tl.arange(0, BLOCK_R)[None, :, None]
+        base = gbase + row_offsets(r, R1, R2, sr0, sr1, sr2)
+        qr_ok = q_ok & (r < r_hi)
+        for e0 in range(0, E, BLOCK_E):
+            e = e0 + tl.arange(0, BLOCK_E)[None, None, :]
+            in_group = qr_ok & (e < E)
+            x = load_tile(x_ptr, perm_ptr, base, qa, qb, r, e, in_group,
+                          NR, E, se, lim_r, lim_e, PAD, GATHER).to(tl.float32)
+            # Lanes outside the group must not win: +-inf are neutral.
+            lo = tl.minimum(lo, tl.where(in_group, x, float("inf")))
+            hi = tl.maximum(hi, tl.where(in_group, x, float("-inf")))
+            nan = nan | (x != x)
+
+    lo_q = tl.min(tl.min(lo, axis=2), axis=1)
+    hi_q = tl.max(tl.max(hi, axis=2), axis=1)
+    has_nan = tl.max(tl.max(nan.to(tl.int32), axis=2), axis=1) > 0
+    lo_q = tl.where(has_nan, float("nan"), lo_q)
+    hi_q = tl.where(has_nan, float("nan"), hi_q)
+    qq = pid_q * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    out = pid_s.to(tl.int64) * Q + qq
+    tl.store(min_ptr + out, lo_q.to(min_ptr.dtype.element_ty), mask=qq < Q)
+    tl.store(max_ptr + out, hi_q.to(max_ptr.dtype.element_ty), mask=qq < Q)
+
+
+@triton.jit(do_not_specialize=["Q", "SPLIT"])
+def _min_max_finish_kernel(
+    pmin_ptr, pmax_ptr, min_ptr, max_ptr, Q, SPLIT,
+    BLOCK_Q: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    """min_vals[q] = min over s of pmin[s, q] (NaN if any partial is NaN); max alike.
+    One program reduces BLOCK_Q groups over all SPLIT partials."""
+    q = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)[None, :]
+    lo = tl.full([BLOCK_S, BLOCK_Q], float("inf"), tl.float32)
+    hi = tl.full([BLOCK_S, BLOCK_Q], float("-inf"), tl.float32)
+    nan = tl.zeros([BLOCK_S, BLOCK_Q], tl.int1)
+    for s0 in range(0, SPLIT, BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)[:, None]
+        ok = (s < SPLIT) & (q < Q)
+        offs = s.to(tl.int64) * Q + q
+        a = tl.load(pmin_ptr + offs, mask=ok, other=float("inf")).to(tl.float32)
+        b = tl.load(pmax_ptr + offs, mask=ok, other=float("-inf")).to(tl.float32)
+        lo = tl.minimum(lo, a)
+        hi = tl.maximum(hi, b)
+        nan = nan | (a != a) | (b != b)
+    has_nan = tl.max(nan.to(tl.int32), axis=0) > 0
+    lo_q = tl.where(has_nan, float("nan"), tl.min(lo, axis=0))
+    hi_q = tl.where(has_nan, float("nan"), tl.max(hi, axis=0))
+    qq = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    tl.store(min_ptr + qq, lo_q.to(min_ptr.dtype.element_ty), mask=qq < Q)
+    tl.store(max_ptr + qq, hi_q.to(max_ptr.dtype.element_ty), mask=qq < Q)
+
+
+def min_max(value, base_name, args, g_idx=None):
+    """(min_vals, max_vals) per group, shaped like the qparams, in value's dtype.
+
+    Same signature, checks and results as ``obskernels.reference.min_max``.
+    """
+    if isinstance(value, torch.Tensor) and value.numel() == 0:
+        # Nothing to launch: the reference gives the empty result or its error.
+        return _reference_min_max(value, base_name, args, g_idx=g_idx)
+    layout = group_layout(value, base_name, args, g_idx)
+    config = CONFIG
+    Q, NR, E = layout.num_groups, layout.num_rows, layout.elems
+    BQ, BR, BE = choose_blocks((Q, NR, E), layout.axis_strides(), config.tile)
+    n_q = triton.cdiv(Q, BQ)
+    split = choose_split(NR, BR, BQ * E, n_q, value.device, config)
+    rows_per_split = triton.cdiv(triton.cdiv(NR, split), BR) * BR
+    split = triton.cdiv(NR, rows_per_split)
+
+    mins = torch.empty(layout.qshape, dtype=value.dtype, device=value.device)
+    maxs = torch.empty(layout.qshape, dtype=value.dtype, device=value.device)
+    if split == 1:
+        pmin, pmax = mins, maxs
+    else:
+        pmin = torch.empty((split, Q), dtype=value.dtype, device=value.device)
+        pmax = torch.empty((split, Q), dtype=value.dtype, device=value.device)
+    perm = layout.perm if layout.gather else value  # unread unless GATHER
+    _min_max_kernel[(n_q, split)](
+        value, perm, pmin, pmax, *layout.scalar_args(), rows_per_split,
+        BLOCK_Q=BQ, BLOCK_R=BR, BLOCK_E=BE, PAD=layout.pad, GATHER=layout.gather,
+        num_warps=num_warps_for(BQ * BR * BE),
+    )
+    if split > 1:
+        FQ = pow2_at_most(Q, 256)
+        FS = pow2_at_most(split, max(config.tile // FQ, 1))
+        _min_max_finish_kernel[(triton.cdiv(Q, FQ),)](
+            pmin, pmax, mins, maxs, Q, split, BLOCK_Q=FQ, BLOCK_S=FS,
+        )
+    return mins, maxs

@@ -1,0 +1,712 @@
+"""Fused MSE shrink-grid search (SPEC §4), exact global patience.
+
+For each group (a slice of the flattened ``(obs, *qparam_shape, group_size)``
+view) and each step i, the candidate range is ``rd(base * p_i)`` with
+``p_i = fp32(1 - i / grid)`` and the error is
+
+    err_i = rd( sum_e  rd(|rd(fq(x_e) - x_e)| ** norm) )          flavour "mse"
+    err_i = sum_e |fq(x_e) - x_e| ** norm * importance[col(e)]    flavour "imatrix" (fp32)
+
+where ``fq`` is compressed-tensors' fake quantization with the candidate's
+qparams (kernels/quant.py reproduces every rounding). A group improves at step
+i when err_i is strictly below its best so far. The reference stops after
+``patience`` steps in a row in which no group improved (global patience); the
+step S at which it stops follows from the OR over groups of the improvement
+bits, and each group's answer is its LAST improving step <= S (the unshrunk
+base when there is none). So the kernels store one bit per (group, step) and
+never store errors per element.
+
+Two layouts of the work:
+- small groups (<= ``CONFIG["max_reg_group"]`` elements, the common case): one
+  launch of ``_search_kernel`` holds BLOCK_G whole groups in registers, takes
+  their min/max itself, evaluates every step, writes the bits and ORs the
+  per-step "any group improved" words into a global array (atomic OR, exact);
+  ``_choose_kernel`` then derives S and writes each group's range.
+  Launches: 2; the input is read once.
+- large groups (TENSOR over a big weight, wide channels, activations with
+  many observations): ``_minmax_part_kernel`` takes each split's min/max,
+  ``_search_part_kernel`` has each (group, split) program evaluate every step
+  over its chunks and write the per-(group, split, step) partial errors, and
+  the single-program ``_finalize_part_kernel`` sums them in a fixed order,
+  derives the improvement bits, S and the choices.
+  Launches: 3; the input is read twice.
+Both are deterministic: sums run in a fixed order, only the OR is atomic.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from compressed_tensors.quantization import QuantizationStrategy as S
+from compressed_tensors.quantization import QuantizationType
+from compressed_tensors.quantization.utils import calculate_range
+from compressed_tensors.quantization.utils.mxfp_utils import should_generate_mx_scales
+
+from obskernels.backends import KernelUnsupportedError
+from obskernels.kernels import quant as Q
+from obskernels.reference.flatten import _unsupported, block_shape, group_size_of
+from obskernels.reference.mse_search import (
+    broadcast_importance,
+    check_search_params,
+    num_steps,
+    search_args,
+)
+from obskernels.reference.mse_search import mse_search as _reference_mse_search
+from obskernels.validation import (
+    ACTIVATIONS,
+    WEIGHT,
+    check_base_name,
+    check_value,
+    strategy_of,
+)
+
+__all__ = ["mse_search", "CONFIG"]
+
+# Block-size policy. Tests shrink these to reach the large-group path with tiny
+# shapes; nothing else changes with them but the work split (results do not).
+CONFIG = {
+    "max_reg_group": 4096,  # largest group held whole in registers
+    "tile": 4096,  # elements per program on the small-group path
+    "chunk": 2048,  # elements per chunk on the large-group path
+    "splits": 256,  # programs per large-group launch to aim for
+    # grid steps evaluated together (a power of two <= 32): None = 1 on a GPU
+    # (registers), 32 under the interpreter (its cost is per operation)
+    "steps_per_iter": None,
+}
+
+_MAX_SPLIT_STEPS = 1024
+
+_DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
+# --------------------------------------------------------------------------- #
+# kernels
+# --------------------------------------------------------------------------- #
+@triton.jit
+def _tile_offsets(
+    g, e, G_LO, N, J, SGH, SGL, SN, SJ, ROW_LIM, COL_LIM,
+):
+    """Address of element e of group g, and whether it is a group element and
+    whether it lies inside the tensor (padded block elements read as 0).
+
+    group g = (g_hi, g_lo), element e = (n, j):
+    address = g_hi*SGH + g_lo*SGL + n*SN + j*SJ,
+    row = g_hi*N + n < ROW_LIM and col = g_lo*J + j < COL_LIM.
+    """
+    g_hi = g // G_LO
+    g_lo = g - g_hi * G_LO
+    n = e // J
+    j = e - n * J
+    in_group = n < N
+    row = g_hi * N + n
+    col = g_lo * J + j
+    in_mat = in_group & (row < ROW_LIM) & (col < COL_LIM)
+    off = g_hi * SGH + g_lo * SGL + n * SN + j * SJ
+    return off, col, in_group, in_mat
+
+
+@triton.jit
+def _block_errors(
+    x, valid, w, bmin, bmax, si, smask,
+    rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm, p_ptr,
+    DTYPE: tl.constexpr, SYM: tl.constexpr, QTYPE: tl.constexpr, SCALE: tl.constexpr,
+    ZP: tl.constexpr, NORM_MODE: tl.constexpr, IMATRIX: tl.constexpr, HAS_W: tl.constexpr,
+    ROUND_SUM: tl.constexpr,
+):
+    """Errors [BG, SB] of the steps si [SB] over the tile x [BG, BE]: fp32 sums,
+    rounded to DTYPE when ROUND_SUM (a whole group, flavour "mse"). Candidate: rd(base * p_i)."""
+    p = tl.load(p_ptr + si, mask=smask, other=1.0)
+    cmin = Q.rd(bmin[:, None] * p[None, :], DTYPE)
+    cmax = Q.rd(bmax[:, None] * p[None, :], DTYPE)
+    scale, zp = Q.qparams(
+        cmin, cmax, rng, half, qmin, qmax, eps, zlo, zhi, mx_offset,
+        DTYPE, SYM, SCALE, ZP,
+    )
+    x3 = x[:, None, :]
+    dq = Q.fake_quant(x3, scale[:, :, None], zp[:, :, None], qmin, qmax, DTYPE, QTYPE)
+    if IMATRIX:
+        err = Q.abs_pow(tl.abs(dq - x3), norm, NORM_MODE, Q.F32)
+        if HAS_W:
+            err = err * w[:, None, :]
+    else:
+        err = Q.abs_pow(tl.abs(Q.rd(dq - x3, DTYPE)), norm, NORM_MODE, DTYPE)
+    # NaN * 0 would leak from tile slots outside the group: select, not multiply
+    err = tl.where(valid[:, None, :], err, 0.0)
+    err = tl.sum(err, axis=2)
+    if ROUND_SUM:
+        err = Q.rd(err, DTYPE)
+    return err
+
+
+@triton.jit
+def _improved(err, best, ok):
+    """Improvement bits [BG, SB] of a block of consecutive steps and the new
+    best [BG]: step j improves when err_j < best and err_j < err_k for every
+    earlier k of the block (strict; NaN never improves, nor counts as best)."""
+    SB: tl.constexpr = err.shape[1]
+    e = tl.where(ok & (err == err), err, float("inf"))
+    j = tl.arange(0, SB)
+    earlier = tl.where(j[None, :, None] > j[None, None, :], e[:, None, :], float("inf"))
+    prev = tl.min(earlier, axis=2)
+    imp = (e < best[:, None]) & (e < prev)
+    return imp, tl.minimum(best, tl.min(e, axis=1))
+
+
+@triton.jit
+def _load_tile(
+    x_ptr, w_ptr, g, e, G, G_LO, N, J, SGH, SGL, SN, SJ, ROW_LIM, COL_LIM,
+    HAS_W: tl.constexpr,
+):
+    gmask = g < G
+    off, col, in_group, in_mat = _tile_offsets(
+        g[:, None], e[None, :], G_LO, N, J, SGH, SGL, SN, SJ, ROW_LIM, COL_LIM
+    )
+    valid = gmask[:, None] & in_group
+    x = tl.load(x_ptr + off, mask=valid & in_mat, other=0.0).to(tl.float32)
+    if HAS_W:
+        w = tl.load(w_ptr + col, mask=valid & in_mat, other=0.0)
+    else:
+        w = x
+    return x, w, valid
+
+
+@triton.jit
+def _nan_minmax(x, valid):
+    """(amin, amax) over axis 1 of the valid elements, NaN if any is NaN."""
+    ok = valid & (x == x)
+    mn = tl.min(tl.where(ok, x, float("inf")), axis=1)
+    mx = tl.max(tl.where(ok, x, float("-inf")), axis=1)
+    has_nan = tl.max((valid & (x != x)).to(tl.int32), axis=1) > 0
+    mn = tl.where(has_nan, float("nan"), mn)
+    mx = tl.where(has_nan, float("nan"), mx)
+    return mn, mx
+
+
+@triton.jit
+def _search_kernel(
+    x_ptr, w_ptr, p_ptr, bits_ptr, flags_ptr, base_ptr,
+    G, G_LO, N, J, SGH, SGL, SN, SJ, ROW_LIM, COL_LIM, group_numel,
+    n_steps, n_words, expand, best_init,
+    rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm,
+    DTYPE: tl.constexpr, SYM: tl.constexpr, QTYPE: tl.constexpr, SCALE: tl.constexpr,
+    ZP: tl.constexpr, NORM_MODE: tl.constexpr, IMATRIX: tl.constexpr, HAS_W: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    """One program: BLOCK_G whole groups [BLOCK_G, BLOCK_E] in registers.
+
+    base = rd(amin * expand), rd(amax * expand) -> base_ptr[2, G];
+    for every step i (BLOCK_S steps at a time: 1 on a GPU, more under the
+    interpreter, whose cost is per operation): err_i per group (rounded to
+    DTYPE for "mse"),
+    improved = err_i < best (strict; NaN never), best updated;
+    bit i of group g -> bits_ptr[g, i // 32]; the OR over this program's
+    groups -> atomic OR into flags_ptr[i // 32].
+    """
+    pid = tl.program_id(0)
+    g = pid.to(tl.int64) * BLOCK_G + tl.arange(0, BLOCK_G)
+    e = tl.arange(0, BLOCK_E).to(tl.int64)
+    gmask = g < G
+    x, w, valid = _load_tile(
+        x_ptr, w_ptr, g, e, G, G_LO, N, J, SGH, SGL, SN, SJ, ROW_LIM, COL_LIM, HAS_W
+    )
+    valid = valid & (e[None, :] < group_numel)
+    mn, mx = _nan_minmax(x, valid)
+    bmin = Q.rd(mn * expand, DTYPE)
+    bmax = Q.rd(mx * expand, DTYPE)
+    tl.store(base_ptr + g, bmin, mask=gmask)
+    tl.store(base_ptr + G + g, bmax, mask=gmask)
+
+    best = tl.zeros([BLOCK_G], dtype=tl.float32) + best_init
+    word = tl.zeros([BLOCK_G], dtype=tl.int32)
+    fword = tl.max(word, axis=0)
+    one = tl.arange(0, 1)
+    for i0 in range(0, n_steps, BLOCK_S):
+        si = i0 + tl.arange(0, BLOCK_S)
+        smask = si < n_steps
+        err = _block_errors(
+            x, valid, w, bmin, bmax, si, smask,
+            rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm, p_ptr,
+            DTYPE, SYM, QTYPE, SCALE, ZP, NORM_MODE, IMATRIX, HAS_W, not IMATRIX,
+        )
+        imp, best = _improved(err, best, gmask[:, None] & smask[None, :])
+        # BLOCK_S divides 32, so a block never straddles two words; distinct
+        # bits add without carries, so the sums are ORs
+        sh = si % 32
+        word = word | tl.sum(imp.to(tl.int32) << sh[None, :], axis=1)
+        fword = fword | tl.sum(tl.max(imp.to(tl.int32), axis=0) << sh, axis=0)
+        # flush after bit 31 and after the last step (vector masks: the
+        # interpreter rejects scalar-bool store masks)
+        i_end = i0 + BLOCK_S
+        endv = ((word * 0 + i_end) % 32 == 0) | (word * 0 + i_end >= n_steps)
+        wi = i0 // 32
+        tl.store(bits_ptr + g * n_words + wi, word, mask=gmask & endv)
+        fv = fword + one * 0
+        end1 = ((one + i_end) % 32 == 0) | (one + i_end >= n_steps)
+        tl.atomic_or(flags_ptr + wi + one, fv, mask=end1 & (fv != 0))
+        word = tl.where(endv, 0, word)
+        fword = tl.where((i_end % 32 == 0) | (i_end >= n_steps), 0, fword)
+
+
+@triton.jit
+def _stop_step(flags_ptr, n_steps, patience):
+    """The step S at which the reference's loop breaks (n_steps - 1 if never):
+    the first step ending a run of ``patience`` steps without improvement."""
+    stale = n_steps * 0
+    S = n_steps - 1
+    done = n_steps * 0
+    for i in range(n_steps):
+        f = (tl.load(flags_ptr + i // 32) >> (i % 32)) & 1
+        stale = tl.where(f != 0, 0, stale + 1)
+        hit = (stale >= patience) & (done == 0)
+        S = tl.where(hit, i, S)
+        done = tl.where(hit, 1, done)
+    return S
+
+
+@triton.jit
+def _high_bit(v):
+    """Index of the highest set bit of a non-zero int32 (bit 31 included)."""
+    u = v.to(tl.uint32, bitcast=True)
+    r = tl.zeros_like(v)
+    c = u >= 65536
+    r = tl.where(c, r + 16, r)
+    u = tl.where(c, u >> 16, u)
+    c = u >= 256
+    r = tl.where(c, r + 8, r)
+    u = tl.where(c, u >> 8, u)
+    c = u >= 16
+    r = tl.where(c, r + 4, r)
+    u = tl.where(c, u >> 4, u)
+    c = u >= 4
+    r = tl.where(c, r + 2, r)
+    u = tl.where(c, u >> 2, u)
+    c = u >= 2
+    return tl.where(c, r + 1, r)
+
+
+@triton.jit
+def _choose_kernel(
+    bits_ptr, flags_ptr, base_ptr, p_ptr, out_min_ptr, out_max_ptr,
+    G, n_steps, n_words, patience,
+    DTYPE: tl.constexpr, BLOCK_G: tl.constexpr,
+):
+    """One program: BLOCK_G groups. S from the OR-ed flags (every program
+    computes the same S), then each group's last improving step <= S:
+    out = rd(base * p_step), or base when the group never improved."""
+    pid = tl.program_id(0)
+    g = pid.to(tl.int64) * BLOCK_G + tl.arange(0, BLOCK_G)
+    gmask = g < G
+    S = _stop_step(flags_ptr, n_steps, patience)
+    choice = tl.full([BLOCK_G], -1, tl.int32)
+    for wi in range(n_words):
+        word = tl.load(bits_ptr + g * n_words + wi, mask=gmask, other=0)
+        keep = S - wi * 32 + 1  # bits 0 .. keep-1 of this word are steps <= S
+        lowmask = tl.where(keep >= 32, -1, (1 << tl.minimum(tl.maximum(keep, 0), 31)) - 1)
+        word = word & lowmask
+        choice = tl.where(word != 0, wi * 32 + _high_bit(word), choice)
+    _write_choice(base_ptr, p_ptr, out_min_ptr, out_max_ptr, g, gmask, G, choice, DTYPE)
+
+
+@triton.jit
+def _write_choice(base_ptr, p_ptr, out_min_ptr, out_max_ptr, g, gmask, G, choice, DTYPE: tl.constexpr):
+    bmin = tl.load(base_ptr + g, mask=gmask, other=0.0)
+    bmax = tl.load(base_ptr + G + g, mask=gmask, other=0.0)
+    p = tl.load(p_ptr + tl.maximum(choice, 0), mask=gmask, other=1.0)
+    omin = tl.where(choice >= 0, Q.rd(bmin * p, DTYPE), bmin)
+    omax = tl.where(choice >= 0, Q.rd(bmax * p, DTYPE), bmax)
+    # values are exact in the output dtype, so the store's cast cannot round
+    tl.store(out_min_ptr + g, omin.to(out_min_ptr.dtype.element_ty), mask=gmask)
+    tl.store(out_max_ptr + g, omax.to(out_max_ptr.dtype.element_ty), mask=gmask)
+
+
+@triton.jit
+def _minmax_part_kernel(
+    x_ptr, part_ptr,
+    G, G_LO, N, J, SGH, SGL, SN, SJ, ROW_LIM, COL_LIM, group_numel,
+    K, chunks_per_split,
+    BLOCK_E: tl.constexpr,
+):
+    """Program (g, k): NaN-propagating min/max of split k of group g (chunks
+    k*cps .. (k+1)*cps - 1) -> part_ptr[0 or 1, g, k]."""
+    gid = tl.program_id(0).to(tl.int64)
+    k = tl.program_id(1).to(tl.int64)
+    g = gid + tl.arange(0, 1)
+    e0 = tl.arange(0, BLOCK_E).to(tl.int64)
+    mn = tl.full([1], float("inf"), tl.float32)
+    mx = tl.full([1], float("-inf"), tl.float32)
+    for c in range(chunks_per_split):
+        e = (k * chunks_per_split + c) * BLOCK_E + e0
+        x, w, valid = _load_tile(
+            x_ptr, x_ptr, g, e, G, G_LO, N, J, SGH, SGL, SN, SJ, ROW_LIM, COL_LIM, False
+        )
+        valid = valid & (e[None, :] < group_numel)
+        cmn, cmx = _nan_minmax(x, valid)
+        mn = Q.nan_min(mn, cmn)
+        mx = Q.nan_max(mx, cmx)
+    tl.store(part_ptr + g * K + k, mn)
+    tl.store(part_ptr + G * K + g * K + k, mx)
+
+
+@triton.jit
+def _search_part_kernel(
+    x_ptr, w_ptr, p_ptr, mm_ptr, part_ptr, base_ptr,
+    G, G_LO, N, J, SGH, SGL, SN, SJ, ROW_LIM, COL_LIM, group_numel,
+    K, chunks_per_split, n_steps, expand,
+    rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm,
+    DTYPE: tl.constexpr, SYM: tl.constexpr, QTYPE: tl.constexpr, SCALE: tl.constexpr,
+    ZP: tl.constexpr, NORM_MODE: tl.constexpr, IMATRIX: tl.constexpr, HAS_W: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr,
+    BLOCK_SB: tl.constexpr,
+):
+    """Program (g, k): base range of group g from the K split min/max, then
+    for each chunk of split k (loaded once) and each step i, the chunk's error
+    added to acc[i]; acc -> part_ptr[g, k, 0:n_steps] (fp32, unrounded)."""
+    gid = tl.program_id(0).to(tl.int64)
+    k = tl.program_id(1).to(tl.int64)
+    g = gid + tl.arange(0, 1)
+    ks = tl.arange(0, BLOCK_K)
+    kmask = (ks < K)[None, :]
+    pmn = tl.load(mm_ptr + g[:, None] * K + ks[None, :], mask=kmask, other=float("inf"))
+    pmx = tl.load(mm_ptr + G * K + g[:, None] * K + ks[None, :], mask=kmask, other=float("-inf"))
+    mn, _unused = _nan_minmax(pmn, kmask)
+    _unused, mx = _nan_minmax(pmx, kmask)
+    bmin = Q.rd(mn * expand, DTYPE)
+    bmax = Q.rd(mx * expand, DTYPE)
+    first = (g * 0 + k) == 0
+    tl.store(base_ptr + g, bmin, mask=first)
+    tl.store(base_ptr + G + g, bmax, mask=first)
+
+    sid = tl.arange(0, BLOCK_S)
+    acc = tl.zeros([BLOCK_S], dtype=tl.float32)
+    e0 = tl.arange(0, BLOCK_E).to(tl.int64)
+    for c in range(chunks_per_split):
+        e = (k * chunks_per_split + c) * BLOCK_E + e0
+        x, w, valid = _load_tile(
+            x_ptr, w_ptr, g, e, G, G_LO, N, J, SGH, SGL, SN, SJ, ROW_LIM, COL_LIM, HAS_W
+        )
+        valid = valid & (e[None, :] < group_numel)
+        for i0 in range(0, n_steps, BLOCK_SB):
+            si = i0 + tl.arange(0, BLOCK_SB)
+            smask = si < n_steps
+            err = _block_errors(
+                x, valid, w, bmin, bmax, si, smask,
+                rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm, p_ptr,
+                DTYPE, SYM, QTYPE, SCALE, ZP, NORM_MODE, IMATRIX, HAS_W, False,
+            )
+            e1 = tl.sum(err, axis=0)
+            acc = acc + tl.sum(tl.where(sid[:, None] == si[None, :], e1[None, :], 0.0), axis=1)
+    tl.store(part_ptr + (g * K + k) * n_steps + sid, acc, mask=sid < n_steps)
+
+
+@triton.jit
+def _finalize_part_kernel(
+    part_ptr, base_ptr, p_ptr, out_min_ptr, out_max_ptr,
+    G, K, n_steps, patience, best_init,
+    DTYPE: tl.constexpr, IMATRIX: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    """Single program. err[g, i] = sum over k (in order of blocks of BLOCK_K)
+    of the partial errors, rounded to DTYPE for "mse". Pass 1 ORs the
+    improvement bits over groups per step and finds S; pass 2 recomputes the
+    same errors and keeps each group's last improving step <= S."""
+    sid = tl.arange(0, BLOCK_S)
+    ks = tl.arange(0, BLOCK_K)
+    flags = tl.zeros([BLOCK_S], dtype=tl.int32)
+    for g0 in range(0, G, BLOCK_G):
+        g = g0 + tl.arange(0, BLOCK_G).to(tl.int64)
+        gmask = g < G
+        best = tl.zeros([BLOCK_G], dtype=tl.float32) + best_init
+        for i in range(n_steps):
+            err = _sum_parts(part_ptr, g, gmask, ks, K, n_steps, i, BLOCK_G, BLOCK_K)
+            if not IMATRIX:
+                err = Q.rd(err, DTYPE)
+            imp = (err < best) & gmask
+            best = tl.where(imp, err, best)
+            flags = tl.where(sid == i, flags | tl.max(imp.to(tl.int32), axis=0), flags)
+    # S as in _stop_step, from the register copy of the flags
+    stale = n_steps * 0
+    S = n_steps - 1
+    done = n_steps * 0
+    for i in range(n_steps):
+        f = tl.sum(tl.where(sid == i, flags, 0), axis=0)
+        stale = tl.where(f != 0, 0, stale + 1)
+        hit = (stale >= patience) & (done == 0)
+        S = tl.where(hit, i, S)
+        done = tl.where(hit, 1, done)
+    for g0 in range(0, G, BLOCK_G):
+        g = g0 + tl.arange(0, BLOCK_G).to(tl.int64)
+        gmask = g < G
+        best = tl.zeros([BLOCK_G], dtype=tl.float32) + best_init
+        choice = tl.full([BLOCK_G], -1, tl.int32)
+        for i in range(n_steps):
+            err = _sum_parts(part_ptr, g, gmask, ks, K, n_steps, i, BLOCK_G, BLOCK_K)
+            if not IMATRIX:
+                err = Q.rd(err, DTYPE)
+            imp = (err < best) & gmask
+            best = tl.where(imp, err, best)
+            choice = tl.where(imp & (i <= S), i, choice)
+        _write_choice(base_ptr, p_ptr, out_min_ptr, out_max_ptr, g, gmask, G, choice, DTYPE)
+
+
+@triton.jit
+def _sum_parts(part_ptr, g, gmask, ks, K, n_steps, i, BLOCK_G: tl.constexpr, BLOCK_K: tl.constexpr):
+    err = tl.zeros([BLOCK_G], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + ks
+        m = gmask[:, None] & (kk < K)[None, :]
+        v = tl.load(part_ptr + (g[:, None] * K + kk[None, :]) * n_steps + i, mask=m, other=0.0)
+        err = err + tl.sum(v, axis=1)
+    return err
+
+
+# --------------------------------------------------------------------------- #
+# host side
+# --------------------------------------------------------------------------- #
+def _layout(value, base_name, args):
+    """Validate like reference.flatten_for_calibration (same checks, same order,
+    same messages) and describe the groups without copying: returns
+    (tensor, out_shape, G_HI, G_LO, N, J, SGH, SGL, SN, SJ, ROW_LIM, COL_LIM)."""
+    base_name = check_base_name(base_name)
+    strategy = strategy_of(args)
+    check_value(value, base_name)
+
+    def generic(t, out_shape, g_hi, g_lo, n, j, sgh, sgl, sn, sj):
+        return (t, out_shape, g_hi, g_lo, n, j, sgh, sgl, sn, sj, g_hi * n, g_lo * j)
+
+    if base_name == WEIGHT:
+        rows, cols = value.shape
+        s0, s1 = value.stride()
+        if strategy == S.TENSOR:
+            return generic(value, (1,), 1, 1, rows, cols, 0, 0, s0, s1)
+        if strategy == S.CHANNEL:
+            return generic(value, (rows, 1), rows, 1, 1, cols, s0, 0, 0, s1)
+        if strategy in (S.GROUP, S.TENSOR_GROUP):
+            g = group_size_of(args, cols)
+            return generic(value, (rows, cols // g), rows, cols // g, 1, g, s0, g * s1, 0, s1)
+        if strategy == S.BLOCK:
+            bh, bw = block_shape(args)
+            R, C = -(-rows // bh), -(-cols // bw)
+            return (value, (R, C), R, C, bh, bw, bh * s0, bw * s1, s0, s1, rows, cols)
+        raise _unsupported(base_name, strategy)
+
+    if base_name in ACTIVATIONS:
+        hidden = value.shape[-1]
+        if strategy == S.TOKEN and value.dim() == 3:
+            b, s, h = value.shape
+            t0, t1, t2 = value.stride()
+            return generic(value, (s,), 1, s, b, h, 0, t1, t0, t2)
+        tokens = value.reshape(-1, hidden)
+        t0, t1 = tokens.stride()
+        n_tok = tokens.shape[0]
+        if strategy == S.TENSOR:
+            return generic(tokens, (1,), 1, 1, n_tok, hidden, 0, 0, t0, t1)
+        if strategy == S.TOKEN:
+            return generic(tokens, (), 1, 1, n_tok, hidden, 0, 0, t0, t1)
+        if strategy in (S.GROUP, S.TENSOR_GROUP):
+            g = group_size_of(args, hidden)
+            return generic(tokens, (hidden // g,), 1, hidden // g, n_tok, g, 0, g * t1, t0, t1)
+        raise _unsupported(base_name, strategy)
+
+    # attention q / k / v: (batch, heads, seq, head_dim)
+    batch, heads, seq, head_dim = value.shape
+    if strategy == S.TENSOR:
+        flat = value.reshape(-1, head_dim)
+        f0, f1 = flat.stride()
+        return generic(flat, (1,), 1, 1, flat.shape[0], head_dim, 0, 0, f0, f1)
+    if strategy == S.ATTN_HEAD:
+        v = value.reshape(batch, heads, seq * head_dim)
+        v0, v1, v2 = v.stride()
+        return generic(v, (heads, 1, 1), 1, heads, batch, seq * head_dim, 0, v1, v0, v2)
+    raise _unsupported(base_name, strategy)
+
+
+def _norm_mode(norm: float):
+    if norm == 2.0:
+        return 1
+    if norm == 3.0:
+        return 2
+    if norm == 0.5:
+        return 3
+    if norm == 1.0:
+        return 4
+    return 0
+
+
+def _format(args, dtype):
+    """Constexpr switches and runtime constants of the quantization format, or
+    KernelUnsupportedError naming what is not covered."""
+    qtype = QuantizationType(args.type)
+    bits = args.num_bits
+    if qtype == QuantizationType.INT:
+        if not 1 <= bits <= 8:
+            raise KernelUnsupportedError(f"mse_search: int num_bits={bits} (kernel covers 1..8)")
+        q = 0
+    elif bits == 8:
+        q = 1
+    elif bits == 4:
+        q = 2
+        if not args.symmetric:
+            raise KernelUnsupportedError(
+                "mse_search: asymmetric fp4 (compressed-tensors does not support it either)"
+            )
+    else:
+        raise KernelUnsupportedError(f"mse_search: float num_bits={bits} (kernel covers 4 and 8)")
+
+    scale_kind, mx_offset = 0, 0
+    if should_generate_mx_scales(args):
+        if not args.symmetric:
+            raise KernelUnsupportedError("mse_search: asymmetric MX scales")
+        scale_kind = 2
+        mx_offset = int(math.floor(math.log2(448.0 if bits == 8 else 6.0)))
+        eps = 1.0
+    elif args.scale_dtype is None:
+        eps = torch.finfo(dtype).eps
+    elif args.scale_dtype == torch.float8_e4m3fn:
+        scale_kind = 1
+        eps = 0.125
+    else:
+        raise KernelUnsupportedError(f"mse_search: scale_dtype {args.scale_dtype}")
+
+    zp_dtype = args.zp_dtype
+    if zp_dtype == torch.float8_e4m3fn:
+        zp_kind, zlo, zhi = 1, -448.0, 448.0
+    elif zp_dtype is not None and not zp_dtype.is_floating_point and zp_dtype != torch.bool:
+        info = torch.iinfo(zp_dtype)
+        zp_kind, zlo, zhi = 0, float(info.min), float(info.max)
+    else:
+        raise KernelUnsupportedError(f"mse_search: zp_dtype {zp_dtype}")
+
+    q_min, q_max = calculate_range(args, "cpu")
+    bit_range = (q_max - q_min).to(dtype)
+    rng = float(bit_range)
+    half = float(bit_range / 2)
+    return dict(
+        QTYPE=q, SCALE=scale_kind, ZP=zp_kind, SYM=bool(args.symmetric),
+        rng=rng, half=half, qmin=float(q_min), qmax=float(q_max),
+        eps=float(torch.tensor(eps, dtype=dtype)), zlo=zlo, zhi=zhi, mx_offset=mx_offset,
+    )
+
+
+def mse_search(
+    value,
+    base_name,
+    args,
+    *,
+    maxshrink,
+    patience,
+    grid,
+    norm,
+    expand=1.0,
+    importance=None,
+    flavour="mse",
+):
+    """Triton twin of ``reference.mse_search`` (SPEC §4); returns (min_vals, max_vals)."""
+    check_search_params(maxshrink, patience, grid, norm, expand, flavour)
+    (t, out_shape, G_HI, G_LO, N, J, SGH, SGL, SN, SJ, ROW_LIM, COL_LIM) = _layout(
+        value, base_name, args
+    )
+    if importance is not None:
+        if base_name != WEIGHT or strategy_of(args) not in (S.CHANNEL, S.GROUP, S.TENSOR_GROUP):
+            raise ValueError(
+                "importance applies only to weights with the 'channel', 'group' or "
+                f"'tensor_group' strategy, got base_name {base_name!r} and strategy "
+                f"{strategy_of(args).value!r}"
+            )
+        broadcast_importance(importance, value, args)  # same checks, views only
+    if value.numel() == 0:
+        # nothing to launch; the reference gives the empty result or its error
+        return _reference_mse_search(
+            value, base_name, args, maxshrink=maxshrink, patience=patience, grid=grid,
+            norm=norm, expand=expand, importance=importance, flavour=flavour,
+        )
+
+    dtype = value.dtype
+    qparam_args, _ = search_args(args)
+    fmt = _format(qparam_args, dtype)
+    imatrix = flavour == "imatrix"
+    has_w = imatrix and importance is not None
+    w = importance.to(torch.float32).contiguous() if has_w else t
+
+    n_steps = num_steps(maxshrink, grid, flavour)
+    dev = value.device
+    p = torch.tensor([1 - i / grid for i in range(max(n_steps, 1))], dtype=torch.float64)
+    p = p.to(torch.float32).to(dev)
+    err_dtype = torch.float32 if imatrix else dtype
+    best_init = float(torch.finfo(err_dtype).max)
+    if imatrix:
+        patience_eff = patience if patience > 0 else n_steps + 1
+        norm_run = float(torch.tensor(norm, dtype=torch.float64).to(torch.float32))
+    else:
+        patience_eff = max(patience, 1)  # patience 0 stops at the first stale step too
+        norm_run = float(torch.tensor(norm, dtype=torch.float64).to(dtype))
+    consts = dict(
+        rng=fmt["rng"], half=fmt["half"], qmin=fmt["qmin"], qmax=fmt["qmax"],
+        eps=fmt["eps"], zlo=fmt["zlo"], zhi=fmt["zhi"], mx_offset=fmt["mx_offset"],
+        norm=norm_run,
+    )
+    switches = dict(
+        DTYPE=_DTYPE_CODE[dtype], SYM=fmt["SYM"], QTYPE=fmt["QTYPE"], SCALE=fmt["SCALE"],
+        ZP=fmt["ZP"], NORM_MODE=_norm_mode(float(norm)), IMATRIX=imatrix, HAS_W=has_w,
+    )
+    G = G_HI * G_LO
+    group_numel = N * J
+    layout = (G, G_LO, N, J, SGH, SGL, SN, SJ, ROW_LIM, COL_LIM, group_numel)
+    out_min = torch.empty(out_shape, dtype=dtype, device=dev)
+    out_max = torch.empty(out_shape, dtype=dtype, device=dev)
+    base = torch.empty((2, G), dtype=torch.float32, device=dev)
+    n_words = -(-n_steps // 32)
+    # fused FMA would round (q - zp) * scale - x once instead of twice
+    launch = dict(enable_fp_fusion=False)
+
+    steps_block = CONFIG["steps_per_iter"]
+    if steps_block is None:
+        steps_block = 1 if value.is_cuda else 32
+    steps_block = max(1, min(steps_block, 32, triton.next_power_of_2(max(n_steps, 1))))
+    if group_numel <= CONFIG["max_reg_group"]:
+        block_e = max(triton.next_power_of_2(group_numel), 2)
+        block_g = max(1, min(CONFIG["tile"] // block_e, triton.next_power_of_2(G)))
+        bits = torch.empty((G, max(n_words, 1)), dtype=torch.int32, device=dev)
+        flags = torch.zeros(max(n_words, 1), dtype=torch.int32, device=dev)
+        _search_kernel[(triton.cdiv(G, block_g),)](
+            t, w, p, bits, flags, base, *layout,
+            n_steps, n_words, float(expand), best_init, **consts, **switches,
+            BLOCK_G=block_g, BLOCK_E=block_e, BLOCK_S=steps_block,
+            num_warps=8 if block_g * block_e >= 2048 else 4, **launch,
+        )
+        choose_g = min(1024, triton.next_power_of_2(G))
+        _choose_kernel[(triton.cdiv(G, choose_g),)](
+            bits, flags, base, p, out_min, out_max, G, n_steps, n_words, patience_eff,
+            DTYPE=switches["DTYPE"], BLOCK_G=choose_g, **launch,
+        )
+        return out_min, out_max
+
+    if n_steps > _MAX_SPLIT_STEPS:
+        raise KernelUnsupportedError(
+            f"mse_search: {n_steps} grid steps over groups of {group_numel} elements "
+            f"(the split path keeps at most {_MAX_SPLIT_STEPS} step errors per program)"
+        )
+    chunk = CONFIG["chunk"]
+    n_chunks = -(-group_numel // chunk)
+    K = min(n_chunks, max(1, CONFIG["splits"] // G))
+    cps = -(-n_chunks // K)
+    K = -(-n_chunks // cps)
+    mm = torch.empty((2, G, K), dtype=torch.float32, device=dev)
+    _minmax_part_kernel[(G, K)](t, mm, *layout, K, cps, BLOCK_E=chunk, **launch)
+    block_k = triton.next_power_of_2(K)
+    block_s = triton.next_power_of_2(max(n_steps, 1))
+    part = torch.empty((G, K, max(n_steps, 1)), dtype=torch.float32, device=dev)
+    _search_part_kernel[(G, K)](
+        t, w, p, mm, part, base, *layout, K, cps, n_steps, float(expand),
+        **consts, **switches, BLOCK_E=chunk, BLOCK_K=block_k, BLOCK_S=block_s,
+        BLOCK_SB=steps_block, num_warps=8, **launch,
+    )
+    _finalize_part_kernel[(1,)](
+        part, base, p, out_min, out_max, G, K, n_steps, patience_eff, best_init,
+        DTYPE=switches["DTYPE"], IMATRIX=imatrix,
+        BLOCK_G=min(256, triton.next_power_of_2(G)), BLOCK_K=min(64, block_k),
+        BLOCK_S=block_s, **launch,
+    )
+    return out_min, out_max

@@ -1,0 +1,276 @@
+"""Triton helpers that reproduce compressed-tensors' qparams and fake quantization.
+
+Every helper works on fp32 registers that hold values of the observed dtype
+(``DTYPE``: F32, F16 or BF16) and rounds after each operation exactly where
+torch rounds on the CPU: torch computes a bf16/fp16 op in fp32 and rounds the
+result once into the dtype, so ``rd(op(a, b))`` with a correctly rounded fp32
+``op`` reproduces it bit for bit.
+
+Rules that keep the helpers exact on the interpreter and on a GPU (SPEC §6):
+- bf16 rounding by integer bit arithmetic (the interpreter's cast truncates);
+  fp16 through the cast (exact on both);
+- fp8 e4m3 rounding built from the exponent bits (the interpreter's cast is
+  wrong when rounding carries into the next binade);
+- round half-to-even through the 1.5 * 2^23 add/sub (inputs are clamped to a
+  few hundred at most);
+- ``div_rn`` / ``sqrt_rn`` where fp32 must be correctly rounded; no libdevice.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# dtype codes (constexpr mode switches)
+F32: tl.constexpr = tl.constexpr(0)
+F16: tl.constexpr = tl.constexpr(1)
+BF16: tl.constexpr = tl.constexpr(2)
+
+# quantized element types
+Q_INT: tl.constexpr = tl.constexpr(0)
+Q_FP8: tl.constexpr = tl.constexpr(1)
+Q_FP4: tl.constexpr = tl.constexpr(2)
+
+# scale rounding after calculate_qparams' step 3/4
+S_NONE: tl.constexpr = tl.constexpr(0)
+S_FP8: tl.constexpr = tl.constexpr(1)  # scale_dtype float8_e4m3fn
+S_MX: tl.constexpr = tl.constexpr(2)  # power-of-two E8M0 scales (uint8 scale_dtype)
+
+# zero point rounding (zp_dtype)
+Z_INT: tl.constexpr = tl.constexpr(0)
+Z_FP8: tl.constexpr = tl.constexpr(1)
+
+# |d| ** norm, chosen from the norm's value the way torch.pow special-cases it
+P_GENERAL: tl.constexpr = tl.constexpr(0)
+P_SQUARE: tl.constexpr = tl.constexpr(1)
+P_CUBE: tl.constexpr = tl.constexpr(2)
+P_SQRT: tl.constexpr = tl.constexpr(3)
+P_ONE: tl.constexpr = tl.constexpr(4)
+
+_RNE_MAGIC = 12582912.0  # 1.5 * 2^23
+
+
+@triton.jit
+def round_bf16(x):
+    """Nearest-even bf16 value of fp32 ``x`` (NaN and inf kept), as fp32."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & 0xFFFF0000
+    return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def rd(x, DTYPE: tl.constexpr):
+    """Round fp32 ``x`` into DTYPE (nearest even, overflow to inf); result in fp32."""
+    if DTYPE == BF16:
+        return round_bf16(x)
+    elif DTYPE == F16:
+        return x.to(tl.float16).to(tl.float32)
+    else:
+        return x
+
+
+@triton.jit
+def rne_int(x):
+    """torch.round: nearest integer, ties to even, for |x| < 2^22 (NaN kept)."""
+    return (x + _RNE_MAGIC) - _RNE_MAGIC
+
+
+@triton.jit
+def pow2i(k):
+    """2.0 ** k for int32 k in [-149, 128] built from bits (128 -> inf)."""
+    normal = ((tl.maximum(k, -126) + 127) << 23).to(tl.float32, bitcast=True)
+    sub = (1 << (tl.minimum(tl.maximum(k + 149, 0), 22))).to(tl.float32, bitcast=True)
+    return tl.where(k >= -126, normal, sub)
+
+
+@triton.jit
+def round_fp8e4m3(v):
+    """Nearest-even float8_e4m3fn value of ``v`` (|v| <= 448 or NaN), as fp32.
+
+    The quantum is 2^(max(e, -6) - 3) for |v| in [2^e, 2^(e+1)); scaling by a
+    power of two is exact, so one integer rounding gives the fp8 value, and a
+    carry into the next binade lands on the right value by itself.
+    """
+    a = tl.abs(v)
+    e = ((a.to(tl.uint32, bitcast=True) >> 23) & 0xFF).to(tl.int32) - 127
+    qe = tl.maximum(tl.minimum(e, 8), -6) - 3
+    r = rne_int(a * pow2i(-qe)) * pow2i(qe)
+    r = tl.where(v < 0, -r, r)
+    return tl.where(v != v, v, r)
+
+
+@triton.jit
+def round_fp4e2m1(v):
+    """compressed-tensors' cast_to_fp4: nearest value of 0, .5, 1, 1.5, 2, 3, 4, 6
+    (ties as its thresholds: to the even mantissa), sign kept, NaN kept."""
+    a = tl.abs(v)
+    r = tl.where(
+        a <= 0.25,
+        0.0,
+        tl.where(
+            a < 0.75,
+            0.5,
+            tl.where(
+                a <= 1.25,
+                1.0,
+                tl.where(
+                    a < 1.75,
+                    1.5,
+                    tl.where(a <= 2.5, 2.0, tl.where(a < 3.5, 3.0, tl.where(a <= 5.0, 4.0, 6.0))),
+                ),
+            ),
+        ),
+    )
+    r = tl.where(v < 0, -r, r)
+    return tl.where(v != v, v, r)
+
+
+@triton.jit
+def nan_min(a, b):
+    """torch.min(a, b): NaN if either is NaN."""
+    m = tl.where(b < a, b, a)
+    return tl.where(b != b, b, m)
+
+
+@triton.jit
+def nan_max(a, b):
+    """torch.max(a, b): NaN if either is NaN."""
+    m = tl.where(b > a, b, a)
+    return tl.where(b != b, b, m)
+
+
+@triton.jit
+def nan_clamp(x, lo, hi):
+    """torch.clamp(x, lo, hi) with NaN kept."""
+    return tl.where(x < lo, lo, tl.where(x > hi, hi, x))
+
+
+@triton.jit
+def pow_pos(d, n):
+    """d ** n for d >= 0 in fp32, within a few ulp, without libdevice.
+
+    d = m * 2^e with m in [1, 2): n * log2(d) = n*e + n*log2(m). The product
+    n*e is split into its rounded value and its exact error (fma) and its
+    integer part k is taken out before exp2, so exp2 only sees [0, 1) and the
+    result is 2^f * 2^k. d = 0 gives 0, inf gives inf, NaN stays NaN.
+    """
+    tiny = d < 1.1754943508222875e-38
+    ds = tl.where(tiny, d * 16777216.0, d)
+    bits = ds.to(tl.uint32, bitcast=True)
+    e = ((bits >> 23) & 0xFF).to(tl.int32) - 127 - tl.where(tiny, 24, 0)
+    m = ((bits & 0x7FFFFF) | 0x3F800000).to(tl.float32, bitcast=True)
+    lg = tl.math.log2(m)
+    ef = e.to(tl.float32)
+    a = n * ef
+    a_err = tl.fma(n, ef, -a)
+    b = n * lg
+    k = tl.floor(a + b)
+    f = (a - k) + (a_err + b)
+    r = tl.math.exp2(f)
+    kc = tl.minimum(tl.maximum(k, -252.0), 254.0).to(tl.int32)
+    k1 = kc >> 1
+    r = (r * pow2i(k1)) * pow2i(kc - k1)
+    r = tl.where(d == 0, 0.0, r)
+    r = tl.where(d == float("inf"), d, r)
+    return tl.where(d != d, d, r)
+
+
+@triton.jit
+def abs_pow(d, n, MODE: tl.constexpr, DTYPE: tl.constexpr):
+    """torch ``d.pow(norm)`` for d >= 0 held in DTYPE, rounded into DTYPE.
+
+    torch special-cases the exponents 2 (d*d), 3 (d*d*d: bf16 rounds the inner
+    product, fp16/fp32 do not) and 0.5 (sqrt); otherwise it calls pow with the
+    exponent rounded to the dtype (``n`` is passed already rounded).
+    """
+    if MODE == P_SQUARE:
+        r = rd(d * d, DTYPE)
+    elif MODE == P_CUBE:
+        if DTYPE == BF16:
+            r = rd(rd(d * d, DTYPE) * d, DTYPE)
+        else:
+            r = rd((d * d) * d, DTYPE)
+    elif MODE == P_SQRT:
+        r = rd(tl.sqrt_rn(d), DTYPE)
+    elif MODE == P_ONE:
+        r = d
+    else:
+        r = rd(pow_pos(d, n), DTYPE)
+    return r
+
+
+@triton.jit
+def mx_scale(amax, offset, DTYPE: tl.constexpr):
+    """compressed-tensors' MX scale of a group with absolute max ``amax``.
+
+    round_to_power_2 (add half of the element mantissa step, keep sign and
+    exponent bits) -> u = clamp(127 + log2(p) - offset, 0, 255) as uint8 ->
+    2^(u - 127) in DTYPE. fp16 has its own exponent range, handled apart.
+    """
+    bits = amax.to(tl.uint32, bitcast=True)
+    p2 = ((bits + (1 << 21)) & 0xFF800000).to(tl.float32, bitcast=True)
+    if DTYPE == F16:
+        # fp16 subnormals round to 0 or 2^-14; >= 1.75 * 2^15 carries into inf
+        p2 = tl.where(amax < 6.103515625e-05, tl.where(amax >= 4.57763671875e-05, 6.103515625e-05, 0.0), p2)
+        p2 = tl.where(p2 >= 65536.0, float("inf"), p2)
+    pe = ((p2.to(tl.uint32, bitcast=True) >> 23) & 0xFF).to(tl.int32) - 127
+    # log2(0) = -inf -> u = 0; log2(inf) = inf -> u = 255; NaN -> uint8 0
+    u = tl.minimum(tl.maximum(pe + 127 - offset, 0), 255)
+    u = tl.where(p2 == 0, 0, u)
+    u = tl.where(p2 == float("inf"), 255, u)
+    u = tl.where(amax != amax, 0, u)
+    return rd(pow2i(u - 127), DTYPE)
+
+
+@triton.jit
+def qparams(
+    cmin, cmax, rng, half, qmin, qmax, eps, zlo, zhi, mx_offset,
+    DTYPE: tl.constexpr, SYM: tl.constexpr, SCALE: tl.constexpr, ZP: tl.constexpr,
+):
+    """calculate_qparams(cmin, cmax, args, global_scale=None) in DTYPE.
+
+    mn = min(cmin, 0), mx = max(cmax, 0);
+    symmetric: scale = max(|mn|, |mx|) / half (or the MX power of two), zp = 0;
+    asymmetric: scale = (mx - mn) / rng, zp = clamp(qmin - mn / scale, qmin, qmax);
+    scale_dtype fp8: scale rounded into e4m3; scale == 0 -> eps;
+    zp rounded into zp_dtype (integers: clamp to its range, round half even;
+    NaN converts to 0 as torch does on the CPU).
+    """
+    mn = tl.where(cmin > 0, 0.0, cmin)
+    mx = tl.where(cmax < 0, 0.0, cmax)
+    if SYM:
+        amax = nan_max(tl.abs(mn), tl.abs(mx))
+        if SCALE == S_MX:
+            scale = mx_scale(amax, mx_offset, DTYPE)
+        else:
+            scale = rd(tl.math.div_rn(amax, half), DTYPE)
+        zp = tl.zeros_like(scale)
+    else:
+        scale = rd(tl.math.div_rn(rd(mx - mn, DTYPE), rng), DTYPE)
+        zp = rd(qmin - rd(tl.math.div_rn(mn, scale), DTYPE), DTYPE)
+        zp = nan_clamp(zp, qmin, qmax)
+    if SCALE == S_FP8:
+        scale = round_fp8e4m3(nan_clamp(scale, -448.0, 448.0))
+    scale = tl.where(scale == 0, eps, scale)
+    if ZP == Z_FP8:
+        zp = round_fp8e4m3(nan_clamp(zp, -448.0, 448.0))
+    else:
+        zp = rne_int(nan_clamp(zp, zlo, zhi))
+        zp = tl.where(zp != zp, 0.0, zp)
+    return scale, zp
+
+
+@triton.jit
+def fake_quant(x, scale, zp, qmin, qmax, DTYPE: tl.constexpr, QTYPE: tl.constexpr):
+    """_quantize_dequantize: q = round(clamp(rd(rd(x / scale) + zp))),
+    result rd(rd(q - zp) * scale), every step in DTYPE."""
+    y = rd(tl.math.div_rn(x, scale), DTYPE)
+    y = rd(y + zp, DTYPE)
+    y = nan_clamp(y, qmin, qmax)
+    if QTYPE == Q_FP8:
+        q = round_fp8e4m3(y)
+    elif QTYPE == Q_FP4:
+        q = round_fp4e2m1(y)
+    else:
+        q = rne_int(y)
+    return rd(rd(q - zp, DTYPE) * scale, DTYPE)

@@ -1,0 +1,191 @@
+"""The triton accumulate_sq against an fp64 sum and the reference (SPEC §1, §5).
+
+Contract: sum_buf (fp32) gains sum over tokens of x**2 within rtol 1e-5 of
+the fp64 sum; count_buf gains the token count exactly; repeated runs are
+bitwise identical (no order-dependent atomics).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+from obskernels import ops
+from obskernels.backends import use_backend
+
+pytestmark = pytest.mark.kernel
+
+accumulate_module = importlib.import_module("obskernels.kernels.accumulate_sq")
+layout_module = importlib.import_module("obskernels.kernels._layout")
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# fp32 accumulation of positive terms: SPEC §5 asks 1e-5 relative to fp64.
+RTOL = 1e-5
+
+
+def make_x(shape, dtype, layout="contiguous", scale=1.0):
+    if layout == "contiguous":
+        return (torch.randn(shape) * scale).to(dtype)
+    if layout == "transposed":  # channels strided, tokens contiguous
+        dims = tuple(reversed(range(len(shape))))
+        return (torch.randn(tuple(shape[d] for d in dims)) * scale).to(dtype).permute(dims)
+    if layout == "sliced":
+        big = (torch.randn(tuple(2 * n + 1 for n in shape)) * scale).to(dtype)
+        return big[tuple(slice(1, 1 + 2 * n, 2) for n in shape)]
+    raise ValueError(layout)
+
+
+def fresh_buffers(hidden):
+    return torch.rand(hidden) * 3, torch.tensor([7], dtype=torch.int64)
+
+
+def run(backend, x, sum_buf, count_buf):
+    sum_buf, count_buf = sum_buf.clone(), count_buf.clone()
+    with use_backend(backend):
+        assert ops.accumulate_sq(x, sum_buf, count_buf) is None
+    return sum_buf, count_buf
+
+
+def assert_close_fp64(got, start, x, what):
+    want = start.double() + x.reshape(-1, x.shape[-1]).double().pow(2).sum(0)
+    err = (got.double() - want).abs() / want.abs().clamp_min(torch.finfo(torch.float32).tiny)
+    bad = err > RTOL
+    if bool(bad.any()):
+        idx = bad.nonzero().flatten().tolist()[:5]
+        detail = ", ".join(f"channel {i}: got {got[i].item()!r} fp64 {want[i].item()!r}" for i in idx)
+        raise AssertionError(f"{what}: {int(bad.sum())} channels past rtol {RTOL}; {detail}")
+
+
+SHAPES = [
+    (5, 64),
+    (17, 33),
+    (2, 7, 48),
+    (3, 4, 5, 17),  # 3 leading dims
+    (1, 16),  # one token
+    (1, 4113),  # wide hidden
+    (1000, 16),  # many tokens
+]
+
+
+@pytest.mark.parametrize("layout", ("contiguous", "transposed", "sliced"))
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_accumulate_matches_fp64(shape, dtype, layout):
+    x = make_x(shape, dtype, layout)
+    sum0, count0 = fresh_buffers(shape[-1])
+    got_sum, got_count = run("triton", x, sum0, count0)
+    ref_sum, ref_count = run("reference", x, sum0, count0)
+    assert_close_fp64(got_sum, sum0, x, f"{shape} {dtype} {layout}")
+    assert_close_fp64(ref_sum, sum0, x, "reference")  # the oracle meets it too
+    tokens = x.numel() // shape[-1]
+    assert got_count.item() == ref_count.item() == 7 + tokens
+    again_sum, again_count = run("triton", x, sum0, count0)
+    assert torch.equal(again_sum, got_sum), "repeated runs differ"
+    assert torch.equal(again_count, got_count)
+
+
+def test_five_leading_dims_none_mergeable():
+    # More non-mergeable leading dims than the kernel's 3 row levels.
+    x = torch.randn(3, 4, 5, 2, 16).permute(3, 2, 1, 0, 4).to(torch.bfloat16)
+    sum0, count0 = fresh_buffers(16)
+    got_sum, got_count = run("triton", x, sum0, count0)
+    assert_close_fp64(got_sum, sum0, x, "5-D permuted")
+    assert got_count.item() == 7 + 120
+
+
+@pytest.mark.parametrize("split", (2, 5, 64))
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
+def test_split_tokens_two_pass(split, dtype, monkeypatch):
+    # The path a GPU takes: token ranges split over programs, partials summed
+    # in a second launch in fixed order.
+    monkeypatch.setattr(accumulate_module, "CONFIG", layout_module.LaunchConfig(tile=64, split=split))
+    x = make_x((2, 13, 40), dtype, "sliced")
+    sum0, count0 = fresh_buffers(40)
+    got_sum, got_count = run("triton", x, sum0, count0)
+    assert_close_fp64(got_sum, sum0, x, f"split {split}")
+    assert got_count.item() == 7 + 26
+    again_sum, _ = run("triton", x, sum0, count0)
+    assert torch.equal(again_sum, got_sum), "repeated runs differ"
+
+
+def test_long_token_range_keeps_fp32_accuracy(monkeypatch):
+    # One lane sums every token. After a first square of 2^26, each later
+    # square (3.9) is under half an ulp, so a plain fp32 running sum drops all
+    # 239 of them: 1.4e-5 relative, past the tolerance. Compensation keeps them.
+    monkeypatch.setattr(accumulate_module, "CONFIG", layout_module.LaunchConfig(tile=2))
+    x = torch.full((240, 2), 3.9**0.5)
+    x[0] = 8192.0
+    sum0 = torch.zeros(2)
+    got_sum, _ = run("triton", x, sum0, torch.zeros(1, dtype=torch.int64))
+    assert_close_fp64(got_sum, sum0, x, "240 tokens in one lane")
+
+
+def test_accumulates_over_calls_and_strided_sum_buf():
+    x1, x2 = make_x((9, 24), torch.float16), make_x((4, 3, 24), torch.float16)
+    storage = torch.zeros(48)
+    sum_buf, count_buf = storage[::2], torch.zeros((), dtype=torch.int64)
+    with use_backend("triton"):
+        ops.accumulate_sq(x1, sum_buf, count_buf)
+        ops.accumulate_sq(x2, sum_buf, count_buf)
+    assert torch.equal(storage[1::2], torch.zeros(24)), "wrote outside the strided sum_buf"
+    want = x1.double().pow(2).sum(0) + x2.reshape(-1, 24).double().pow(2).sum(0)
+    torch.testing.assert_close(sum_buf.double(), want, rtol=RTOL, atol=0)
+    assert count_buf.item() == 21
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy under the interpreter: inf - inf, x*x past fp32
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_inf_and_nan_channels_like_reference(dtype):
+    x = make_x((9, 20), dtype)
+    x[3, 2] = float("inf")
+    x[4, 5] = float("-inf")
+    x[0, 7] = float("nan")
+    x[8, 11] = torch.finfo(dtype).max  # squares past fp32 range for fp32 input
+    sum0, count0 = fresh_buffers(20)
+    got, _ = run("triton", x, sum0, count0)
+    want, _ = run("reference", x, sum0, count0)
+    assert torch.equal(torch.isnan(got), torch.isnan(want)), f"NaN at {torch.isnan(got).nonzero().tolist()}"
+    assert torch.equal(torch.isinf(got), torch.isinf(want)), f"inf at {torch.isinf(got).nonzero().tolist()}"
+    finite = torch.isfinite(want)
+    torch.testing.assert_close(got[finite], want[finite], rtol=RTOL, atol=0)
+
+
+BAD = [
+    ("x-int", lambda: (torch.ones(4, 8, dtype=torch.int32), torch.zeros(8), torch.zeros(1, dtype=torch.long))),
+    ("x-0d", lambda: (torch.tensor(1.0), torch.zeros(1), torch.zeros(1, dtype=torch.long))),
+    ("sum-fp16", lambda: (torch.randn(4, 8), torch.zeros(8, dtype=torch.float16), torch.zeros(1, dtype=torch.long))),
+    ("sum-shape", lambda: (torch.randn(4, 8), torch.zeros(9), torch.zeros(1, dtype=torch.long))),
+    ("sum-not-tensor", lambda: (torch.randn(4, 8), [0.0] * 8, torch.zeros(1, dtype=torch.long))),
+    ("count-int32", lambda: (torch.randn(4, 8), torch.zeros(8), torch.zeros(1, dtype=torch.int32))),
+    ("count-two", lambda: (torch.randn(4, 8), torch.zeros(8), torch.zeros(2, dtype=torch.long))),
+    ("hidden-0", lambda: (torch.randn(4, 0), torch.zeros(0), torch.zeros(1, dtype=torch.long))),
+]
+
+
+def outcome(fn):
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - the type and message are what we compare
+        return type(exc), str(exc)
+    return None
+
+
+@pytest.mark.parametrize("make", [m for _, m in BAD], ids=[n for n, _ in BAD])
+def test_bad_input_raises_like_reference(make):
+    results = {}
+    for name in ("reference", "triton"):
+        x, sum_buf, count_buf = make()
+        with use_backend(name):
+            results[name] = outcome(lambda: ops.accumulate_sq(x, sum_buf, count_buf))
+    assert results["reference"] is not None, "the reference accepted a bad input"
+    assert results["triton"] == results["reference"]
+
+
+def test_no_tokens_adds_nothing():
+    x = torch.randn(0, 3, 16, dtype=torch.bfloat16)
+    sum0, count0 = fresh_buffers(16)
+    got_sum, got_count = run("triton", x, sum0, count0)
+    assert torch.equal(got_sum, sum0)
+    assert got_count.item() == 7

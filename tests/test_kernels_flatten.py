@@ -1,0 +1,180 @@
+"""Parity of the triton flatten_for_calibration with the reference (SPEC §2, §5).
+
+The BLOCK layout (zero padded) and the g_idx reordering are copies written by
+a kernel: they must equal the reference bit for bit (compared as integers, so
+NaN payloads and -0.0 count). Every other strategy must be the reference's
+own result (a view where the reference gives a view). Bad-input parity for
+flatten shares the table in test_kernels_minmax.py (both ops run the same checks).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+from compressed_tensors.quantization import QuantizationArgs
+
+from obskernels import ops
+from obskernels.backends import use_backend
+
+pytestmark = pytest.mark.kernel
+
+flatten_module = importlib.import_module("obskernels.kernels.flatten")
+layout_module = importlib.import_module("obskernels.kernels._layout")
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+BITS = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
+
+
+def qargs(strategy, **kw):
+    if strategy == "token":
+        kw.setdefault("dynamic", True)  # compressed-tensors refuses static token args
+    return QuantizationArgs(num_bits=8, strategy=strategy, **kw)
+
+
+def make_value(shape, dtype, layout="contiguous"):
+    if layout == "contiguous":
+        return torch.randn(shape).to(dtype)
+    if layout == "transposed":
+        dims = tuple(reversed(range(len(shape))))
+        return torch.randn(tuple(shape[d] for d in dims)).to(dtype).permute(dims)
+    if layout == "sliced":
+        big = torch.randn(tuple(2 * n + 1 for n in shape)).to(dtype)
+        return big[tuple(slice(1, 1 + 2 * n, 2) for n in shape)]
+    raise ValueError(layout)
+
+
+def with_specials(value):
+    """Plant NaN, +-inf and -0.0 so a bitwise copy is really checked."""
+    n = value.numel()
+    for i, v in zip((0, n // 3, n // 2, n - 1), (float("nan"), float("inf"), -0.0, float("-inf"))):
+        value[tuple(int(k) for k in torch.unravel_index(torch.tensor(i), value.shape))] = v
+    return value
+
+
+def flatten_both(value, base_name, args, g_idx=None):
+    with use_backend("reference"):
+        want = ops.flatten_for_calibration(value, base_name, args, g_idx=g_idx)
+    with use_backend("triton"):
+        got = ops.flatten_for_calibration(value, base_name, args, g_idx=g_idx)
+    return got, want
+
+
+def assert_bitwise(got, want, what):
+    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
+    g, w = got.contiguous().view(BITS[got.dtype]), want.contiguous().view(BITS[want.dtype])
+    bad = g != w
+    if bool(bad.any()):
+        idx = bad.nonzero().tolist()[:5]
+        detail = ", ".join(
+            f"index {tuple(i)} (group {tuple(i[:-1])}): got {got[tuple(i)].item()!r} "
+            f"want {want[tuple(i)].item()!r}" for i in idx
+        )
+        raise AssertionError(f"{what}: {int(bad.sum())} of {want.numel()} elements differ; {detail}")
+
+
+BLOCKS = [
+    ((17, 33), [8, 16]),  # partial blocks both ways
+    ((16, 32), [8, 16]),  # exact blocks
+    ((5, 7), [8, 16]),  # one block, mostly padding
+    ((130, 129), [128, 128]),
+    ((3, 40), [1, 8]),
+    ((1, 1), [4, 4]),
+]
+
+
+@pytest.mark.parametrize("layout", ("contiguous", "transposed", "sliced"))
+@pytest.mark.parametrize("shape,block", BLOCKS, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_block_layout_bitwise(shape, block, dtype, layout):
+    value = with_specials(make_value(shape, dtype, layout))
+    got, want = flatten_both(value, "weight", qargs("block", block_structure=block))
+    assert_bitwise(got, want, f"block {block} {shape} {dtype} {layout}")
+    assert got.is_contiguous()
+
+
+def permuted_g_idx(cols, group_size, dtype=torch.int64):
+    return (torch.arange(cols) // group_size)[torch.randperm(cols)].to(dtype)
+
+
+@pytest.mark.parametrize("layout", ("contiguous", "transposed", "sliced"))
+@pytest.mark.parametrize("shape,group_size", [((17, 48), 16), ((5, 96), 32), ((1, 16), 16)], ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_g_idx_reordering_bitwise(shape, group_size, dtype, layout):
+    value = with_specials(make_value(shape, dtype, layout))
+    g_idx = permuted_g_idx(shape[1], group_size, torch.int32 if layout == "sliced" else torch.int64)
+    got, want = flatten_both(value, "weight", qargs("group", group_size=group_size), g_idx)
+    assert_bitwise(got, want, f"g_idx {shape} g{group_size} {dtype} {layout}")
+
+
+def test_g_idx_ties_keep_column_order():
+    # Stable order within a group: columns of one group keep their order.
+    value = torch.arange(2 * 32, dtype=torch.float32).reshape(2, 32)
+    g_idx = torch.tensor([1, 0] * 16)
+    got, want = flatten_both(value, "weight", qargs("group", group_size=16), g_idx)
+    assert_bitwise(got, want, "stable g_idx")
+    assert got[0, 0, 0].tolist() == list(range(1, 32, 2))
+
+
+@pytest.mark.parametrize("tile", (16, 64))
+def test_small_tiles_loop_over_elements(tile, monkeypatch):
+    # A tile smaller than a block row forces the element loop and many programs.
+    monkeypatch.setattr(flatten_module, "CONFIG", layout_module.LaunchConfig(tile=tile))
+    value = make_value((19, 70), torch.bfloat16, "sliced")
+    got, want = flatten_both(value, "weight", qargs("block", block_structure=[4, 32]))
+    assert_bitwise(got, want, f"tile {tile} block")
+    g_idx = permuted_g_idx(64, 32)
+    got, want = flatten_both(value[:, :64], "weight", qargs("group", group_size=32), g_idx)
+    assert_bitwise(got, want, f"tile {tile} g_idx")
+
+
+VIEW_CASES = [
+    ("weight", "tensor", (17, 33), {}),
+    ("weight", "channel", (17, 33), {}),
+    ("weight", "group", (17, 48), {"group_size": 16}),
+    ("weight", "tensor_group", (17, 48), {"group_size": 16}),
+    ("input", "tensor", (2, 17, 48), {}),
+    ("input", "token", (2, 17, 48), {}),
+    ("output", "group", (17, 48), {"group_size": 16}),
+    ("q", "tensor", (2, 3, 17, 16), {}),
+    ("k", "attn_head", (2, 3, 17, 16), {}),
+]
+
+
+@pytest.mark.parametrize("layout", ("contiguous", "transposed"))
+@pytest.mark.parametrize("base_name,strategy,shape,kw", VIEW_CASES, ids=lambda v: str(v))
+def test_other_strategies_are_the_reference_view(base_name, strategy, shape, kw, layout):
+    value = make_value(shape, torch.bfloat16, layout)
+    got, want = flatten_both(value, base_name, qargs(strategy, **kw))
+    assert_bitwise(got, want, f"{base_name} {strategy} {layout}")
+    assert got.stride() == want.stride()
+    shares = got.untyped_storage().data_ptr() == value.untyped_storage().data_ptr()
+    assert shares == (want.untyped_storage().data_ptr() == value.untyped_storage().data_ptr())
+    if layout == "contiguous" and base_name not in ("q", "k", "v"):
+        assert shares, "a contiguous weight or activation flattens to a view"
+
+
+EMPTY = [
+    ("block-0-rows", torch.randn(0, 16), qargs("block", block_structure=[4, 4]), None),
+    ("block-0-cols", torch.randn(4, 0), qargs("block", block_structure=[4, 4]), None),
+    ("g_idx-0-rows", torch.randn(0, 16), qargs("group", group_size=8), torch.arange(16) // 8),
+]
+
+
+@pytest.mark.parametrize("name,value,args,g_idx", EMPTY, ids=[e[0] for e in EMPTY])
+def test_empty_value_like_reference(name, value, args, g_idx):
+    results = {}
+    for backend in ("reference", "triton"):
+        with use_backend(backend):
+            try:
+                results[backend] = ops.flatten_for_calibration(value, "weight", args, g_idx=g_idx)
+            except Exception as exc:  # noqa: BLE001 - type and message are compared
+                results[backend] = (type(exc), str(exc))
+    ref, got = results["reference"], results["triton"]
+    if isinstance(ref, tuple):
+        assert got == ref
+    else:
+        assert_bitwise(got, ref, name)
+

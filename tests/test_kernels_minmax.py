@@ -1,0 +1,379 @@
+"""Parity of the triton min_max kernel with the reference (SPEC §2, §5).
+
+min/max are exact, so the contract is bitwise: torch.equal on every group,
+NaN exactly where the reference has NaN, the reference's shape and dtype.
+Kernels run under TRITON_INTERPRET=1 on the CPU (set by conftest); shapes stay
+tiny because every program instance costs milliseconds there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+import pytest
+import torch
+from compressed_tensors.quantization import QuantizationArgs
+
+from obskernels import ops
+from obskernels.backends import use_backend
+
+pytestmark = pytest.mark.kernel
+
+min_max_module = importlib.import_module("obskernels.kernels.min_max")
+layout_module = importlib.import_module("obskernels.kernels._layout")
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def qargs(strategy, **kw):
+    if strategy == "token":
+        kw.setdefault("dynamic", True)  # compressed-tensors refuses static token args
+    return QuantizationArgs(num_bits=8, strategy=strategy, **kw)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    base_name: str
+    strategy: str
+    shape: tuple[int, ...]
+    kw: tuple = ()  # extra QuantizationArgs fields as (name, value) pairs
+
+    @property
+    def args(self):
+        return qargs(self.strategy, **dict(self.kw))
+
+    def __str__(self):
+        extra = "".join(f"-{k}{v}" for k, v in self.kw)
+        return f"{self.base_name}-{self.strategy}{extra}-{'x'.join(map(str, self.shape))}"
+
+
+G16 = (("group_size", 16),)
+G32 = (("group_size", 32),)
+
+CASES = [
+    # weights: odd sizes (powers of two plus 17), single groups, wide channels
+    Case("weight", "tensor", (17, 33)),
+    Case("weight", "tensor", (64, 48)),  # one contiguous run, cut into rows
+    Case("weight", "tensor", (1, 1)),
+    Case("weight", "channel", (17, 33)),
+    Case("weight", "channel", (3, 4113)),
+    Case("weight", "channel", (1, 64)),
+    Case("weight", "group", (17, 48), G16),
+    Case("weight", "group", (1, 16), G16),
+    Case("weight", "group", (5, 4128), G32),
+    Case("weight", "tensor_group", (17, 48), G16),
+    Case("weight", "block", (17, 33), (("block_structure", [8, 16]),)),  # partial both ways
+    Case("weight", "block", (16, 32), (("block_structure", [8, 16]),)),  # exact blocks
+    Case("weight", "block", (5, 7), (("block_structure", [8, 16]),)),  # one partial block
+    Case("weight", "block", (130, 129), (("block_structure", [128, 128]),)),
+    # activations, 2-D and 3-D; many observations
+    Case("input", "tensor", (17, 48)),
+    Case("output", "tensor", (2, 17, 48)),
+    Case("input", "token", (17, 48)),
+    Case("input", "token", (2, 17, 48)),
+    Case("input", "token", (1, 1, 16)),
+    Case("input", "group", (17, 48), G16),
+    Case("output", "group", (3, 9, 64), G32),
+    Case("input", "group", (513, 32), G16),
+    Case("input", "tensor_group", (2, 17, 48), G16),
+    # attention (batch, heads, seq, head_dim)
+    Case("q", "tensor", (2, 3, 17, 16)),
+    Case("k", "attn_head", (2, 3, 17, 16)),
+    Case("v", "attn_head", (1, 1, 1, 8)),
+    Case("q", "attn_head", (2, 4, 33, 64)),
+]
+
+LAYOUTS = ("contiguous", "transposed", "sliced")
+
+
+def make_value(shape, dtype, layout="contiguous", base=None):
+    """A value of ``shape`` whose storage is laid out as named (all views)."""
+    base = torch.randn if base is None else base
+    if layout == "contiguous":
+        return base(shape).to(dtype)
+    if layout == "transposed":  # every dim's stride reversed
+        dims = tuple(reversed(range(len(shape))))
+        return base(tuple(shape[d] for d in dims)).to(dtype).permute(dims)
+    if layout == "sliced":  # every other element of a larger tensor, offset by one
+        big = base(tuple(2 * n + 1 for n in shape)).to(dtype)
+        return big[tuple(slice(1, 1 + 2 * n, 2) for n in shape)]
+    raise ValueError(layout)
+
+
+def run_both(op, value, *args, **kwargs):
+    with use_backend("reference"):
+        want = getattr(ops, op)(value, *args, **kwargs)
+    with use_backend("triton"):
+        got = getattr(ops, op)(value, *args, **kwargs)
+    return got, want
+
+
+def assert_same(got, want, what):
+    """Bitwise parity per SPEC §5; names the groups and values that differ."""
+    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
+    nan_g, nan_w = torch.isnan(got), torch.isnan(want)
+    bad = (nan_g != nan_w) | (~nan_w & (got != want))
+    if bool(bad.any()):
+        idx = bad.nonzero().tolist()[:5]
+        detail = ", ".join(
+            f"group {tuple(i)}: got {got[tuple(i)].item()!r} want {want[tuple(i)].item()!r}"
+            for i in idx
+        )
+        raise AssertionError(f"{what}: {int(bad.sum())} of {want.numel()} groups differ; {detail}")
+
+
+def check_min_max(value, case_or_base, args=None, g_idx=None, what=""):
+    if isinstance(case_or_base, Case):
+        base_name, args = case_or_base.base_name, case_or_base.args
+    else:
+        base_name = case_or_base
+    (got_min, got_max), (want_min, want_max) = run_both("min_max", value, base_name, args, g_idx=g_idx)
+    assert_same(got_min, want_min, f"{what} min")
+    assert_same(got_max, want_max, f"{what} max")
+    return want_min, want_max
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_min_max_matches_reference(case, dtype, layout):
+    value = make_value(case.shape, dtype, layout)
+    check_min_max(value, case, what=f"{case} {dtype} {layout}")
+
+
+def test_attention_from_transposed_projection():
+    # The usual q: (batch, seq, heads, head_dim) viewed as (batch, heads, seq, head_dim).
+    value = torch.randn(2, 17, 3, 16).to(torch.bfloat16).transpose(1, 2)
+    for strategy in ("tensor", "attn_head"):
+        check_min_max(value, "q", qargs(strategy), what=f"q {strategy}")
+
+
+def test_expanded_and_offset_views():
+    # Stride-0 (broadcast) dims and a storage offset are addressed as they are.
+    row = torch.randn(1, 48, dtype=torch.float16)
+    expanded = row.expand(9, 48)
+    for strategy, kw in (("tensor", {}), ("channel", {}), ("group", {"group_size": 16}),
+                         ("block", {"block_structure": [4, 32]})):
+        check_min_max(expanded, "weight", qargs(strategy, **kw), what=f"expanded {strategy}")
+    offset = torch.randn(400, dtype=torch.bfloat16)[17:17 + 9 * 40].view(9, 40)
+    check_min_max(offset, "weight", qargs("block", block_structure=[4, 32]), what="offset block")
+
+
+BLOCK_CASES = [c for c in CASES if c.strategy == "block"]
+
+
+@pytest.mark.parametrize("case", BLOCK_CASES, ids=str)
+@pytest.mark.parametrize("sign", (1, -1))
+def test_partial_block_padding_takes_part(case, sign):
+    # All values of one sign: a partial block's min (max) must be the padding 0.
+    value = make_value(case.shape, torch.bfloat16, "contiguous",
+                       base=lambda s: sign * (torch.rand(s) + 0.5))
+    want_min, want_max = check_min_max(value, case, what=f"{case} sign {sign}")
+    bh, bw = dict(case.kw)["block_structure"]
+    rows, cols = case.shape
+    partial = (rows % bh != 0) or (cols % bw != 0)
+    extreme = want_min if sign > 0 else want_max
+    assert bool((extreme[-1, -1] == 0) == partial), "the reference's padding contract changed"
+
+
+NAN_CASES = [
+    Case("weight", "tensor", (17, 33)),
+    Case("weight", "channel", (17, 33)),
+    Case("weight", "group", (17, 48), G16),
+    Case("weight", "block", (17, 33), (("block_structure", [8, 16]),)),
+    Case("input", "token", (2, 17, 48)),
+    Case("input", "group", (2, 17, 48), G16),
+    Case("k", "attn_head", (2, 3, 17, 16)),
+]
+
+
+@pytest.mark.parametrize("case", NAN_CASES, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_nan_and_inf_propagate(case, dtype):
+    value = make_value(case.shape, dtype).contiguous()
+    flat = value.view(-1)
+    n = flat.numel()
+    flat[n // 3] = float("inf")
+    flat[n // 2] = float("-inf")
+    flat[(2 * n) // 3] = float("nan")
+    flat[-1] = float("nan")
+    want_min, _ = check_min_max(value, case, what=f"{case} {dtype} nan/inf")
+    assert bool(torch.isnan(want_min).any())
+
+
+def test_all_nan_and_all_inf_groups():
+    value = torch.randn(4, 32, dtype=torch.float16)
+    value[0] = float("nan")
+    value[1] = float("inf")
+    value[2] = float("-inf")
+    value[3, 5] = float("nan")
+    for strategy, kw in (("channel", {}), ("group", {"group_size": 16}), ("tensor", {})):
+        check_min_max(value, "weight", qargs(strategy, **kw), what=f"{strategy} all-nan/inf")
+
+
+def permuted_g_idx(cols, group_size, dtype=torch.int64):
+    """Every group gets group_size columns, scattered by a random permutation."""
+    return (torch.arange(cols) // group_size)[torch.randperm(cols)].to(dtype)
+
+
+@pytest.mark.parametrize(
+    "shape,group_size", [((17, 48), 16), ((5, 96), 32), ((1, 16), 16), ((33, 64), 16)], ids=str
+)
+@pytest.mark.parametrize("layout", ("contiguous", "transposed"))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_g_idx_gathered(shape, group_size, layout, dtype):
+    value = make_value(shape, dtype, layout)
+    g_idx = permuted_g_idx(shape[1], group_size, torch.int32 if layout == "transposed" else torch.int64)
+    check_min_max(value, "weight", qargs("group", group_size=group_size), g_idx=g_idx,
+                  what=f"g_idx {shape} {dtype} {layout}")
+
+
+class CountingKernel:
+    """Wraps a triton kernel; counts launches (``kernel[grid](...)``)."""
+
+    def __init__(self, kernel, counter):
+        self.kernel, self.counter = kernel, counter
+
+    def __getitem__(self, grid):
+        self.counter.append(grid)
+        return self.kernel[grid]
+
+
+def count_launches(monkeypatch):
+    grids = []
+    for name in ("_min_max_kernel", "_min_max_finish_kernel"):
+        monkeypatch.setattr(min_max_module, name, CountingKernel(getattr(min_max_module, name), grids))
+    return grids
+
+
+SPLIT_CASES = [
+    Case("weight", "tensor", (19, 40)),
+    Case("weight", "channel", (5, 40)),
+    Case("input", "group", (2, 9, 32), G16),
+    Case("input", "token", (3, 5, 24)),
+    Case("q", "attn_head", (2, 2, 5, 16)),
+    Case("weight", "block", (19, 12), (("block_structure", [8, 8]),)),
+]
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=str)
+@pytest.mark.parametrize("split", (1, 3, 64))
+def test_split_reduction_and_small_tiles(case, split, monkeypatch):
+    # A tiny tile forces the element and row loops; split > 1 the partial +
+    # finish path a GPU takes for whole-tensor reductions. At most 2 launches.
+    monkeypatch.setattr(min_max_module, "CONFIG", layout_module.LaunchConfig(tile=16, split=split))
+    grids = count_launches(monkeypatch)
+    value = make_value(case.shape, torch.bfloat16, "sliced")
+    check_min_max(value, case, what=f"{case} split {split}")
+    assert 1 <= len(grids) <= 2, f"{len(grids)} launches"
+    assert (len(grids) == 2) == (split > 1 and grids[0][1] > 1)
+    value[-1, ..., -1] = float("nan")  # one NaN, written through the strided view
+    check_min_max(value, case, what=f"{case} split {split} nan")
+
+
+def test_launch_count_default_config(monkeypatch):
+    grids = count_launches(monkeypatch)
+    check_min_max(torch.randn(17, 33), "weight", qargs("tensor"))
+    assert len(grids) == 1  # the interpreter never splits
+
+
+def test_no_flattened_copy(monkeypatch):
+    # The kernel addresses the raw value: the reference's flatten is never called.
+    reference_min_max = importlib.import_module("obskernels.reference.min_max")
+    reference_flatten = importlib.import_module("obskernels.reference.flatten")
+
+    def forbidden(*a, **k):
+        raise AssertionError("the triton min_max used a flattened copy")
+
+    value = torch.randn(17, 33)
+    args = qargs("block", block_structure=[8, 16])
+    with use_backend("reference"):
+        want = ops.min_max(value, "weight", args)
+    monkeypatch.setattr(reference_min_max, "flatten_for_calibration", forbidden)
+    monkeypatch.setattr(reference_flatten, "flatten_for_calibration", forbidden)
+    with use_backend("triton"):
+        got = ops.min_max(value, "weight", args)
+    assert_same(got[0], want[0], "min")
+    assert_same(got[1], want[1], "max")
+
+
+BAD_INPUTS = [
+    ("weight-token", lambda: (torch.randn(4, 16), "weight", qargs("token"), None)),
+    ("weight-attn_head", lambda: (torch.randn(4, 16), "weight", qargs("attn_head"), None)),
+    ("input-channel", lambda: (torch.randn(4, 16), "input", qargs("channel"), None)),
+    ("input-block", lambda: (torch.randn(4, 16), "input", qargs("block", block_structure=[2, 2]), None)),
+    ("q-group", lambda: (torch.randn(1, 2, 3, 16), "q", qargs("group", group_size=8), None)),
+    ("cols-not-divisible", lambda: (torch.randn(4, 20), "weight", qargs("group", group_size=16), None)),
+    ("hidden-not-divisible", lambda: (torch.randn(4, 20), "input", qargs("group", group_size=16), None)),
+    ("bad-base-name", lambda: (torch.randn(4, 16), "bias", qargs("tensor"), None)),
+    ("weight-3d", lambda: (torch.randn(2, 4, 16), "weight", qargs("tensor"), None)),
+    ("input-4d", lambda: (torch.randn(1, 2, 4, 16), "input", qargs("tensor"), None)),
+    ("int-value", lambda: (torch.ones(4, 16, dtype=torch.int32), "weight", qargs("tensor"), None)),
+    ("args-not-qargs", lambda: (torch.randn(4, 16), "weight", {"strategy": "tensor"}, None)),
+    ("g_idx-channel", lambda: (torch.randn(4, 16), "weight", qargs("channel"), torch.zeros(16, dtype=torch.long))),
+    ("g_idx-float", lambda: (torch.randn(4, 16), "weight", qargs("group", group_size=8), torch.zeros(16))),
+    ("g_idx-length", lambda: (torch.randn(4, 16), "weight", qargs("group", group_size=8), torch.zeros(8, dtype=torch.long))),
+    ("g_idx-range", lambda: (torch.randn(4, 16), "weight", qargs("group", group_size=8), torch.arange(16) // 4)),
+    ("g_idx-counts", lambda: (torch.randn(4, 16), "weight", qargs("group", group_size=8), (torch.arange(16) > 2).long())),
+]
+
+
+def outcome(fn):
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - the type and message are what we compare
+        return type(exc), str(exc)
+    return None
+
+
+@pytest.mark.parametrize("make", [m for _, m in BAD_INPUTS], ids=[n for n, _ in BAD_INPUTS])
+@pytest.mark.parametrize("op", ("min_max", "flatten_for_calibration"))
+def test_bad_input_raises_like_reference(op, make):
+    value, base_name, args, g_idx = make()
+    results = {}
+    for name in ("reference", "triton"):
+        with use_backend(name):
+            results[name] = outcome(lambda: getattr(ops, op)(value, base_name, args, g_idx=g_idx))
+    assert results["reference"] is not None, "the reference accepted a bad input"
+    assert results["reference"][0] in (ValueError, TypeError)
+    assert results["triton"] == results["reference"]
+
+
+EMPTY = [
+    ("weight-channel-0-rows", torch.randn(0, 16), "weight", qargs("channel")),
+    ("weight-channel-0-cols", torch.randn(4, 0), "weight", qargs("channel")),
+    ("weight-tensor", torch.randn(0, 16), "weight", qargs("tensor")),
+    ("weight-group-0-rows", torch.randn(0, 16), "weight", qargs("group", group_size=8)),
+    ("weight-block", torch.randn(0, 16), "weight", qargs("block", block_structure=[4, 4])),
+    ("input-token-3d", torch.randn(0, 3, 16), "input", qargs("token")),
+    ("k-attn_head", torch.randn(1, 0, 3, 16), "k", qargs("attn_head")),
+]
+
+
+@pytest.mark.parametrize("name,value,base_name,args", EMPTY, ids=[e[0] for e in EMPTY])
+def test_empty_value_like_reference(name, value, base_name, args):
+    results = {}
+    for backend in ("reference", "triton"):
+        with use_backend(backend):
+            try:
+                results[backend] = ops.min_max(value, base_name, args)
+            except Exception as exc:  # noqa: BLE001
+                results[backend] = (type(exc), str(exc))
+    ref, got = results["reference"], results["triton"]
+    if isinstance(ref[0], type):
+        assert got == ref
+    else:
+        for g, w, what in zip(got, ref, ("min", "max")):
+            assert_same(g, w, f"{name} {what}")
+
+
+@pytest.mark.gpu
+def test_offsets_past_2_pow_31_on_gpu():
+    # 2^31 + 2^15 bf16 elements (4 GiB): the last rows sit past int32 offsets.
+    value = torch.empty((1 << 16) + 1, 1 << 15, dtype=torch.bfloat16, device="cuda")
+    value.normal_()
+    value[-1, -1] = 1e4
+    for strategy in ("channel", "tensor"):
+        check_min_max(value, "weight", qargs(strategy), what=f"2^31 {strategy}")

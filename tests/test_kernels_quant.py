@@ -1,0 +1,145 @@
+"""The Triton rounding helpers of kernels/quant.py against torch / compressed-tensors.
+
+Each helper is applied elementwise by a tiny kernel under TRITON_INTERPRET=1 and
+compared bitwise with what torch computes on the CPU (the reference's
+arithmetic). The fp32 pow is the one place that is not bit-exact (torch's own
+pow is not correctly rounded): a relative bound is asserted there.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from compressed_tensors.quantization.utils.fp4_utils import cast_to_fp4
+from compressed_tensors.quantization.utils.mxfp_utils import (
+    generate_mx_scales,
+    maybe_convert_from_mx_exp,
+)
+from compressed_tensors.quantization import QuantizationArgs
+
+Q = importlib.import_module("obskernels.kernels.quant")
+
+pytestmark = pytest.mark.kernel
+
+CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+OP_RD, OP_FP8, OP_FP4, OP_POW, OP_RNE, OP_MX = range(6)
+
+
+@triton.jit
+def _apply(x_ptr, out_ptr, n, norm, mx_offset,
+           OP: tl.constexpr, DTYPE: tl.constexpr, MODE: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    m = offs < n
+    x = tl.load(x_ptr + offs, mask=m, other=0.0)
+    if OP == 0:
+        r = Q.rd(x, DTYPE)
+    elif OP == 1:
+        r = Q.round_fp8e4m3(x)
+    elif OP == 2:
+        r = Q.round_fp4e2m1(x)
+    elif OP == 3:
+        r = Q.abs_pow(x, norm, MODE, DTYPE)
+    elif OP == 4:
+        r = Q.rne_int(x)
+    else:
+        r = Q.mx_scale(x, mx_offset, DTYPE)
+    tl.store(out_ptr + offs, r, mask=m)
+
+
+def apply(x, op, dtype=torch.float32, mode=0, norm=1.0, mx_offset=2):
+    x = x.float().contiguous()
+    out = torch.empty_like(x)
+    _apply[(1,)](x, out, x.numel(), norm, mx_offset, OP=op, DTYPE=CODE[dtype], MODE=mode,
+                 BLOCK=triton.next_power_of_2(x.numel()))
+    return out
+
+
+def assert_bitwise(got, want):
+    same = (got == want) | (torch.isnan(got) & torch.isnan(want))
+    if not bool(same.all()):
+        i = int((~same).nonzero()[0])
+        raise AssertionError(f"element {i}: got {got[i].item()!r}, want {want[i].item()!r}")
+
+
+def spread(n=4096, seed=0):
+    """Values over many binades, plus NaN, +-inf, +-0."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=gen) * torch.exp(torch.randn(n, generator=gen) * 6)
+    x[:5] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0])
+    return x
+
+
+@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16), ids=str)
+def test_round_to_dtype(dtype):
+    x = spread()
+    assert_bitwise(apply(x, OP_RD, dtype), x.to(dtype).float())
+
+
+def test_round_fp8_e4m3():
+    gen = torch.Generator().manual_seed(1)
+    x = torch.cat([
+        (torch.randn(4096, generator=gen) * 100).clamp(-448, 448),
+        torch.arange(-448, 448.01, 0.03125),  # every tie and every binade carry
+        torch.tensor([2.0**-10, 3 * 2.0**-11, 2.0**-9 * 0.5, 7.92, float("nan")]),
+    ])
+    assert_bitwise(apply(x, OP_FP8), x.to(torch.float8_e4m3fn).float())
+
+
+def test_round_fp4_e2m1():
+    gen = torch.Generator().manual_seed(2)
+    x = torch.cat([(torch.randn(4096, generator=gen) * 3).clamp(-6, 6),
+                   torch.arange(-6, 6.001, 0.125), torch.tensor([float("nan")])])
+    assert_bitwise(apply(x, OP_FP4), cast_to_fp4(x.clone()))
+
+
+def test_round_half_even():
+    gen = torch.Generator().manual_seed(3)
+    x = torch.cat([torch.randn(4096, generator=gen) * 50, torch.arange(-130, 130, 0.5)])
+    assert_bitwise(apply(x, OP_RNE), torch.round(x))
+
+
+NORMS = [(2.4, Q.P_GENERAL), (2.0, Q.P_SQUARE), (3.0, Q.P_CUBE), (0.5, Q.P_SQRT),
+         (1.0, Q.P_ONE), (1.7, Q.P_GENERAL), (7.3, Q.P_GENERAL)]
+
+
+@pytest.mark.parametrize("norm,mode", NORMS, ids=lambda v: str(v))
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float16, torch.bfloat16), ids=str)
+def test_abs_pow(dtype, norm, mode):
+    """|d| ** norm as torch computes it; the exponent is rounded to the dtype."""
+    gen = torch.Generator().manual_seed(4)
+    d = (torch.rand(8192, generator=gen) * torch.exp(torch.randn(8192, generator=gen) * 3)).to(dtype)
+    d[:3] = torch.tensor([0.0, float("inf"), float("nan")])
+    n_dtype = float(torch.tensor(norm, dtype=torch.float64).to(dtype))
+    got = apply(d, OP_POW, dtype, int(mode), n_dtype)
+    want = d.pow(norm).float()
+    if dtype == torch.float32:
+        # torch's fp32 pow is itself ~1 ulp off the correctly rounded value
+        normal = torch.isfinite(want) & (want > 1e-30)
+        rel = ((got - want).abs() / want)[normal].max().item()
+        assert rel < 1e-6, f"max relative difference {rel:.3g}"
+        special = (want == 0) | torch.isinf(want) | torch.isnan(want)
+        assert_bitwise(got[special], want[special])
+    else:
+        # torch rounds its fp32 pow into the dtype: bitwise but for the rare
+        # value whose fp32 pow lands within an ulp of a rounding boundary
+        same = (got == want) | (torch.isnan(got) & torch.isnan(want))
+        assert int((~same).sum()) <= 2
+
+
+@pytest.mark.parametrize("num_bits", (4, 8))
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float16, torch.bfloat16), ids=str)
+def test_mx_scale(dtype, num_bits):
+    """Power-of-two scales: round_to_power_2 -> E8M0 -> 2^(e - 127) in the dtype."""
+    x = spread(seed=5).abs().to(dtype)
+    x = torch.cat([x, torch.tensor([2.0**-14 * 0.74, 2.0**-14 * 0.76, 65000.0, 57343.0]).to(dtype)])
+    x = x[~torch.isnan(x)]
+    args = QuantizationArgs(num_bits=num_bits, type="float", strategy="group", group_size=32,
+                            scale_dtype=torch.uint8)
+    exp = generate_mx_scales(x, num_bits)
+    want = maybe_convert_from_mx_exp(args, torch.clamp(exp, 0, 255).round().to(torch.uint8).to(dtype))
+    offset = 2 if num_bits == 4 else 8
+    assert_bitwise(apply(x, OP_MX, dtype, mx_offset=offset), want.float())
