@@ -13,6 +13,19 @@ from obskernels.backends import (
     set_backend,
     use_backend,
 )
+from obskernels.observers import (
+    IMatrixMSEObserver,
+    ImportanceFallbackWarning,
+    MemorylessMinMaxObserver,
+    MemorylessMSEObserver,
+    MinMaxObserver,
+    MovingAverageMSEObserver,
+    NVFP4ExpandedMSEObserver,
+    Observer,
+    QParamsDict,
+    StaticMinMaxObserver,
+    get_observer_token_count,
+)
 
 __version__ = "0.1.0"
 
@@ -24,4 +37,15 @@ __all__ = [
     "use_backend",
     "BackendUnavailableError",
     "KernelUnsupportedError",
+    "Observer",
+    "QParamsDict",
+    "MemorylessMinMaxObserver",
+    "StaticMinMaxObserver",
+    "MinMaxObserver",
+    "MemorylessMSEObserver",
+    "MovingAverageMSEObserver",
+    "NVFP4ExpandedMSEObserver",
+    "IMatrixMSEObserver",
+    "ImportanceFallbackWarning",
+    "get_observer_token_count",
 ]

@@ -1,0 +1,68 @@
+"""Min/max observers: the range is the observed per-group min and max."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from obskernels import ops
+from obskernels.observers.base import (
+    MinMaxTuple,
+    Observer,
+    check_averaging_constant,
+    moving_average,
+)
+
+__all__ = ["MemorylessMinMaxObserver", "StaticMinMaxObserver", "MinMaxObserver"]
+
+
+@Observer.register("memoryless_minmax")
+class MemorylessMinMaxObserver(Observer):
+    """min_vals / max_vals of the latest value only."""
+
+    _act_sync_dict = {}
+
+    def _measure(self, value: torch.Tensor) -> MinMaxTuple:
+        return ops.min_max(value, self.base_name, self.args)
+
+
+@Observer.register("static_minmax")
+class StaticMinMaxObserver(MemorylessMinMaxObserver):
+    """Running min of the mins and max of the maxes over every value seen."""
+
+    _act_sync_dict = {"min_vals": dist.ReduceOp.MIN, "max_vals": dist.ReduceOp.MAX}
+
+    def _accumulate(self, min_vals: torch.Tensor, max_vals: torch.Tensor) -> None:
+        if self.has_statistics:
+            min_vals = torch.minimum(min_vals, self.min_vals)
+            max_vals = torch.maximum(max_vals, self.max_vals)
+        self.min_vals, self.max_vals = min_vals, max_vals
+
+
+class MovingAverageMixin:
+    """``old * (1 - c) + new * c``; the first value is taken as is, c == 1.0 replaces.
+
+    ``c`` is ``averaging_constant`` (default 0.01).
+    """
+
+    def _init_moving_average(self) -> None:
+        self.avg_constant = check_averaging_constant(
+            self.args.observer_kwargs.get("averaging_constant", 0.01)
+        )
+
+    def _accumulate(self, min_vals: torch.Tensor, max_vals: torch.Tensor) -> None:
+        if self.has_statistics and self.avg_constant != 1.0:
+            min_vals = moving_average(self.min_vals, min_vals, self.avg_constant)
+            max_vals = moving_average(self.max_vals, max_vals, self.avg_constant)
+        self.min_vals, self.max_vals = min_vals, max_vals
+
+
+@Observer.register("minmax")
+class MinMaxObserver(MovingAverageMixin, MemorylessMinMaxObserver):
+    """Moving average of each value's min / max."""
+
+    _act_sync_dict = {"min_vals": dist.ReduceOp.AVG, "max_vals": dist.ReduceOp.AVG}
+
+    def __init__(self, base_name, args, **observer_kwargs):
+        super().__init__(base_name, args, **observer_kwargs)
+        self._init_moving_average()

@@ -1,0 +1,128 @@
+"""MSE observers: the range is chosen by the shrink-grid search of SPEC §4."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict
+
+import torch
+import torch.distributed as dist
+
+from obskernels import ops
+from obskernels.observers.base import MinMaxTuple, Observer, _number
+from obskernels.observers.minmax import MovingAverageMixin
+
+__all__ = [
+    "MemorylessMSEObserver",
+    "MovingAverageMSEObserver",
+    "NVFP4ExpandedMSEObserver",
+    "SearchKwargsMixin",
+]
+
+
+class SearchKwargsMixin:
+    """Reads and validates the search kwargs at construction.
+
+    ``_search_defaults`` names each kwarg's default; ``args.observer_kwargs``
+    overrides them. Invalid values raise ValueError naming the kwarg (SPEC §1).
+    ``chunk_size`` is accepted and validated; it never changes the result.
+    """
+
+    _search_defaults: Dict[str, Any] = {}
+
+    def _init_search(self) -> None:
+        kw = {**self._search_defaults, **self.args.observer_kwargs}
+        self.maxshrink = _number("maxshrink", kw["maxshrink"])
+        self.patience = _number("patience", kw["patience"], integer=True)
+        self.grid = _number("grid", kw["grid"])
+        self.norm = _number("norm", kw["norm"])
+        self.expand = _number("expand", kw["expand"])
+        if not math.isfinite(self.grid) or self.grid <= 0:
+            raise ValueError(f"observer kwarg 'grid' must be a finite number > 0, got {self.grid!r}")
+        if self.patience < 0:
+            raise ValueError(f"observer kwarg 'patience' must be >= 0, got {self.patience!r}")
+        if not 0 <= self.maxshrink <= 1:
+            raise ValueError(
+                f"observer kwarg 'maxshrink' must be in [0, 1], got {self.maxshrink!r}"
+            )
+        if not math.isfinite(self.norm) or self.norm <= 0:
+            raise ValueError(
+                f"observer kwarg 'norm' must be a finite positive number, got {self.norm!r}"
+            )
+        if not math.isfinite(self.expand) or self.expand < 1:
+            raise ValueError(f"observer kwarg 'expand' must be >= 1, got {self.expand!r}")
+        if "chunk_size" in self._search_defaults:
+            self.chunk_size = _number("chunk_size", kw["chunk_size"], integer=True)
+            if self.chunk_size <= 0:
+                raise ValueError(
+                    f"observer kwarg 'chunk_size' must be > 0, got {self.chunk_size!r}"
+                )
+
+    def _search(self, value: torch.Tensor, flavour: str, importance=None) -> MinMaxTuple:
+        return ops.mse_search(
+            value,
+            self.base_name,
+            self.args,
+            maxshrink=self.maxshrink,
+            patience=self.patience,
+            grid=self.grid,
+            norm=self.norm,
+            expand=self.expand,
+            importance=importance,
+            flavour=flavour,
+        )
+
+
+_MSE_DEFAULTS = {
+    "maxshrink": 0.20,
+    "patience": 5,
+    "grid": 100.0,
+    "norm": 2.4,
+    "expand": 1.0,
+    "chunk_size": 5,
+}
+
+
+@Observer.register("memoryless_mse")
+class MemorylessMSEObserver(SearchKwargsMixin, Observer):
+    """The search's (min_vals, max_vals) for the latest value.
+
+    Kwargs: maxshrink 0.20, patience 5, grid 100, norm 2.4, expand 1.0, chunk_size 5.
+    """
+
+    _act_sync_dict = {}
+    _search_defaults = _MSE_DEFAULTS
+
+    def __init__(self, base_name, args, **observer_kwargs):
+        super().__init__(base_name, args, **observer_kwargs)
+        self._init_search()
+
+    def _measure(self, value: torch.Tensor) -> MinMaxTuple:
+        return self._search(value, "mse")
+
+
+@Observer.register("mse")
+class MovingAverageMSEObserver(MovingAverageMixin, MemorylessMSEObserver):
+    """The search on each value, then a moving average as ``minmax`` (c = 0.01)."""
+
+    _act_sync_dict = {"min_vals": dist.ReduceOp.AVG, "max_vals": dist.ReduceOp.AVG}
+
+    def __init__(self, base_name, args, **observer_kwargs):
+        super().__init__(base_name, args, **observer_kwargs)
+        self._init_moving_average()
+
+
+@Observer.register("nvfp4_expanded_mse")
+class NVFP4ExpandedMSEObserver(MemorylessMSEObserver):
+    """``memoryless_mse`` searching from 1.8x the range down to about 0.8x.
+
+    Defaults: expand 1.8, maxshrink 1 - 0.8/1.8, grid 200, patience 1000.
+    """
+
+    _search_defaults = {
+        **_MSE_DEFAULTS,
+        "expand": 1.8,
+        "maxshrink": 1 - 0.8 / 1.8,
+        "grid": 200.0,
+        "patience": 1000,
+    }

@@ -1,0 +1,89 @@
+"""The installed package, imported from outside the source tree.
+
+``pip install --target`` puts a non-editable build of this checkout in a
+temporary folder; a subprocess with only that folder on its path (cwd there,
+PYTHONSAFEPATH=1) must import ``obskernels`` and ``obskernels.reference`` from
+it, and nothing named plain ``kernels`` or ``reference`` may be installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+PROBE = """
+import json, sys
+{prelude}
+import obskernels, obskernels.reference, obskernels.observers
+print(json.dumps({{
+    "obskernels": obskernels.__file__,
+    "reference": obskernels.reference.__file__,
+    "observers": obskernels.observers.__file__,
+    "backends": obskernels.available_backends(),
+    "observer": type(obskernels.Observer.load_from_registry(
+        "minmax", base_name="input",
+        args=__import__("compressed_tensors").quantization.QuantizationArgs(num_bits=8),
+    )).__name__,
+    "triton_loaded": "triton" in sys.modules and sys.modules["triton"] is not None,
+}}))
+"""
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    target = tmp_path_factory.mktemp("site")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation",
+         "--disable-pip-version-check", "-q", "--target", str(target), str(REPO_ROOT)],
+        check=True, capture_output=True, text=True, timeout=300,
+    )
+    return target
+
+
+def _probe(target: Path, prelude: str = "") -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "OBSKERNELS_BACKEND")}
+    env.update(PYTHONSAFEPATH="1", PYTHONPATH=str(target), PYTHONNOUSERSITE="1")
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE.format(prelude=prelude)],
+        cwd=target, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_installed_package_layout(installed):
+    assert (installed / "obskernels" / "__init__.py").is_file()
+    assert (installed / "obskernels" / "kernels" / "__init__.py").is_file()
+    assert (installed / "obskernels" / "reference" / "__init__.py").is_file()
+    assert not (installed / "kernels").exists()
+    assert not (installed / "reference").exists()
+    # every subpackage of the source tree is installed
+    for init in (REPO_ROOT / "obskernels").glob("*/__init__.py"):
+        assert (installed / "obskernels" / init.parent.name / "__init__.py").is_file(), init
+
+
+@pytest.mark.slow
+def test_import_from_outside_the_source_tree(installed):
+    found = _probe(installed)
+    root = installed.resolve() / "obskernels"
+    for key in ("obskernels", "reference", "observers"):
+        assert Path(found[key]).resolve().is_relative_to(root), (key, found[key])
+    assert found["observer"] == "MinMaxObserver"
+
+
+@pytest.mark.slow
+def test_import_without_triton(installed):
+    # None in sys.modules makes `import triton` raise ImportError
+    found = _probe(installed, prelude="sys.modules['triton'] = None")
+    assert Path(found["obskernels"]).resolve().is_relative_to(installed.resolve() / "obskernels")
+    assert "triton" not in found["backends"]
+    assert found["backends"] == ["auto", "reference"]
+    assert not found["triton_loaded"]
