@@ -4,6 +4,7 @@ Without CUDA, the Triton kernels run on the CPU through triton's interpreter,
 which must be switched on before triton is first imported.
 """
 
+import importlib.util
 import os
 
 import torch
@@ -37,6 +38,10 @@ def backend(request):
     if name == "triton":
         reason = triton_unavailable_reason(None)
         if reason is not None:
-            pytest.skip(f"triton backend unavailable: {reason}")
+            # Only a missing triton is a reason to skip; triton installed but
+            # unusable (broken kernels, interpreter off on a CPU) is a failure.
+            if importlib.util.find_spec("triton") is None:
+                pytest.skip(f"triton backend unavailable: {reason}")
+            pytest.fail(f"triton is installed but its backend cannot run: {reason}")
     with use_backend(name):
         yield name
