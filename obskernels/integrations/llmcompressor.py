@@ -1,0 +1,327 @@
+"""Drop-in: llm-compressor's observers compute through obskernels.
+
+Two lines before running llm-compressor (``oneshot``, a modifier, ...)::
+
+    from obskernels.integrations.llmcompressor import enable
+    enable()                       # or: with enabled(): oneshot(...)
+
+The seam: llm-compressor builds every observer by name, through its
+``Observer`` registry (``Observer.load_from_registry(name, ...)``, a
+compressed-tensors ``RegistryMixin``). ``enable()`` points each built-in name
+(memoryless_minmax, static_minmax, minmax, memoryless_mse, mse,
+nvfp4_expanded_mse, fouroversix, imatrix_mse, nvfp4_expanded_imatrix) at a
+SUBCLASS of llm-compressor's own class for that name. A subclass overrides
+only where numbers are computed:
+
+- ``forward``: the min/max or the shrink-grid search of the raw value, via
+  ``obskernels.ops.min_max`` / ``ops.mse_search`` (flattening happens inside
+  the op, fused in the triton kernels), instead of llm-compressor's
+  ``flatten_for_calibration`` + ``torch.amin/amax`` / grid search;
+- imatrix_mse's E[x**2] hook: ``ops.accumulate_sq``.
+
+Everything else is llm-compressor's own code, inherited unchanged: kwargs and
+their defaults, the moving averages (its ``lerp``), statistics bookkeeping,
+fusion of q/k/v and gate/up global scales (its ``FusionHandler``), DDP
+synchronisation, importance validation and its warnings, hook disabling
+through ``HooksMixin``, ``get_qparams`` (compressed-tensors'
+``calculate_qparams`` / ``generate_gparam``). So the scales, zero points and
+global scales are those llm-compressor computes without the drop-in (tested
+bit for bit on the CPU). ``disable()`` restores the registry.
+
+Notes:
+- Observers already constructed keep their class: enable before the
+  modifier initializes (before ``oneshot``).
+- Observers registered by users are adapted only when they inherit the
+  computation unchanged; one overriding ``update_statistics_from_observed``
+  (or ``forward``, ``attach``) keeps its own class.
+- On CUDA, llm-compressor 0.14 sends its mse observers to a Triton kernel of
+  its own whose per-group "buffered patience" (``triton_error_buffer``) can
+  stop the search elsewhere than its eager code. The drop-in computes the
+  eager semantics (SPEC §4) on every device; ``triton_error_buffer`` is ignored.
+- The registry entries are replaced in compressed-tensors' registry dict
+  directly, since ``register`` refuses to rebind a name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import math
+import warnings
+from typing import Iterator, Optional
+
+import torch
+
+from obskernels import ops
+from obskernels.backends import use_backend
+from obskernels.validation import FLOAT_DTYPES
+
+__all__ = ["enable", "disable", "enabled", "is_enabled", "SUPPORTED_VERSIONS"]
+
+#: llm-compressor versions whose observer internals the adapters were written against.
+SUPPORTED_VERSIONS = ("0.14.",)
+
+# registry name -> the original value, while enabled
+_originals: dict[str, object] = {}
+_backend: Optional[str] = None
+
+
+def _import_llmcompressor():
+    try:
+        lc_obs = importlib.import_module("llmcompressor.observers")
+    except ImportError as exc:
+        raise ImportError(
+            "obskernels.integrations.llmcompressor needs llm-compressor "
+            "(pip install 'llmcompressor==0.14.*'); importing it failed: " + str(exc)
+        ) from exc
+    import llmcompressor
+
+    version = getattr(llmcompressor, "__version__", "?")
+    if not str(version).startswith(SUPPORTED_VERSIONS):
+        warnings.warn(
+            f"obskernels' llm-compressor drop-in was written for llm-compressor "
+            f"{SUPPORTED_VERSIONS}, found {version}",
+            stacklevel=3,
+        )
+    return lc_obs
+
+
+def _backend_scope():
+    return use_backend(_backend) if _backend is not None else contextlib.nullcontext()
+
+
+def _build_adapters(lc_obs) -> list[tuple[type, tuple[type, ...]]]:
+    """[(llm-compressor observer class, the mixins its adapter puts in front)]."""
+    from llmcompressor.observers.helpers import flatten_for_calibration, lerp
+    from llmcompressor.modifiers.utils.hooks import HooksMixin
+
+    MemorylessMinMax = lc_obs.MemorylessMinMaxObserver
+    StaticMinMax = lc_obs.StaticMinMaxObserver
+    MinMax = lc_obs.MinMaxObserver
+    MemorylessMSE = lc_obs.mse.MemorylessMSEObserver
+    MovingAverageMSE = lc_obs.MovingAverageMSEObserver
+    IMatrixMSE = lc_obs.IMatrixMSEObserver
+
+    class _OpsForward:
+        """llm-compressor's ``Observer.forward`` with the statistics of the
+        raw value computed by ``_measure_value`` (obskernels.ops)."""
+
+        @torch.no_grad()
+        def forward(self, observed: torch.Tensor):
+            if observed.numel() == 0:
+                return self
+            if self.is_weight_obs and self.has_statistics:
+                return self
+            with _backend_scope():
+                self._update_from_value(observed)
+            self.fusion_handler.get_fused_statistics()
+            return self
+
+        def _update_from_value(self, value):
+            self.min_vals, self.max_vals = self._measure_value(value)
+
+        def _measure_value(self, value):
+            return ops.min_max(value, self.base_name, self.args)
+
+        def _search_value(self, value, flavour, importance=None):
+            return ops.mse_search(
+                value,
+                self.base_name,
+                self.args,
+                maxshrink=self.maxshrink,
+                patience=self.patience,
+                grid=self.grid,
+                norm=self.norm,
+                expand=self.expand,
+                importance=importance,
+                flavour=flavour,
+            )
+
+    class _StaticUpdate:
+        def _update_from_value(self, value):
+            min_vals, max_vals = self._measure_value(value)
+            if hasattr(self, "min_vals"):
+                min_vals = torch.min(min_vals, self.min_vals)
+                max_vals = torch.max(max_vals, self.max_vals)
+            self.min_vals, self.max_vals = min_vals, max_vals
+
+    class _MovingAverageUpdate:
+        def _update_from_value(self, value):
+            min_vals, max_vals = self._measure_value(value)
+            if hasattr(self, "min_vals") and self.avg_constant != 1.0:
+                min_vals = lerp(self.min_vals, min_vals, self.avg_constant)
+                max_vals = lerp(self.max_vals, max_vals, self.avg_constant)
+            self.min_vals, self.max_vals = min_vals, max_vals
+
+    class _MSEMeasure:
+        def _measure_value(self, value):
+            return self._search_value(value, "mse")
+
+    class _IMatrixMeasure:
+        def _measure_value(self, value):
+            return self._search_value(value, "imatrix", importance=self._importance_vector(value))
+
+        def _importance_vector(self, value):
+            # llm-compressor's validation (and its fallback warnings) reads only
+            # the flattened shape: flatten a meta copy, no data is touched.
+            try:
+                shape_only = flatten_for_calibration(value.detach().to("meta"), self.base_name, self.args)
+            except ValueError:
+                shape_only = value.detach().to("meta")
+            imp = self._get_validated_importance(shape_only)
+            if imp is None:
+                return None
+            imp = imp.to(device=value.device, dtype=torch.float32)
+            # the normalisation of llm-compressor's _prepare_importance
+            return imp / (imp.mean() + torch.finfo(torch.float32).tiny)
+
+        def attach(self, module):
+            # llm-compressor's attach allocates the buffers and registers its
+            # hook; swap that hook for one accumulating through obskernels.
+            super().attach(module)
+            if self._imatrix_hook is None:
+                return
+            self._imatrix_hook.remove()
+            observer = self
+
+            def _hook(mod, args):
+                if (
+                    HooksMixin._HOOKS_DISABLED
+                    and getattr(observer, "_imatrix_hook", None) not in HooksMixin._HOOKS_KEEP_ENABLED
+                ):
+                    return
+                x = args[0] if isinstance(args, tuple) else args
+                if isinstance(x, tuple):
+                    x = x[0]
+                if x is None or not isinstance(x, torch.Tensor):
+                    return
+                x = x.detach()
+                observer._imatrix_sum = observer._imatrix_sum.to(x.device)
+                observer._imatrix_count = observer._imatrix_count.to(x.device)
+                if x.dtype in FLOAT_DTYPES and x.dim() >= 1:
+                    with _backend_scope():
+                        ops.accumulate_sq(x, observer._imatrix_sum, observer._imatrix_count)
+                else:  # e.g. fp64 inputs: what llm-compressor does
+                    x_f = x.to(torch.float32)
+                    observer._imatrix_sum.add_(x_f.pow(2).sum(dim=list(range(x_f.dim() - 1))))
+                    observer._imatrix_count += math.prod(x_f.shape[:-1])
+
+            self._imatrix_hook = module.register_forward_pre_hook(_hook)
+
+    # most specific first: a subclass of a listed class gets that class's mixins
+    plan = [
+        (IMatrixMSE, (_IMatrixMeasure, _OpsForward)),
+        (MovingAverageMSE, (_MovingAverageUpdate, _MSEMeasure, _OpsForward)),
+        (MemorylessMSE, (_MSEMeasure, _OpsForward)),
+        (MinMax, (_MovingAverageUpdate, _OpsForward)),
+        (StaticMinMax, (_StaticUpdate, _OpsForward)),
+        (MemorylessMinMax, (_OpsForward,)),
+    ]
+    return plan
+
+
+# What an adapter replaces: a class that overrides any of these itself computes
+# something of its own, and is left as it is.
+_REPLACED_METHODS = ("forward", "update_statistics_from_observed", "attach", "_prepare_importance")
+
+
+def _adapter_for(cls, plan, cache: dict) -> Optional[type]:
+    if not isinstance(cls, type):
+        return None
+    if cls in cache:
+        return cache[cls]
+    for base, mixins in plan:
+        if not issubclass(cls, base):
+            continue
+        if any(getattr(cls, m, None) is not getattr(base, m, None) for m in _REPLACED_METHODS):
+            return None  # e.g. a user's subclass with statistics of its own
+        adapter = type(
+            f"ObsKernels{cls.__name__}",
+            (*mixins, cls),
+            {"__doc__": f"{cls.__name__} computing through obskernels.ops.", "__module__": __name__},
+        )
+        cache[cls] = adapter
+        return adapter
+    return None
+
+
+def _registry(lc_obs) -> dict:
+    from compressed_tensors.registry import registry as ct_registry
+
+    return ct_registry._REGISTRY[lc_obs.Observer]
+
+
+def is_enabled() -> bool:
+    return bool(_originals)
+
+
+def enable(backend: Optional[str] = None) -> None:
+    """Make llm-compressor's built-in observers compute through obskernels.
+
+    :param backend: optional obskernels backend ("reference", "triton",
+        "auto") the observers use; None follows ``obskernels.set_backend`` /
+        ``use_backend`` / OBSKERNELS_BACKEND at each call. A forced backend
+        that cannot run raises at once.
+    Calling it again only changes the backend.
+    """
+    global _backend
+    lc_obs = _import_llmcompressor()
+    if backend is not None:
+        with use_backend(backend):  # validates the name and, for triton, the runtime
+            pass
+    _backend = backend
+    if _originals:
+        return
+    registry = _registry(lc_obs)
+    plan = _build_adapters(lc_obs)
+    cache: dict = {}
+    replaced: dict[str, object] = {}
+    for name, value in list(registry.items()):
+        adapter = _adapter_for(value, plan, cache)
+        if adapter is not None:
+            replaced[name] = value
+            registry[name] = adapter
+    # the deprecated "fouroversix" alias is a function building nvfp4_expanded_mse
+    alias = registry.get("fouroversix")
+    expanded = registry.get("nvfp4-expanded-mse")
+    if alias is not None and not isinstance(alias, type) and expanded in cache.values():
+
+        def _fouroversix(*args, _adapter=expanded, **kwargs):
+            warnings.warn(
+                "observer 'fouroversix' is a deprecated alias of 'nvfp4_expanded_mse'",
+                UserWarning,
+                stacklevel=2,
+            )
+            return _adapter(*args, **kwargs)
+
+        replaced["fouroversix"] = alias
+        registry["fouroversix"] = _fouroversix
+    _originals.update(replaced)
+
+
+def disable() -> None:
+    """Restore llm-compressor's own observers in its registry."""
+    global _backend
+    if not _originals:
+        return
+    lc_obs = importlib.import_module("llmcompressor.observers")
+    registry = _registry(lc_obs)
+    registry.update(_originals)
+    _originals.clear()
+    _backend = None
+
+
+@contextlib.contextmanager
+def enabled(backend: Optional[str] = None) -> Iterator[None]:
+    """``enable(backend)`` for the duration of a ``with`` block, then ``disable()``
+    (unless it was already enabled before the block)."""
+    was_enabled = is_enabled()
+    previous = _backend
+    enable(backend)
+    try:
+        yield
+    finally:
+        if was_enabled:
+            enable(previous)
+        else:
+            disable()

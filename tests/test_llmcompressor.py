@@ -1,0 +1,361 @@
+"""The llm-compressor drop-in: llm-compressor's observers, computing through
+obskernels, give exactly the qparams llm-compressor gives on its own.
+
+Runs where llm-compressor 0.14 is importable (`make test-llmcompressor` builds
+that environment); elsewhere the module is skipped with the reason.
+"""
+
+import copy
+
+import pytest
+import torch
+
+llmcompressor = pytest.importorskip(
+    "llmcompressor",
+    reason="llm-compressor is not installed here; `make test-llmcompressor` runs these tests "
+    "in their own environment (.venv-llmcompressor)",
+)
+
+from compressed_tensors.quantization import QuantizationArgs  # noqa: E402
+from llmcompressor.observers import Observer as LCObserver  # noqa: E402
+from llmcompressor.observers import fuse_weight_observers  # noqa: E402
+
+from obskernels.integrations import llmcompressor as drop_in  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+ALL_NAMES = (
+    "memoryless_minmax",
+    "static_minmax",
+    "minmax",
+    "memoryless_mse",
+    "mse",
+    "nvfp4_expanded_mse",
+    "imatrix_mse",
+    "nvfp4_expanded_imatrix",
+)
+
+WEIGHT_ARGS = {
+    "int8-channel": dict(num_bits=8, strategy="channel"),
+    "int4-group16": dict(num_bits=4, strategy="group", group_size=16),
+    "int4-group16-asym": dict(num_bits=4, strategy="group", group_size=16, symmetric=False),
+    "nvfp4": dict(
+        num_bits=4, type="float", strategy="tensor_group", group_size=16,
+        scale_dtype=torch.float8_e4m3fn, zp_dtype=torch.float8_e4m3fn,
+    ),
+    "int8-tensor": dict(num_bits=8, strategy="tensor"),
+    "fp8-block16-partial": dict(num_bits=8, type="float", strategy="block", block_structure=[16, 16]),
+}
+ACT_ARGS = {
+    "int8-tensor": dict(num_bits=8, strategy="tensor"),
+    "int8-tensor-asym": dict(num_bits=8, strategy="tensor", symmetric=False),
+    "fp8-tensor": dict(num_bits=8, type="float", strategy="tensor"),
+}
+ATTN_ARGS = {
+    "int8-tensor": dict(num_bits=8, strategy="tensor"),
+    "fp8-attn-head": dict(num_bits=8, type="float", strategy="attn_head"),
+}
+
+
+# The seam is the same on both backends; the triton kernels run interpreted on
+# the CPU here (slow), so they get a subset of the argument sets.
+TRITON_WEIGHT_ARGS = ("int4-group16", "nvfp4")
+TRITON_ACT_ARGS = ("int8-tensor",)
+
+
+def _matrix(arg_names, triton_arg_names):
+    cases = []
+    for backend in ("reference", "triton"):
+        for name in ALL_NAMES:
+            for args_name in arg_names if backend == "reference" else triton_arg_names:
+                for dtype in (torch.float32, torch.bfloat16):
+                    cases.append(pytest.param(
+                        backend, name, args_name, dtype,
+                        id=f"{backend}-{name}-{args_name}-{str(dtype).split('.')[-1]}",
+                    ))
+    return cases
+
+
+@pytest.fixture
+def forced(request):
+    """Forces the backend named by the test's ``backend_name`` parameter."""
+    name = request.getfixturevalue("backend_name")
+    if name == "triton":
+        from obskernels.backends import triton_unavailable_reason
+
+        reason = triton_unavailable_reason(None)
+        if reason is not None:
+            pytest.skip(f"triton backend unavailable: {reason}")
+    from obskernels import use_backend
+
+    with use_backend(name):
+        yield name
+
+
+@pytest.fixture(autouse=True)
+def _restore_registry():
+    yield
+    drop_in.disable()
+
+
+def _qparams(name, base_name, args_kw, values, enable):
+    """Observe ``values`` with llm-compressor's observer ``name`` and return its qparams."""
+    (drop_in.enable if enable else drop_in.disable)()
+    obs = LCObserver.load_from_registry(
+        name, base_name=base_name, args=QuantizationArgs(**copy.deepcopy(args_kw))
+    )
+    assert ("ObsKernels" in type(obs).__name__) == enable
+    for v in values:
+        obs(v)
+    return obs.get_qparams()
+
+
+def _assert_same(got, want, what):
+    assert got.keys() == want.keys()
+    for key in want:
+        a, b = got[key], want[key]
+        if b is None:
+            assert a is None, f"{what}: {key} should be None"
+            continue
+        assert a.dtype == b.dtype and a.shape == b.shape, f"{what}: {key} {a.dtype}{tuple(a.shape)} vs {b.dtype}{tuple(b.shape)}"
+        diff = (a.float() != b.float()) & ~(a.float().isnan() & b.float().isnan())
+        assert not diff.any(), (
+            f"{what}: {key} differs at {diff.nonzero()[:5].tolist()}: "
+            f"drop-in {a[diff][:5].tolist()} vs llm-compressor {b[diff][:5].tolist()}"
+        )
+
+
+@pytest.mark.parametrize("backend_name,name,args_name,dtype", _matrix(WEIGHT_ARGS, TRITON_WEIGHT_ARGS))
+def test_weight_qparams_match(forced, backend_name, name, args_name, dtype):
+    # 40 rows: a partial 16x16 block row for the BLOCK case
+    weight = (torch.randn(40, 64) * torch.linspace(0.2, 3.0, 64)).to(dtype)
+    kw = WEIGHT_ARGS[args_name]
+    want = _qparams(name, "weight", kw, [weight], enable=False)
+    got = _qparams(name, "weight", kw, [weight], enable=True)
+    _assert_same(got, want, f"{name}/{args_name}/{dtype}")
+
+
+@pytest.mark.parametrize("backend_name,name,args_name,dtype", _matrix(ACT_ARGS, TRITON_ACT_ARGS))
+def test_activation_qparams_match(forced, backend_name, name, args_name, dtype):
+    values = [torch.randn(2, 5, 64).to(dtype) * s for s in (1.0, 3.0, 0.5)]
+    values.insert(1, torch.empty(0, 64, dtype=dtype))  # an unrouted expert's input
+    kw = ACT_ARGS[args_name]
+    want = _qparams(name, "input", kw, values, enable=False)
+    got = _qparams(name, "input", kw, values, enable=True)
+    _assert_same(got, want, f"{name}/{args_name}/{dtype}")
+
+
+@pytest.mark.parametrize("args_name", list(ATTN_ARGS))
+@pytest.mark.parametrize("base_name", ["q", "k", "v"])
+@pytest.mark.parametrize("name", ["static_minmax", "minmax", "memoryless_mse"])
+def test_attention_qparams_match(backend, name, base_name, args_name):
+    values = [torch.randn(2, 4, 7, 16) * s for s in (1.0, 2.0)]
+    kw = ATTN_ARGS[args_name]
+    want = _qparams(name, base_name, kw, values, enable=False)
+    got = _qparams(name, base_name, kw, values, enable=True)
+    _assert_same(got, want, f"{name}/{base_name}/{args_name}")
+
+
+def _imatrix_run(enable, args_kw, name="imatrix_mse"):
+    torch.manual_seed(1)
+    layer = torch.nn.Linear(64, 24, bias=False)
+    (drop_in.enable if enable else drop_in.disable)()
+    obs = LCObserver.load_from_registry(name, base_name="weight", args=QuantizationArgs(**args_kw))
+    obs.attach(layer)
+    # channels of very different energy, so that importance changes the choice
+    scale = torch.logspace(-2, 1, 64)
+    with torch.no_grad():
+        for _ in range(3):
+            layer(torch.randn(2, 9, 64) * scale)
+    importance = (obs._imatrix_sum.clone(), obs._imatrix_count.clone())
+    obs(layer.weight)
+    qparams = obs.get_qparams()
+    obs.detach(layer)
+    assert not layer._forward_pre_hooks, "detach must remove the E[x^2] hook"
+    return importance, qparams
+
+
+@pytest.mark.parametrize("args_name", ["int4-group16", "int8-channel", "nvfp4", "int4-group16-asym"])
+@pytest.mark.parametrize("name", ["imatrix_mse", "nvfp4_expanded_imatrix"])
+def test_imatrix_hooks_and_qparams_match(backend, name, args_name):
+    kw = WEIGHT_ARGS[args_name]
+    (want_sum, want_count), want = _imatrix_run(False, kw, name)
+    (got_sum, got_count), got = _imatrix_run(True, kw, name)
+    assert torch.equal(got_count, want_count)
+    torch.testing.assert_close(got_sum, want_sum, rtol=1e-6, atol=0)
+    _assert_same(got, want, f"{name}/{args_name}")
+
+
+def test_imatrix_hook_respects_disabled_hooks():
+    from llmcompressor.modifiers.utils.hooks import HooksMixin
+
+    drop_in.enable(backend="reference")
+    layer = torch.nn.Linear(16, 8)
+    obs = LCObserver.load_from_registry("imatrix_mse", base_name="weight", args=QuantizationArgs(num_bits=4, strategy="channel"))
+    obs.attach(layer)
+    with HooksMixin.disable_hooks():
+        layer(torch.randn(3, 16))
+    assert int(obs._imatrix_count) == 0
+    layer(torch.randn(3, 16))
+    assert int(obs._imatrix_count) == 3
+
+
+def _fused_qparams(enable):
+    torch.manual_seed(2)
+    (drop_in.enable if enable else drop_in.disable)()
+    attn = torch.nn.Module()
+    for i, n in enumerate(("q_proj", "k_proj", "v_proj")):
+        layer = torch.nn.Linear(32, 16, bias=False)
+        with torch.no_grad():
+            layer.weight.mul_(1.0 + i)  # v_proj holds the largest values
+        obs = LCObserver.load_from_registry(
+            "memoryless_mse", base_name="weight", args=QuantizationArgs(**WEIGHT_ARGS["nvfp4"])
+        )
+        layer.register_module("weight_observer", obs)
+        attn.register_module(n, layer)
+    fuse_weight_observers(attn)
+    attn.q_proj.weight_observer(attn.q_proj.weight)  # k and v are observed lazily
+    return [getattr(attn, n).weight_observer.get_qparams() for n in ("q_proj", "k_proj", "v_proj")]
+
+
+def test_fused_global_scale_matches(backend):
+    want = _fused_qparams(False)
+    got = _fused_qparams(True)
+    for g, w, n in zip(got, want, ("q", "k", "v")):
+        _assert_same(g, w, f"fused {n}_proj")
+    assert torch.equal(got[0]["global_scale"], got[2]["global_scale"])
+
+
+def test_enable_disable_restore_registry():
+    from compressed_tensors.registry import registry as ct_registry
+
+    table = ct_registry._REGISTRY[LCObserver]
+    before = dict(table)
+    drop_in.enable()
+    assert drop_in.is_enabled()
+    for key in before:
+        assert table[key] is not before[key], f"{key} was not adapted"
+    drop_in.enable()  # idempotent
+    drop_in.disable()
+    assert not drop_in.is_enabled()
+    assert table == before
+    with drop_in.enabled(backend="reference"):
+        obs = LCObserver.load_from_registry("minmax", base_name="input", args=QuantizationArgs())
+        assert type(obs).__name__ == "ObsKernelsMinMaxObserver"
+        assert isinstance(obs, llmcompressor.observers.MinMaxObserver)
+    assert table == before
+    with pytest.raises(ValueError, match="backend"):
+        drop_in.enable(backend="cuda-please")
+    assert table == before
+
+
+def test_subclass_with_its_own_statistics_is_left_alone():
+    from compressed_tensors.registry import registry as ct_registry
+
+    @LCObserver.register("obskernels_test_custom")
+    class Custom(llmcompressor.observers.MinMaxObserver):
+        def update_statistics_from_observed(self, observed):
+            self.min_vals, self.max_vals = observed.amin((0, -1)) * 2, observed.amax((0, -1)) * 2
+
+    try:
+        drop_in.enable()
+        obs = LCObserver.load_from_registry("obskernels_test_custom", base_name="input", args=QuantizationArgs())
+        assert type(obs) is Custom
+    finally:
+        drop_in.disable()
+        del ct_registry._REGISTRY[LCObserver]["obskernels-test-custom"]
+
+
+def test_fouroversix_alias_builds_the_adapter():
+    drop_in.enable()
+    with pytest.warns(UserWarning, match="fouroversix"):
+        obs = LCObserver.load_from_registry(
+            "fouroversix", base_name="weight", args=QuantizationArgs(**WEIGHT_ARGS["nvfp4"])
+        )
+    assert type(obs).__name__ == "ObsKernelsNVFP4ExpandedMSEObserver"
+    assert obs.expand == 1.8
+
+
+def test_drop_in_computes_through_obskernels_ops(monkeypatch):
+    """The adapters call obskernels.ops (not llm-compressor's own math)."""
+    from obskernels import ops
+
+    calls = []
+    real = ops.min_max
+    monkeypatch.setattr(ops, "min_max", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    drop_in.enable(backend="reference")
+    obs = LCObserver.load_from_registry("static_minmax", base_name="input", args=QuantizationArgs())
+    obs(torch.randn(3, 8))
+    assert calls == ["input"]
+
+
+def _tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=96, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )
+    return LlamaForCausalLM(cfg).eval()
+
+
+def _tiny_tokenizer():
+    """An in-memory word-level tokenizer: oneshot wants a processor, and nothing
+    may be downloaded."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[PAD]": 0, "[UNK]": 1, **{f"w{i}": i for i in range(2, 96)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]")
+
+
+def _oneshot_state(enable, scheme, observer, config_dir):
+    from datasets import Dataset
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+
+    # reference: under TRITON_INTERPRET=1, "auto" would run the kernels interpreted
+    drop_in.enable(backend="reference") if enable else drop_in.disable()
+    model = _tiny_llama()
+    # oneshot re-reads the config from model.config.name_or_path: point it at a local copy
+    model.config.save_pretrained(config_dir)
+    model.config._name_or_path = str(config_dir)
+    gen = torch.Generator().manual_seed(3)
+    data = Dataset.from_dict(
+        {"input_ids": [torch.randint(0, 96, (12,), generator=gen).tolist() for _ in range(4)]}
+    )
+    recipe = QuantizationModifier(
+        targets="Linear", scheme=scheme, ignore=["lm_head"], weight_observer=observer
+    )
+    oneshot(
+        model=model, processor=_tiny_tokenizer(), dataset=data, recipe=recipe,
+        num_calibration_samples=4, pipeline="basic",
+    )
+    return {k: v.clone() for k, v in model.state_dict().items() if "scale" in k or "zero_point" in k}
+
+
+@pytest.mark.parametrize(
+    "scheme,observer",
+    [("W4A16", "memoryless_mse"), ("NVFP4", "memoryless_minmax"), ("W8A8", "imatrix_mse")],
+)
+def test_oneshot_end_to_end_matches(scheme, observer, tmp_path, monkeypatch):
+    from obskernels import ops
+
+    calls = []
+    for op in ("min_max", "mse_search", "accumulate_sq"):
+        real = getattr(ops, op)
+        monkeypatch.setattr(ops, op, lambda *a, _op=op, _real=real, **k: calls.append(_op) or _real(*a, **k))
+    want = _oneshot_state(False, scheme, observer, tmp_path)
+    assert not calls, "llm-compressor alone must not reach obskernels"
+    got = _oneshot_state(True, scheme, observer, tmp_path)
+    # 14 quantized Linear layers: each weight went through obskernels
+    expected_op = "min_max" if observer == "memoryless_minmax" else "mse_search"
+    assert calls.count(expected_op) >= 14, sorted(set(calls))
+    if observer == "imatrix_mse":
+        assert "accumulate_sq" in calls
+    assert want and got.keys() == want.keys()
+    for key in want:
+        _assert_same({"v": got[key]}, {"v": want[key]}, key)
