@@ -1,33 +1,60 @@
 """Input checks shared by every backend, so bad input fails the same way everywhere.
 
 Each check raises ValueError or TypeError with a message that names the
-argument and what was expected.
+argument and what was expected. The kernels run the same checks as the
+reference, in the same order, before anything launches; a case that is valid
+input but that the kernels do not cover (float64 values) raises
+``KernelUnsupportedError`` after those checks, so "auto" falls back to the
+reference with one logged message and a forced "triton" reports it.
+
+dtype policy:
+- values: float32, float16, bfloat16 on every backend; float64 on the
+  reference only (computed in float64, as llm-compressor does); integer, bool,
+  complex and float8 values are a TypeError everywhere.
+- accumulate_sq inputs: float32, float16, bfloat16 and float64 on every
+  backend (each element is cast to float32 before squaring, as llm-compressor's
+  imatrix hook does).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 from compressed_tensors.quantization import QuantizationArgs, QuantizationStrategy
 
+from obskernels.backends import KernelUnsupportedError
+
 __all__ = [
     "FLOAT_DTYPES",
+    "VALUE_DTYPES",
     "WEIGHT",
     "ACTIVATIONS",
     "ATTENTION",
     "check_value",
+    "check_groups_nonempty",
     "check_base_name",
     "check_g_idx",
+    "check_importance",
+    "count_nonfinite",
     "strategy_of",
 ]
 
+#: dtypes the triton kernels read
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+#: dtypes an observed value may have (float64: reference backend only)
+VALUE_DTYPES = FLOAT_DTYPES + (torch.float64,)
 WEIGHT = "weight"
 ACTIVATIONS = ("input", "output")
 ATTENTION = ("q", "k", "v")
 
+_STRATEGIES = tuple(s.value for s in QuantizationStrategy)
+
 
 def check_base_name(base_name) -> str:
-    if base_name == WEIGHT or base_name in ACTIVATIONS or base_name in ATTENTION:
+    if isinstance(base_name, str) and (
+        base_name == WEIGHT or base_name in ACTIVATIONS or base_name in ATTENTION
+    ):
         return base_name
     raise ValueError(
         f"base_name must be one of 'weight', 'input', 'output', 'q', 'k', 'v', "
@@ -40,16 +67,28 @@ def strategy_of(args) -> QuantizationStrategy:
         raise TypeError(f"args must be a QuantizationArgs, got {type(args).__name__}")
     if args.strategy is None:
         raise ValueError("args.strategy is None; expected a QuantizationStrategy")
-    return QuantizationStrategy(args.strategy)
+    try:
+        return QuantizationStrategy(args.strategy)
+    except ValueError:
+        # pydantic validates at construction, not on assignment or model_copy
+        raise ValueError(
+            f"args.strategy must be one of {_STRATEGIES}, got {args.strategy!r}"
+        ) from None
 
 
-def check_value(value, base_name: str, name: str = "value") -> None:
-    """A floating tensor with the rank that ``base_name`` implies."""
+def check_value(value, base_name: str, name: str = "value", *, float64: bool = False) -> None:
+    """A floating tensor with the rank that ``base_name`` implies.
+
+    float64: whether the caller computes in float64 (the reference does);
+    otherwise a float64 value raises KernelUnsupportedError after every other
+    check of this function passed.
+    """
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-    if value.dtype not in FLOAT_DTYPES:
+    if value.dtype not in VALUE_DTYPES:
         raise TypeError(
-            f"{name} dtype must be one of float32, float16, bfloat16, got {value.dtype}"
+            f"{name} dtype must be one of float32, float16, bfloat16 (or float64 on the "
+            f"reference backend), got {value.dtype}"
         )
     if base_name == WEIGHT and value.dim() != 2:
         raise ValueError(
@@ -64,6 +103,26 @@ def check_value(value, base_name: str, name: str = "value") -> None:
         raise ValueError(
             f"{name} of attention {base_name!r} must be (batch, heads, seq, head_dim), "
             f"got shape {tuple(value.shape)}"
+        )
+    if value.dtype == torch.float64 and not float64:
+        # a constant message: the "auto" fallback logs it once per operation
+        raise KernelUnsupportedError(
+            f"{name} dtype float64 (the triton kernels cover float32, float16 and "
+            "bfloat16; the reference backend computes float64)"
+        )
+
+
+def check_groups_nonempty(observed: torch.Tensor, value: torch.Tensor, op: str) -> None:
+    """Every group of the flattened ``observed`` (obs, *qparam_shape, group) must
+    hold an element: an empty group has no min/max. A value with no groups at
+    all (a qparam shape with a 0) is fine: its result is empty. Observers skip
+    empty values before they get here."""
+    groups = math.prod(observed.shape[1:-1])
+    if observed.numel() == 0 and groups != 0:
+        raise ValueError(
+            f"{op}: value of shape {tuple(value.shape)} leaves its {groups} group(s) empty "
+            f"(flattened shape {tuple(observed.shape)}); expected at least one element "
+            "per group"
         )
 
 
@@ -95,3 +154,49 @@ def check_g_idx(g_idx, value: torch.Tensor, group_size: int) -> None:
         raise ValueError(
             f"g_idx must assign exactly group_size={group_size} columns to each group"
         )
+
+
+def check_importance(importance, value: torch.Tensor) -> None:
+    """Per-input-column weights of the imatrix search: a real 1-D tensor with one
+    finite, non-negative entry per column of ``value``, on ``value``'s device."""
+    if not isinstance(importance, torch.Tensor):
+        raise TypeError(
+            f"importance must be a torch.Tensor, got {type(importance).__name__}"
+        )
+    if importance.dtype.is_complex or importance.dtype == torch.bool:
+        raise TypeError(
+            f"importance must hold real numbers (floating or integer), got dtype {importance.dtype}"
+        )
+    cols = value.shape[-1]
+    if importance.dim() != 1 or importance.numel() != cols:
+        raise ValueError(
+            f"importance must be 1-D with one entry per input column ({cols}), "
+            f"got shape {tuple(importance.shape)}"
+        )
+    if importance.device != value.device:
+        raise ValueError(
+            f"importance is on {importance.device} but value is on {value.device}; "
+            "expected the same device"
+        )
+    if importance.device.type == "meta":
+        return  # no data to check
+    finite = torch.isfinite(importance)
+    if not bool(finite.all()):
+        bad = int((~finite).sum())
+        raise ValueError(
+            f"importance must be finite, got {bad} non-finite of {importance.numel()} entries"
+        )
+    if bool((importance < 0).any()):
+        raise ValueError(
+            f"importance must be non-negative, got minimum {float(importance.min())!r}"
+        )
+
+
+def count_nonfinite(t: torch.Tensor) -> tuple[int, str]:
+    """(N, "N non-finite (a NaN, b +inf, c -inf) of M values"). Reads ``t`` three
+    times: for error paths only."""
+    nan = int(torch.isnan(t).sum())
+    pos = int(torch.isposinf(t).sum())
+    neg = int(torch.isneginf(t).sum())
+    total = nan + pos + neg
+    return total, f"{total} non-finite ({nan} NaN, {pos} +inf, {neg} -inf) of {t.numel()} values"

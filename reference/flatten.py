@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from compressed_tensors.quantization import QuantizationArgs, QuantizationStrategy as S
@@ -52,7 +54,7 @@ def _unsupported(base_name: str, strategy: S) -> ValueError:
 def flatten_for_calibration(value, base_name, args, g_idx=None):
     base_name = check_base_name(base_name)
     strategy = strategy_of(args)
-    check_value(value, base_name)
+    check_value(value, base_name, float64=True)
     if g_idx is not None and not (base_name == WEIGHT and strategy == S.GROUP):
         raise ValueError("g_idx applies only to weights with the 'group' strategy")
 
@@ -78,14 +80,16 @@ def flatten_for_calibration(value, base_name, args, g_idx=None):
 
     if base_name in ACTIVATIONS:
         hidden = value.shape[-1]
-        tokens = value.reshape(-1, hidden)
+        # explicit sizes, not -1: a (tokens, 0) value must reshape too
+        n = math.prod(value.shape[:-1])
+        tokens = value.reshape(n, hidden)
         if strategy == S.TENSOR:
-            return tokens.reshape(-1, 1, hidden)
+            return tokens.reshape(n, 1, hidden)
         if strategy == S.TOKEN:
             return value
         if strategy in (S.GROUP, S.TENSOR_GROUP):
             g = group_size_of(args, hidden)
-            return tokens.reshape(-1, hidden // g, g)
+            return tokens.reshape(n, hidden // g, g)
         raise _unsupported(base_name, strategy)
 
     # attention q / k / v: (batch, heads, seq, head_dim)

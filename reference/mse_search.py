@@ -15,7 +15,7 @@ from compressed_tensors.quantization.lifecycle import fake_quantize
 from compressed_tensors.quantization.utils import calculate_qparams
 
 from obskernels.reference.flatten import flatten_for_calibration
-from obskernels.validation import WEIGHT, strategy_of
+from obskernels.validation import WEIGHT, check_groups_nonempty, check_importance, strategy_of
 
 __all__ = ["mse_search", "search_args", "num_steps", "broadcast_importance"]
 
@@ -53,22 +53,8 @@ def num_steps(maxshrink: float, grid: float, flavour: str) -> int:
 
 def broadcast_importance(importance, value, args):
     """Per-column importance, broadcast over rows and flattened like the weight."""
-    if not isinstance(importance, torch.Tensor):
-        raise TypeError(
-            f"importance must be a torch.Tensor, got {type(importance).__name__}"
-        )
+    check_importance(importance, value)
     rows, cols = value.shape
-    if importance.dim() != 1 or importance.numel() != cols:
-        raise ValueError(
-            f"importance must be 1-D with one entry per input column ({cols}), "
-            f"got shape {tuple(importance.shape)}"
-        )
-    if importance.device != value.device:
-        raise ValueError(
-            f"importance is on {importance.device} but value is on {value.device}"
-        )
-    if not bool(torch.isfinite(importance).all()) or bool((importance < 0).any()):
-        raise ValueError("importance must be finite and non-negative")
     full = importance.to(torch.float32).unsqueeze(0).expand(rows, cols)
     return flatten_for_calibration(full, WEIGHT, args)
 
@@ -97,6 +83,15 @@ def mse_search(
                 f"{strategy_of(args).value!r}"
             )
         weights = broadcast_importance(importance, value, args)
+    check_groups_nonempty(observed, value, "mse_search")
+    if observed.numel() == 0:  # no groups: nothing to search
+        qshape = observed.shape[1:-1]
+        return observed.new_empty(qshape), observed.new_empty(qshape)
+    if observed.device.type == "meta":
+        raise ValueError(
+            "mse_search: value is on the meta device; expected a device with data "
+            "(where the search stops depends on the values)"
+        )
 
     qparam_args, token_args = search_args(args)
     base_min = torch.amin(observed, dim=(0, -1)) * expand

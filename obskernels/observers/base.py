@@ -24,9 +24,19 @@ from compressed_tensors.quantization import QuantizationArgs, QuantizationStrate
 from compressed_tensors.quantization.utils import calculate_qparams, generate_gparam
 from compressed_tensors.registry.registry import RegistryMixin
 
-from obskernels.validation import ACTIVATIONS, ATTENTION, WEIGHT, check_base_name
+from obskernels.observers.sync import SNAPSHOTS, SyncHandle, sync_statistics
+from obskernels.validation import (
+    ACTIVATIONS,
+    ATTENTION,
+    WEIGHT,
+    check_base_name,
+    count_nonfinite,
+)
 
-__all__ = ["Observer", "QParamsDict", "MinMaxTuple"]
+__all__ = ["Observer", "QParamsDict", "MinMaxTuple", "NONFINITE_POLICIES"]
+
+#: values of the ``nonfinite`` observer kwarg (the first is the default)
+NONFINITE_POLICIES = ("error", "propagate")
 
 MinMaxTuple = Tuple[torch.Tensor, torch.Tensor]
 
@@ -91,6 +101,12 @@ class Observer(InternalModule, RegistryMixin):
         self.args = args
         self.args.observer_kwargs = self.args.observer_kwargs or {}
         self.args.observer_kwargs.update(observer_kwargs)
+        nonfinite = self.args.observer_kwargs.get("nonfinite", NONFINITE_POLICIES[0])
+        if nonfinite not in NONFINITE_POLICIES:
+            raise ValueError(
+                f"observer kwarg 'nonfinite' must be one of {NONFINITE_POLICIES}, got {nonfinite!r}"
+            )
+        self.nonfinite: str = nonfinite
 
         self._num_observed_tokens = 0
         # fusion bookkeeping (TENSOR_GROUP global scale shared across observers)
@@ -145,11 +161,70 @@ class Observer(InternalModule, RegistryMixin):
     def _compute_statistics(self, value: torch.Tensor) -> MinMaxTuple:
         """The (min_vals, max_vals) of ONE value, before any accumulation.
 
-        Every observation passes here and only here: a policy for inputs that
-        are not finite (NaN / inf), should one be added, belongs in this method.
-        Today NaN propagates as in torch.amin / amax (SPEC §2).
+        Every observation passes here and only here, so the checks that keep
+        held statistics intact live here; each raises before anything is
+        accumulated or counted, so an observer that refused a value keeps its
+        previous statistics and stays usable:
+
+        - a value whose statistics cannot merge with those held (another
+          hidden size or device) is a ValueError naming both shapes;
+        - ``nonfinite="error"`` (default): a value holding NaN or +-inf is a
+          ValueError naming the observer, the tensor and how many values are
+          not finite. A non-finite element always makes its group's min or
+          max non-finite (NaN propagates, +-inf is the extreme), so the check
+          reads only the qparam-sized statistics (one reduction, one host
+          sync); the value itself is scanned only on the error path, to count.
+          ``nonfinite="propagate"``: NaN / inf flow into the statistics and
+          the qparams, as in llm-compressor (SPEC §2).
         """
-        return self._measure(value)
+        min_vals, max_vals = self._measure(value)
+        self._check_mergeable(value, min_vals)
+        if self.nonfinite == "error" and min_vals.device.type != "meta":
+            finite = torch.isfinite(min_vals).all() & torch.isfinite(max_vals).all()
+            if not bool(finite):
+                self._raise_nonfinite(value, min_vals, max_vals)
+        return min_vals, max_vals
+
+    def _describe(self) -> str:
+        return f"{type(self).__name__}(base_name={self.base_name!r})"
+
+    def _check_mergeable(self, value: torch.Tensor, min_vals: torch.Tensor) -> None:
+        # only observers that combine old and new statistics care: a memoryless
+        # one replaces them (TOKEN statistics follow the sequence length)
+        if not self.has_statistics or type(self)._accumulate is Observer._accumulate:
+            return
+        held = self.min_vals
+        if min_vals.shape != held.shape:
+            raise ValueError(
+                f"{self._describe()}: this value of shape {tuple(value.shape)} gives "
+                f"statistics of shape {tuple(min_vals.shape)}, but the observer holds "
+                f"statistics of shape {tuple(held.shape)} from earlier values; expected "
+                "the same hidden size on every observation (statistics kept)"
+            )
+        if min_vals.device != held.device:
+            raise ValueError(
+                f"{self._describe()}: this value is on {value.device} but the observer "
+                f"holds statistics on {held.device}; expected the same device on every "
+                "observation (statistics kept)"
+            )
+
+    def _raise_nonfinite(self, value, min_vals, max_vals) -> None:
+        what = f"the observed {self.base_name} tensor (shape {tuple(value.shape)}, {value.dtype})"
+        bad, counts = count_nonfinite(value)
+        if bad == 0:
+            # finite values, non-finite statistics: the search range overflowed
+            expand = getattr(self, "expand", 1.0)
+            raise ValueError(
+                f"{self._describe()}: {what} is finite but its statistics are not: the "
+                f"range times expand={expand} overflows {value.dtype} (statistics "
+                f"[{float(min_vals.min())}, {float(max_vals.max())}]); observe it in a "
+                "wider dtype, or pass nonfinite='propagate' to keep the non-finite statistics"
+            )
+        raise ValueError(
+            f"{self._describe()}: {what} holds {counts}; expected finite values "
+            "(statistics not updated). Pass the observer kwarg nonfinite='propagate' to "
+            "let them propagate into the statistics and scales as llm-compressor does"
+        )
 
     def _measure(self, value: torch.Tensor) -> MinMaxTuple:
         """(min_vals, max_vals) of one value through an ``obskernels.ops`` operation."""
@@ -182,14 +257,51 @@ class Observer(InternalModule, RegistryMixin):
         """
         self._require_statistics()
         global_scale = self.get_global_scale()
-        scale, zero_point = calculate_qparams(
-            min_vals=self.min_vals,
-            max_vals=self.max_vals,
-            quantization_args=self.args,
-            global_scale=global_scale,
-        )
+        scale, zero_point = self._calculate_qparams(global_scale)
         self.delete_statistics()
         return {"scale": scale, "zero_point": zero_point, "global_scale": global_scale}
+
+    def _calculate_qparams(self, global_scale: Optional[torch.Tensor]):
+        """compressed-tensors' ``calculate_qparams`` on the statistics, never
+        silently non-finite from finite statistics.
+
+        Its arithmetic runs in the statistics' dtype, so an asymmetric range
+        wider than that dtype (bf16 near +-3.3e38, fp16 near +-65504: max - min
+        overflows) gives an infinite scale from finite statistics. For those
+        groups only, the qparams are recomputed from float64 statistics and
+        cast back to the dtypes compressed-tensors returned; every other group
+        keeps compressed-tensors' answer bit for bit. Under
+        ``nonfinite="error"`` a scale that is still not finite is a ValueError
+        (statistics kept).
+        """
+        mn, mx = self.min_vals, self.max_vals
+        scale, zero_point = calculate_qparams(
+            min_vals=mn, max_vals=mx, quantization_args=self.args, global_scale=global_scale
+        )
+        if scale.device.type == "meta" or bool(torch.isfinite(scale).all()):
+            return scale, zero_point
+        if bool(torch.isfinite(mn).all() & torch.isfinite(mx).all()) and mn.dtype != torch.float64:
+            wide_scale, wide_zp = calculate_qparams(
+                min_vals=mn.double(), max_vals=mx.double(), quantization_args=self.args,
+                global_scale=None if global_scale is None else global_scale.double(),
+            )
+            keep = torch.isfinite(scale)
+            # select in fp32 (exact for every scale / zero-point dtype, fp8 included,
+            # which torch.where does not take): each side is cast once into its dtype
+            scale = torch.where(keep, scale.float(), wide_scale.to(scale.dtype).float()).to(scale.dtype)
+            zero_point = torch.where(
+                keep, zero_point.float(), wide_zp.to(zero_point.dtype).float()
+            ).to(zero_point.dtype)
+            if bool(torch.isfinite(scale).all()):
+                return scale, zero_point
+        if self.nonfinite == "error":
+            _, counts = count_nonfinite(scale)
+            raise ValueError(
+                f"{self._describe()}: the scale holds {counts} (statistics "
+                f"[{float(mn.min())}, {float(mx.max())}], {mn.dtype}); expected finite "
+                "scales (statistics kept). Pass nonfinite='propagate' to accept them"
+            )
+        return scale, zero_point
 
     def get_global_scale(self) -> Optional[torch.Tensor]:
         """``generate_gparam(-a, a)`` over the fusion group for TENSOR_GROUP, else None."""
@@ -283,33 +395,28 @@ class Observer(InternalModule, RegistryMixin):
         for a in self._stats_attrs:
             if hasattr(self, a):
                 delattr(self, a)
+        # what the last sync saw is gone with the statistics
+        self.__dict__.pop(SNAPSHOTS, None)
 
     # ------------------------------------------------------------------- DDP
 
-    def sync_activation_stats(self) -> List[dist.Work]:
+    def sync_activation_stats(self) -> List[SyncHandle]:
         """All-reduce the statistics named in ``_act_sync_dict`` across ranks.
 
-        Returns the async handles; wait on them before reading the statistics.
-        AVG is native on NCCL; on other backends (gloo has no AVG) each rank
-        divides by the world size and the values are summed, which is exact
-        for a power-of-two world size.
+        Every rank must call it (for the same observers, in the same order),
+        including ranks that observed nothing: they contribute the identity
+        of the reduction and receive the result. AVG is the mean over the ranks
+        that hold statistics (division by their count, then SUM; NCCL's native
+        AVG when every rank holds them); a second sync with no observation in
+        between changes nothing, and SUM statistics never count a value twice
+        (``obskernels.observers.sync``). A group of one exchanges nothing.
+        Returns handles; wait on them before reading the statistics.
         """
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError(
                 "sync_activation_stats needs an initialized torch.distributed process group"
             )
-        native_avg = dist.get_backend() == "nccl"
-        world = dist.get_world_size()
-        handles = []
-        for name, op in self._act_sync_dict.items():
-            value = getattr(self, name, None)
-            if value is None:
-                continue
-            if op == dist.ReduceOp.AVG and not native_avg:
-                value.div_(world)
-                op = dist.ReduceOp.SUM
-            handles.append(dist.all_reduce(value, op=op, async_op=True))
-        return handles
+        return sync_statistics(self, self._act_sync_dict)
 
     # ---------------------------------------------------------------- hooks
 
