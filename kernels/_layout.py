@@ -30,7 +30,11 @@ reductions rely on it.
 
 Device side, ``group_coords``, ``row_offsets`` and ``load_tile`` do this
 arithmetic for a [BLOCK_Q, BLOCK_R, BLOCK_E] tile with int64 offsets, so a
-value past 2^31 elements is addressed correctly.
+value past 2^31 elements is addressed correctly; ``load_flat`` takes one flat
+index k = r * E + e per element instead (mse_search walks groups that way).
+Every launcher (min_max, flatten, mse_search) gets its layout here, and with
+it the reference's checks; ``LaunchConfig`` and the block / split helpers
+below are the launchers' shared host-side policy.
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ __all__ = [
     "group_layout",
     "choose_blocks",
     "choose_split",
+    "finish_blocks",
     "num_warps_for",
     "pow2_at_most",
     "target_programs",
@@ -71,21 +76,41 @@ __all__ = [
     "group_coords",
     "row_offsets",
     "load_tile",
+    "load_flat",
 ]
+
+
+_MAX_GRID_1 = 65535  # CUDA's limit on grid axes 1 and 2
 
 
 @dataclasses.dataclass(frozen=True)
 class LaunchConfig:
-    """Host-side tuning of a launcher; tests pin one with ``dataclasses.replace``.
+    """Host-side tuning of a launcher: fixed heuristics keyed on size, no autotuning.
+
+    The one switch that pins a configuration: each launcher module reads its
+    module-level ``CONFIG`` (a LaunchConfig) at every call, so a test pins one
+    with ``monkeypatch.setattr(module, "CONFIG", LaunchConfig(...))``. Fields
+    left None are chosen from the device at each call; pinning them makes a
+    test take the same path on the CPU interpreter and on a GPU.
 
     tile: elements loaded per step by one program (power of two).
-    split: programs sharing one group tile's rows (None: chosen from the device).
+    split: programs sharing one group (its rows, or its chunks in mse_search)
+        (None: enough to fill the device, see ``choose_split``).
     min_elems_per_program: below this much work per program, do not split.
+    max_reg_group (mse_search): largest group held whole in registers; larger
+        groups take the split path.
+    chunk (mse_search): elements per chunk on the split path (power of two).
+    steps_per_iter (mse_search): grid steps evaluated together, a power of two
+        <= 32 (None: 1 on a GPU, where registers are the limit; 32 under the
+        interpreter, whose cost is per operation, not per element).
     """
 
     tile: int = 4096
     split: int | None = None
     min_elems_per_program: int = 1 << 15
+    max_reg_group: int = 4096
+    chunk: int = 2048
+    steps_per_iter: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -379,14 +404,32 @@ def target_programs(device: torch.device) -> int:
 
 
 def choose_split(work_rows: int, row_block: int, work_per_row: int, other_programs: int,
-                 device: torch.device, config: LaunchConfig) -> int:
-    """Number of programs sharing the rows of one group tile (1: no split)."""
+                 device: torch.device, config: LaunchConfig) -> tuple[int, int]:
+    """(split, rows_per_split): how many programs share the rows of one group
+    tile (1: no split), and the rows each takes, a multiple of ``row_block``.
+
+    Enough programs to fill the device next to ``other_programs``, but no
+    program with less than ``config.min_elems_per_program`` of work; the split
+    is recounted so no program is left without rows. Every launcher puts the
+    split on grid axis 1, which CUDA caps at 65535 programs.
+    """
     row_tiles = -(-work_rows // row_block)
     if config.split is not None:
-        return max(1, min(config.split, row_tiles))
-    want = -(-target_programs(device) // max(other_programs, 1))
-    worth = max(1, (work_rows * work_per_row) // config.min_elems_per_program)
-    return max(1, min(row_tiles, want, worth))
+        split = max(1, min(config.split, row_tiles))
+    else:
+        want = -(-target_programs(device) // max(other_programs, 1))
+        worth = max(1, (work_rows * work_per_row) // config.min_elems_per_program)
+        split = max(1, min(row_tiles, want, worth))
+    split = min(split, _MAX_GRID_1)
+    per_split = triton.cdiv(triton.cdiv(work_rows, split), row_block) * row_block
+    return triton.cdiv(work_rows, per_split), per_split
+
+
+def finish_blocks(n: int, split: int, config: LaunchConfig) -> tuple[int, int]:
+    """(BLOCK_N, BLOCK_S) of a finish pass that reduces ``split`` partials of
+    ``n`` outputs: up to 256 outputs per program, the partials in tile-sized steps."""
+    block_n = pow2_at_most(n, 256)
+    return block_n, pow2_at_most(split, max(config.tile // block_n, 1))
 
 
 @triton.jit
@@ -427,3 +470,25 @@ def load_tile(x_ptr, perm_ptr, base, qa, qb, r, e, in_group, NR, E, se, lim_r, l
     if PAD:
         inside = inside & (qa.to(tl.int64) * NR + r < lim_r) & (qb.to(tl.int64) * E + e < lim_e)
     return tl.load(x_ptr + offs, mask=inside, other=0.0)
+
+
+@triton.jit
+def load_flat(x_ptr, perm_ptr, q, k, in_group,
+              QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e,
+              PAD: tl.constexpr, GATHER: tl.constexpr):
+    """Element k = r * E + e of group q, i.e. flat[q, r, e], through load_tile.
+
+    q, k: broadcastable index tensors (int32, or int64 where k can pass 2^31);
+    in_group: which lanes are elements of the flattened value. The scalars are
+    ``GroupLayout.scalar_args()`` (Q left out). In an ordered layout k is the
+    element's position in the reference's flattened group, so a kernel can
+    walk a group as one run of k whatever its row levels. Returns (x, col),
+    col = qb * E + e the element's column coordinate (a weight's input column
+    for CHANNEL and GROUP layouts).
+    """
+    qa, qb = group_coords(q, QB)
+    r = k // E
+    e = k - r * E
+    base = qa.to(tl.int64) * sqa + qb.to(tl.int64) * sqb + row_offsets(r, R1, R2, sr0, sr1, sr2)
+    x = load_tile(x_ptr, perm_ptr, base, qa, qb, r, e, in_group, NR, E, se, lim_r, lim_e, PAD, GATHER)
+    return x, qb * E + e

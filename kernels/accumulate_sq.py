@@ -23,6 +23,7 @@ from obskernels.kernels._layout import (
     choose_blocks,
     choose_split,
     coalesce,
+    finish_blocks,
     num_warps_for,
     pow2_at_most,
     row_offsets,
@@ -132,9 +133,7 @@ def accumulate_sq(x, sum_buf, count_buf):
     while BH > 128 and BT < min(8, pow2_at_most(NT, 8)):
         BH, BT = BH // 2, BT * 2
     n_h = triton.cdiv(H, BH)
-    split = choose_split(NT, BT, BH, n_h, x.device, config)
-    tokens_per_split = triton.cdiv(triton.cdiv(NT, split), BT) * BT
-    split = triton.cdiv(NT, tokens_per_split)
+    split, tokens_per_split = choose_split(NT, BT, BH, n_h, x.device, config)
 
     rows = (H, sh, NT, R1, R2, sr0, sr1, sr2, tokens_per_split)
     if split == 1:
@@ -148,8 +147,7 @@ def accumulate_sq(x, sum_buf, count_buf):
         x, part, count_buf, *rows, H, 1, BLOCK_T=BT, BLOCK_H=BH, ADD=False,
         num_warps=num_warps_for(BT * BH),
     )
-    FH = pow2_at_most(H, 256)
-    FS = pow2_at_most(split, max(config.tile // FH, 1))
+    FH, FS = finish_blocks(H, split, config)
     _sum_sq_finish_kernel[(triton.cdiv(H, FH),)](
         part, sum_buf, count_buf, H, sum_buf.stride(0), split, NT,
         BLOCK_S=FS, BLOCK_H=FH,

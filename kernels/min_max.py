@@ -23,11 +23,11 @@ from obskernels.kernels._layout import (
     LaunchConfig,
     choose_blocks,
     choose_split,
+    finish_blocks,
     group_coords,
     group_layout,
     load_tile,
     num_warps_for,
-    pow2_at_most,
     row_offsets,
 )
 from obskernels.reference.min_max import min_max as _reference_min_max
@@ -135,9 +135,7 @@ def min_max(value, base_name, args, g_idx=None):
     Q, NR, E = layout.num_groups, layout.num_rows, layout.elems
     BQ, BR, BE = choose_blocks((Q, NR, E), layout.axis_strides(), config.tile)
     n_q = triton.cdiv(Q, BQ)
-    split = choose_split(NR, BR, BQ * E, n_q, value.device, config)
-    rows_per_split = triton.cdiv(triton.cdiv(NR, split), BR) * BR
-    split = triton.cdiv(NR, rows_per_split)
+    split, rows_per_split = choose_split(NR, BR, BQ * E, n_q, value.device, config)
 
     mins = torch.empty(layout.qshape, dtype=value.dtype, device=value.device)
     maxs = torch.empty(layout.qshape, dtype=value.dtype, device=value.device)
@@ -153,8 +151,7 @@ def min_max(value, base_name, args, g_idx=None):
         num_warps=num_warps_for(BQ * BR * BE),
     )
     if split > 1:
-        FQ = pow2_at_most(Q, 256)
-        FS = pow2_at_most(split, max(config.tile // FQ, 1))
+        FQ, FS = finish_blocks(Q, split, config)
         _min_max_finish_kernel[(triton.cdiv(Q, FQ),)](
             pmin, pmax, mins, maxs, Q, split, BLOCK_Q=FQ, BLOCK_S=FS,
         )

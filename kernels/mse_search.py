@@ -16,8 +16,12 @@ bits, and each group's answer is its LAST improving step <= S (the unshrunk
 base when there is none). So the kernels store one bit per (group, step) and
 never store errors per element.
 
+Groups are addressed in the raw value through ``kernels._layout.group_layout``
+(the same index map as min_max and flatten, elements in the reference's
+flattened order): no flattened or reshaped copy is made.
+
 Two layouts of the work:
-- small groups (<= ``CONFIG["max_reg_group"]`` elements, the common case): one
+- small groups (<= ``CONFIG.max_reg_group`` elements, the common case): one
   launch of ``_search_kernel`` holds BLOCK_G whole groups in registers, takes
   their min/max itself, evaluates every step, writes the bits and ORs the
   per-step "any group improved" words into a global array (atomic OR, exact);
@@ -47,7 +51,14 @@ from compressed_tensors.quantization.utils.mxfp_utils import should_generate_mx_
 
 from obskernels.backends import KernelUnsupportedError
 from obskernels.kernels import quant as Q
-from obskernels.reference.flatten import _unsupported, block_shape, group_size_of
+from obskernels.kernels._layout import (
+    LaunchConfig,
+    choose_split,
+    group_layout,
+    load_flat,
+    num_warps_for,
+    pow2_at_most,
+)
 from obskernels.reference.mse_search import (
     broadcast_importance,
     check_search_params,
@@ -55,59 +66,29 @@ from obskernels.reference.mse_search import (
     search_args,
 )
 from obskernels.reference.mse_search import mse_search as _reference_mse_search
-from obskernels.validation import (
-    ACTIVATIONS,
-    WEIGHT,
-    check_base_name,
-    check_value,
-    strategy_of,
-)
+from obskernels.validation import WEIGHT, strategy_of
 
 __all__ = ["mse_search", "CONFIG"]
 
-# Block-size policy. Tests shrink these to reach the large-group path with tiny
-# shapes; nothing else changes with them but the work split (results do not).
-CONFIG = {
-    "max_reg_group": 4096,  # largest group held whole in registers
-    "tile": 4096,  # elements per program on the small-group path
-    "chunk": 2048,  # elements per chunk on the large-group path
-    "splits": 256,  # programs per large-group launch to aim for
-    # grid steps evaluated together (a power of two <= 32): None = 1 on a GPU
-    # (registers), 32 under the interpreter (its cost is per operation)
-    "steps_per_iter": None,
-}
+# Block sizes and work split (kernels/_layout.py, LaunchConfig): tests pin
+# smaller ones to reach the split path with tiny shapes. Only the work split
+# changes with them: which candidate wins can change only through the order
+# of fp32 partial sums (the split path's).
+CONFIG = LaunchConfig()
 
 _MAX_SPLIT_STEPS = 1024
 
-_DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+# Scalars that follow the search parameters (grid, maxshrink, patience) or the
+# work split are not specialised on: one compiled variant per format and block
+# shape, not one per grid or patience (== 1 and % 16 would each make one).
+# Group counts and sizes stay specialised: % 16 lets the compiler vectorise
+# the masks and saves registers (28 of 108 in int4 group-128 _search_kernel).
+_PER_CALL = ["lim_r", "lim_e", "n_steps", "n_words", "patience", "K", "chunks_per_split"]
 
 
 # --------------------------------------------------------------------------- #
 # kernels
 # --------------------------------------------------------------------------- #
-@triton.jit
-def _tile_offsets(
-    g, e, G_LO, N, J, SGH, SGL, SN, SJ, ROW_LIM, COL_LIM,
-):
-    """Address of element e of group g, and whether it is a group element and
-    whether it lies inside the tensor (padded block elements read as 0).
-
-    group g = (g_hi, g_lo), element e = (n, j):
-    address = g_hi*SGH + g_lo*SGL + n*SN + j*SJ,
-    row = g_hi*N + n < ROW_LIM and col = g_lo*J + j < COL_LIM.
-    """
-    g_hi = g // G_LO
-    g_lo = g - g_hi * G_LO
-    n = e // J
-    j = e - n * J
-    in_group = n < N
-    row = g_hi * N + n
-    col = g_lo * J + j
-    in_mat = in_group & (row < ROW_LIM) & (col < COL_LIM)
-    off = g_hi * SGH + g_lo * SGL + n * SN + j * SJ
-    return off, col, in_group, in_mat
-
-
 @triton.jit
 def _block_errors(
     x, valid, w, bmin, bmax, si, smask,
@@ -156,18 +137,24 @@ def _improved(err, best, ok):
 
 
 @triton.jit
-def _load_tile(
-    x_ptr, w_ptr, g, e, G, G_LO, N, J, SGH, SGL, SN, SJ, ROW_LIM, COL_LIM,
-    HAS_W: tl.constexpr,
+def _load_group(
+    x_ptr, w_ptr, g, k, group_numel,
+    G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e,
+    PAD: tl.constexpr, HAS_W: tl.constexpr,
 ):
-    gmask = g < G
-    off, col, in_group, in_mat = _tile_offsets(
-        g[:, None], e[None, :], G_LO, N, J, SGH, SGL, SN, SJ, ROW_LIM, COL_LIM
+    """Elements k of groups g as an fp32 tile [len(g), len(k)] (k: position in
+    the reference's flattened group, see ``_layout.load_flat``), the importance
+    of each element's input column (HAS_W; else x again), and which slots are
+    group elements (the padding zeros of a partial block are)."""
+    valid = (g < G)[:, None] & (k < group_numel)[None, :]
+    x, col = load_flat(
+        x_ptr, x_ptr, g[:, None], k[None, :], valid,
+        QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, PAD, False,
     )
-    valid = gmask[:, None] & in_group
-    x = tl.load(x_ptr + off, mask=valid & in_mat, other=0.0).to(tl.float32)
+    x = x.to(tl.float32)
     if HAS_W:
-        w = tl.load(w_ptr + col, mask=valid & in_mat, other=0.0)
+        # importance comes only with CHANNEL / GROUP layouts: col < cols, no padding
+        w = tl.load(w_ptr + col, mask=valid, other=0.0)
     else:
         w = x
     return x, w, valid
@@ -185,14 +172,15 @@ def _nan_minmax(x, valid):
     return mn, mx
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_PER_CALL)
 def _search_kernel(
     x_ptr, w_ptr, p_ptr, bits_ptr, flags_ptr, base_ptr,
-    G, G_LO, N, J, SGH, SGL, SN, SJ, ROW_LIM, COL_LIM, group_numel,
+    G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, group_numel,
     n_steps, n_words, expand, best_init,
     rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm,
     DTYPE: tl.constexpr, SYM: tl.constexpr, QTYPE: tl.constexpr, SCALE: tl.constexpr,
     ZP: tl.constexpr, NORM_MODE: tl.constexpr, IMATRIX: tl.constexpr, HAS_W: tl.constexpr,
+    PAD: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
     """One program: BLOCK_G whole groups [BLOCK_G, BLOCK_E] in registers.
@@ -207,12 +195,11 @@ def _search_kernel(
     """
     pid = tl.program_id(0)
     g = pid.to(tl.int64) * BLOCK_G + tl.arange(0, BLOCK_G)
-    e = tl.arange(0, BLOCK_E).to(tl.int64)
     gmask = g < G
-    x, w, valid = _load_tile(
-        x_ptr, w_ptr, g, e, G, G_LO, N, J, SGH, SGL, SN, SJ, ROW_LIM, COL_LIM, HAS_W
+    x, w, valid = _load_group(
+        x_ptr, w_ptr, g, tl.arange(0, BLOCK_E), group_numel,
+        G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, PAD, HAS_W,
     )
-    valid = valid & (e[None, :] < group_numel)
     mn, mx = _nan_minmax(x, valid)
     bmin = Q.rd(mn * expand, DTYPE)
     bmax = Q.rd(mx * expand, DTYPE)
@@ -251,19 +238,25 @@ def _search_kernel(
 
 
 @triton.jit
+def _patience_step(stop, stale, i, improved, patience):
+    """Step i of the reference's global patience counter: ``stale`` counts the
+    steps in a row in which no group improved; ``stop`` becomes i at the first
+    step ending a run of ``patience`` of them (-1 while the loop runs)."""
+    stale = tl.where(improved, 0, stale + 1)
+    stop = tl.where((stop < 0) & (stale >= patience), i, stop)
+    return stop, stale
+
+
+@triton.jit
 def _stop_step(flags_ptr, n_steps, patience):
-    """The step S at which the reference's loop breaks (n_steps - 1 if never):
-    the first step ending a run of ``patience`` steps without improvement."""
+    """The step S at which the reference's loop breaks (n_steps - 1 if never),
+    from the OR-ed improvement words flags_ptr[i // 32] (bit i % 32)."""
+    stop = n_steps * 0 - 1
     stale = n_steps * 0
-    S = n_steps - 1
-    done = n_steps * 0
     for i in range(n_steps):
         f = (tl.load(flags_ptr + i // 32) >> (i % 32)) & 1
-        stale = tl.where(f != 0, 0, stale + 1)
-        hit = (stale >= patience) & (done == 0)
-        S = tl.where(hit, i, S)
-        done = tl.where(hit, 1, done)
-    return S
+        stop, stale = _patience_step(stop, stale, i, f != 0, patience)
+    return tl.where(stop < 0, n_steps - 1, stop)
 
 
 @triton.jit
@@ -287,7 +280,7 @@ def _high_bit(v):
     return tl.where(c, r + 1, r)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_PER_CALL)
 def _choose_kernel(
     bits_ptr, flags_ptr, base_ptr, p_ptr, out_min_ptr, out_max_ptr,
     G, n_steps, n_words, patience,
@@ -312,6 +305,7 @@ def _choose_kernel(
 
 @triton.jit
 def _write_choice(base_ptr, p_ptr, out_min_ptr, out_max_ptr, g, gmask, G, choice, DTYPE: tl.constexpr):
+    """out = rd(base * p[choice]) of groups g, or the base where choice < 0."""
     bmin = tl.load(base_ptr + g, mask=gmask, other=0.0)
     bmax = tl.load(base_ptr + G + g, mask=gmask, other=0.0)
     p = tl.load(p_ptr + tl.maximum(choice, 0), mask=gmask, other=1.0)
@@ -322,12 +316,12 @@ def _write_choice(base_ptr, p_ptr, out_min_ptr, out_max_ptr, g, gmask, G, choice
     tl.store(out_max_ptr + g, omax.to(out_max_ptr.dtype.element_ty), mask=gmask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_PER_CALL)
 def _minmax_part_kernel(
     x_ptr, part_ptr,
-    G, G_LO, N, J, SGH, SGL, SN, SJ, ROW_LIM, COL_LIM, group_numel,
+    G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, group_numel,
     K, chunks_per_split,
-    BLOCK_E: tl.constexpr,
+    PAD: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
     """Program (g, k): NaN-propagating min/max of split k of group g (chunks
     k*cps .. (k+1)*cps - 1) -> part_ptr[0 or 1, g, k]."""
@@ -339,10 +333,10 @@ def _minmax_part_kernel(
     mx = tl.full([1], float("-inf"), tl.float32)
     for c in range(chunks_per_split):
         e = (k * chunks_per_split + c) * BLOCK_E + e0
-        x, w, valid = _load_tile(
-            x_ptr, x_ptr, g, e, G, G_LO, N, J, SGH, SGL, SN, SJ, ROW_LIM, COL_LIM, False
+        x, w, valid = _load_group(
+            x_ptr, x_ptr, g, e, group_numel,
+            G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, PAD, False,
         )
-        valid = valid & (e[None, :] < group_numel)
         cmn, cmx = _nan_minmax(x, valid)
         mn = Q.nan_min(mn, cmn)
         mx = Q.nan_max(mx, cmx)
@@ -350,15 +344,15 @@ def _minmax_part_kernel(
     tl.store(part_ptr + G * K + g * K + k, mx)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_PER_CALL)
 def _search_part_kernel(
     x_ptr, w_ptr, p_ptr, mm_ptr, part_ptr, base_ptr,
-    G, G_LO, N, J, SGH, SGL, SN, SJ, ROW_LIM, COL_LIM, group_numel,
+    G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, group_numel,
     K, chunks_per_split, n_steps, expand,
     rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm,
     DTYPE: tl.constexpr, SYM: tl.constexpr, QTYPE: tl.constexpr, SCALE: tl.constexpr,
     ZP: tl.constexpr, NORM_MODE: tl.constexpr, IMATRIX: tl.constexpr, HAS_W: tl.constexpr,
-    BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr,
+    PAD: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr,
     BLOCK_SB: tl.constexpr,
 ):
     """Program (g, k): base range of group g from the K split min/max, then
@@ -384,10 +378,10 @@ def _search_part_kernel(
     e0 = tl.arange(0, BLOCK_E).to(tl.int64)
     for c in range(chunks_per_split):
         e = (k * chunks_per_split + c) * BLOCK_E + e0
-        x, w, valid = _load_tile(
-            x_ptr, w_ptr, g, e, G, G_LO, N, J, SGH, SGL, SN, SJ, ROW_LIM, COL_LIM, HAS_W
+        x, w, valid = _load_group(
+            x_ptr, w_ptr, g, e, group_numel,
+            G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, PAD, HAS_W,
         )
-        valid = valid & (e[None, :] < group_numel)
         for i0 in range(0, n_steps, BLOCK_SB):
             si = i0 + tl.arange(0, BLOCK_SB)
             smask = si < n_steps
@@ -402,16 +396,34 @@ def _search_part_kernel(
 
 
 @triton.jit
+def _step_improved(part_ptr, g, gmask, ks, K, n_steps, i, best,
+                   DTYPE: tl.constexpr, IMATRIX: tl.constexpr,
+                   BLOCK_G: tl.constexpr, BLOCK_K: tl.constexpr):
+    """err[g, i] = sum over k of part[g, k, i] (blocks of BLOCK_K, always in
+    the same order), rounded to DTYPE for "mse"; returns (err < best, new best)."""
+    err = tl.zeros([BLOCK_G], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + ks
+        m = gmask[:, None] & (kk < K)[None, :]
+        v = tl.load(part_ptr + (g[:, None] * K + kk[None, :]) * n_steps + i, mask=m, other=0.0)
+        err = err + tl.sum(v, axis=1)
+    if not IMATRIX:
+        err = Q.rd(err, DTYPE)
+    imp = (err < best) & gmask
+    return imp, tl.where(imp, err, best)
+
+
+@triton.jit(do_not_specialize=_PER_CALL)
 def _finalize_part_kernel(
     part_ptr, base_ptr, p_ptr, out_min_ptr, out_max_ptr,
     G, K, n_steps, patience, best_init,
     DTYPE: tl.constexpr, IMATRIX: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
-    """Single program. err[g, i] = sum over k (in order of blocks of BLOCK_K)
-    of the partial errors, rounded to DTYPE for "mse". Pass 1 ORs the
-    improvement bits over groups per step and finds S; pass 2 recomputes the
-    same errors and keeps each group's last improving step <= S."""
+    """Single program. Pass 1 ORs the improvement bits of every group per step
+    into flags and finds the stop step S from them; pass 2 recomputes the
+    same errors (no [G, n_steps] buffer) and keeps each group's last
+    improving step <= S."""
     sid = tl.arange(0, BLOCK_S)
     ks = tl.arange(0, BLOCK_K)
     flags = tl.zeros([BLOCK_S], dtype=tl.int32)
@@ -420,119 +432,34 @@ def _finalize_part_kernel(
         gmask = g < G
         best = tl.zeros([BLOCK_G], dtype=tl.float32) + best_init
         for i in range(n_steps):
-            err = _sum_parts(part_ptr, g, gmask, ks, K, n_steps, i, BLOCK_G, BLOCK_K)
-            if not IMATRIX:
-                err = Q.rd(err, DTYPE)
-            imp = (err < best) & gmask
-            best = tl.where(imp, err, best)
+            imp, best = _step_improved(part_ptr, g, gmask, ks, K, n_steps, i, best,
+                                       DTYPE, IMATRIX, BLOCK_G, BLOCK_K)
             flags = tl.where(sid == i, flags | tl.max(imp.to(tl.int32), axis=0), flags)
-    # S as in _stop_step, from the register copy of the flags
+    stop = n_steps * 0 - 1
     stale = n_steps * 0
-    S = n_steps - 1
-    done = n_steps * 0
     for i in range(n_steps):
         f = tl.sum(tl.where(sid == i, flags, 0), axis=0)
-        stale = tl.where(f != 0, 0, stale + 1)
-        hit = (stale >= patience) & (done == 0)
-        S = tl.where(hit, i, S)
-        done = tl.where(hit, 1, done)
+        stop, stale = _patience_step(stop, stale, i, f != 0, patience)
+    S = tl.where(stop < 0, n_steps - 1, stop)
     for g0 in range(0, G, BLOCK_G):
         g = g0 + tl.arange(0, BLOCK_G).to(tl.int64)
         gmask = g < G
         best = tl.zeros([BLOCK_G], dtype=tl.float32) + best_init
         choice = tl.full([BLOCK_G], -1, tl.int32)
         for i in range(n_steps):
-            err = _sum_parts(part_ptr, g, gmask, ks, K, n_steps, i, BLOCK_G, BLOCK_K)
-            if not IMATRIX:
-                err = Q.rd(err, DTYPE)
-            imp = (err < best) & gmask
-            best = tl.where(imp, err, best)
+            imp, best = _step_improved(part_ptr, g, gmask, ks, K, n_steps, i, best,
+                                       DTYPE, IMATRIX, BLOCK_G, BLOCK_K)
             choice = tl.where(imp & (i <= S), i, choice)
         _write_choice(base_ptr, p_ptr, out_min_ptr, out_max_ptr, g, gmask, G, choice, DTYPE)
-
-
-@triton.jit
-def _sum_parts(part_ptr, g, gmask, ks, K, n_steps, i, BLOCK_G: tl.constexpr, BLOCK_K: tl.constexpr):
-    err = tl.zeros([BLOCK_G], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + ks
-        m = gmask[:, None] & (kk < K)[None, :]
-        v = tl.load(part_ptr + (g[:, None] * K + kk[None, :]) * n_steps + i, mask=m, other=0.0)
-        err = err + tl.sum(v, axis=1)
-    return err
 
 
 # --------------------------------------------------------------------------- #
 # host side
 # --------------------------------------------------------------------------- #
-def _layout(value, base_name, args):
-    """Validate like reference.flatten_for_calibration (same checks, same order,
-    same messages) and describe the groups without copying: returns
-    (tensor, out_shape, G_HI, G_LO, N, J, SGH, SGL, SN, SJ, ROW_LIM, COL_LIM)."""
-    base_name = check_base_name(base_name)
-    strategy = strategy_of(args)
-    check_value(value, base_name)
-
-    def generic(t, out_shape, g_hi, g_lo, n, j, sgh, sgl, sn, sj):
-        return (t, out_shape, g_hi, g_lo, n, j, sgh, sgl, sn, sj, g_hi * n, g_lo * j)
-
-    if base_name == WEIGHT:
-        rows, cols = value.shape
-        s0, s1 = value.stride()
-        if strategy == S.TENSOR:
-            return generic(value, (1,), 1, 1, rows, cols, 0, 0, s0, s1)
-        if strategy == S.CHANNEL:
-            return generic(value, (rows, 1), rows, 1, 1, cols, s0, 0, 0, s1)
-        if strategy in (S.GROUP, S.TENSOR_GROUP):
-            g = group_size_of(args, cols)
-            return generic(value, (rows, cols // g), rows, cols // g, 1, g, s0, g * s1, 0, s1)
-        if strategy == S.BLOCK:
-            bh, bw = block_shape(args)
-            R, C = -(-rows // bh), -(-cols // bw)
-            return (value, (R, C), R, C, bh, bw, bh * s0, bw * s1, s0, s1, rows, cols)
-        raise _unsupported(base_name, strategy)
-
-    if base_name in ACTIVATIONS:
-        hidden = value.shape[-1]
-        if strategy == S.TOKEN and value.dim() == 3:
-            b, s, h = value.shape
-            t0, t1, t2 = value.stride()
-            return generic(value, (s,), 1, s, b, h, 0, t1, t0, t2)
-        tokens = value.reshape(-1, hidden)
-        t0, t1 = tokens.stride()
-        n_tok = tokens.shape[0]
-        if strategy == S.TENSOR:
-            return generic(tokens, (1,), 1, 1, n_tok, hidden, 0, 0, t0, t1)
-        if strategy == S.TOKEN:
-            return generic(tokens, (), 1, 1, n_tok, hidden, 0, 0, t0, t1)
-        if strategy in (S.GROUP, S.TENSOR_GROUP):
-            g = group_size_of(args, hidden)
-            return generic(tokens, (hidden // g,), 1, hidden // g, n_tok, g, 0, g * t1, t0, t1)
-        raise _unsupported(base_name, strategy)
-
-    # attention q / k / v: (batch, heads, seq, head_dim)
-    batch, heads, seq, head_dim = value.shape
-    if strategy == S.TENSOR:
-        flat = value.reshape(-1, head_dim)
-        f0, f1 = flat.stride()
-        return generic(flat, (1,), 1, 1, flat.shape[0], head_dim, 0, 0, f0, f1)
-    if strategy == S.ATTN_HEAD:
-        v = value.reshape(batch, heads, seq * head_dim)
-        v0, v1, v2 = v.stride()
-        return generic(v, (heads, 1, 1), 1, heads, batch, seq * head_dim, 0, v1, v0, v2)
-    raise _unsupported(base_name, strategy)
-
-
-def _norm_mode(norm: float):
-    if norm == 2.0:
-        return 1
-    if norm == 3.0:
-        return 2
-    if norm == 0.5:
-        return 3
-    if norm == 1.0:
-        return 4
-    return 0
+def _norm_mode(norm: float) -> int:
+    """The NORM_MODE switch: the exponents torch.pow special-cases (quant.abs_pow)."""
+    special = {2.0: Q.P_SQUARE, 3.0: Q.P_CUBE, 0.5: Q.P_SQRT, 1.0: Q.P_ONE}
+    return special.get(float(norm), Q.P_GENERAL).value
 
 
 def _format(args, dtype):
@@ -605,9 +532,15 @@ def mse_search(
 ):
     """Triton twin of ``reference.mse_search`` (SPEC §4); returns (min_vals, max_vals)."""
     check_search_params(maxshrink, patience, grid, norm, expand, flavour)
-    (t, out_shape, G_HI, G_LO, N, J, SGH, SGL, SN, SJ, ROW_LIM, COL_LIM) = _layout(
-        value, base_name, args
-    )
+    if isinstance(value, torch.Tensor) and value.numel() == 0:
+        # nothing to launch (nor a layout to describe): the reference raises
+        # what it raises for this empty value
+        return _reference_mse_search(
+            value, base_name, args, maxshrink=maxshrink, patience=patience, grid=grid,
+            norm=norm, expand=expand, importance=importance, flavour=flavour,
+        )
+    # the reference's flatten checks, in its order; elements in its flattened order
+    layout = group_layout(value, base_name, args, storage_order=False)
     if importance is not None:
         if base_name != WEIGHT or strategy_of(args) not in (S.CHANNEL, S.GROUP, S.TENSOR_GROUP):
             raise ValueError(
@@ -616,19 +549,13 @@ def mse_search(
                 f"{strategy_of(args).value!r}"
             )
         broadcast_importance(importance, value, args)  # same checks, views only
-    if value.numel() == 0:
-        # nothing to launch; the reference gives the empty result or its error
-        return _reference_mse_search(
-            value, base_name, args, maxshrink=maxshrink, patience=patience, grid=grid,
-            norm=norm, expand=expand, importance=importance, flavour=flavour,
-        )
 
     dtype = value.dtype
     qparam_args, _ = search_args(args)
     fmt = _format(qparam_args, dtype)
     imatrix = flavour == "imatrix"
     has_w = imatrix and importance is not None
-    w = importance.to(torch.float32).contiguous() if has_w else t
+    w = importance.to(torch.float32).contiguous() if has_w else value
 
     n_steps = num_steps(maxshrink, grid, flavour)
     dev = value.device
@@ -648,35 +575,37 @@ def mse_search(
         norm=norm_run,
     )
     switches = dict(
-        DTYPE=_DTYPE_CODE[dtype], SYM=fmt["SYM"], QTYPE=fmt["QTYPE"], SCALE=fmt["SCALE"],
+        DTYPE=Q.DTYPE_CODE[dtype], SYM=fmt["SYM"], QTYPE=fmt["QTYPE"], SCALE=fmt["SCALE"],
         ZP=fmt["ZP"], NORM_MODE=_norm_mode(float(norm)), IMATRIX=imatrix, HAS_W=has_w,
+        PAD=layout.pad,
     )
-    G = G_HI * G_LO
-    group_numel = N * J
-    layout = (G, G_LO, N, J, SGH, SGL, SN, SJ, ROW_LIM, COL_LIM, group_numel)
-    out_min = torch.empty(out_shape, dtype=dtype, device=dev)
-    out_max = torch.empty(out_shape, dtype=dtype, device=dev)
+    G, group_numel = layout.num_groups, layout.num_rows * layout.elems
+    geometry = (*layout.scalar_args(), group_numel)
+    out_min = torch.empty(layout.qshape, dtype=dtype, device=dev)
+    out_max = torch.empty(layout.qshape, dtype=dtype, device=dev)
     base = torch.empty((2, G), dtype=torch.float32, device=dev)
     n_words = -(-n_steps // 32)
-    # fused FMA would round (q - zp) * scale - x once instead of twice
+    # A GPU build fuses a * b + c into one FMA by default (the interpreter never
+    # does): rd(q - zp) * scale - x and pow_pos's sums would round once, not twice.
     launch = dict(enable_fp_fusion=False)
 
-    steps_block = CONFIG["steps_per_iter"]
+    config = CONFIG
+    steps_block = config.steps_per_iter
     if steps_block is None:
         steps_block = 1 if value.is_cuda else 32
     steps_block = max(1, min(steps_block, 32, triton.next_power_of_2(max(n_steps, 1))))
-    if group_numel <= CONFIG["max_reg_group"]:
+    if group_numel <= config.max_reg_group:
         block_e = max(triton.next_power_of_2(group_numel), 2)
-        block_g = max(1, min(CONFIG["tile"] // block_e, triton.next_power_of_2(G)))
+        block_g = pow2_at_most(G, max(config.tile // block_e, 1))
         bits = torch.empty((G, max(n_words, 1)), dtype=torch.int32, device=dev)
         flags = torch.zeros(max(n_words, 1), dtype=torch.int32, device=dev)
         _search_kernel[(triton.cdiv(G, block_g),)](
-            t, w, p, bits, flags, base, *layout,
+            value, w, p, bits, flags, base, *geometry,
             n_steps, n_words, float(expand), best_init, **consts, **switches,
             BLOCK_G=block_g, BLOCK_E=block_e, BLOCK_S=steps_block,
-            num_warps=8 if block_g * block_e >= 2048 else 4, **launch,
+            num_warps=num_warps_for(block_g * block_e), **launch,
         )
-        choose_g = min(1024, triton.next_power_of_2(G))
+        choose_g = pow2_at_most(G, 1024)
         _choose_kernel[(triton.cdiv(G, choose_g),)](
             bits, flags, base, p, out_min, out_max, G, n_steps, n_words, patience_eff,
             DTYPE=switches["DTYPE"], BLOCK_G=choose_g, **launch,
@@ -688,25 +617,25 @@ def mse_search(
             f"mse_search: {n_steps} grid steps over groups of {group_numel} elements "
             f"(the split path keeps at most {_MAX_SPLIT_STEPS} step errors per program)"
         )
-    chunk = CONFIG["chunk"]
-    n_chunks = -(-group_numel // chunk)
-    K = min(n_chunks, max(1, CONFIG["splits"] // G))
-    cps = -(-n_chunks // K)
-    K = -(-n_chunks // cps)
+    chunk = config.chunk
+    # K programs per group, cps chunks each; an element costs every grid step
+    K, cps = choose_split(triton.cdiv(group_numel, chunk), 1, chunk * max(n_steps, 1), G,
+                          dev, config)
     mm = torch.empty((2, G, K), dtype=torch.float32, device=dev)
-    _minmax_part_kernel[(G, K)](t, mm, *layout, K, cps, BLOCK_E=chunk, **launch)
+    _minmax_part_kernel[(G, K)](value, mm, *geometry, K, cps, PAD=layout.pad, BLOCK_E=chunk,
+                                **launch)
     block_k = triton.next_power_of_2(K)
     block_s = triton.next_power_of_2(max(n_steps, 1))
     part = torch.empty((G, K, max(n_steps, 1)), dtype=torch.float32, device=dev)
     _search_part_kernel[(G, K)](
-        t, w, p, mm, part, base, *layout, K, cps, n_steps, float(expand),
+        value, w, p, mm, part, base, *geometry, K, cps, n_steps, float(expand),
         **consts, **switches, BLOCK_E=chunk, BLOCK_K=block_k, BLOCK_S=block_s,
         BLOCK_SB=steps_block, num_warps=8, **launch,
     )
     _finalize_part_kernel[(1,)](
         part, base, p, out_min, out_max, G, K, n_steps, patience_eff, best_init,
         DTYPE=switches["DTYPE"], IMATRIX=imatrix,
-        BLOCK_G=min(256, triton.next_power_of_2(G)), BLOCK_K=min(64, block_k),
+        BLOCK_G=pow2_at_most(G, 256), BLOCK_K=min(64, block_k),
         BLOCK_S=block_s, **launch,
     )
     return out_min, out_max

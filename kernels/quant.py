@@ -18,6 +18,7 @@ Rules that keep the helpers exact on the interpreter and on a GPU (SPEC §6):
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -25,6 +26,8 @@ import triton.language as tl
 F32: tl.constexpr = tl.constexpr(0)
 F16: tl.constexpr = tl.constexpr(1)
 BF16: tl.constexpr = tl.constexpr(2)
+# host side: the DTYPE switch of an observed torch dtype
+DTYPE_CODE = {torch.float32: F32.value, torch.float16: F16.value, torch.bfloat16: BF16.value}
 
 # quantized element types
 Q_INT: tl.constexpr = tl.constexpr(0)
@@ -47,7 +50,9 @@ P_CUBE: tl.constexpr = tl.constexpr(2)
 P_SQRT: tl.constexpr = tl.constexpr(3)
 P_ONE: tl.constexpr = tl.constexpr(4)
 
-_RNE_MAGIC = 12582912.0  # 1.5 * 2^23
+# 1.5 * 2^23. A constexpr: the GPU compiler rejects plain module globals inside
+# @jit functions (the interpreter does not), so every global used there is one.
+_RNE_MAGIC: tl.constexpr = tl.constexpr(12582912.0)
 
 
 @triton.jit

@@ -12,6 +12,48 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+
+def _patch_lang_once_per_launch():
+    """Test speed only: triton's interpreter re-patches triton.language (an
+    inspect.getmembers walk) at every nested @jit call in every program, a
+    third of the kernel tests' time; the launch has already patched the same
+    modules. Nested calls reaching only those modules skip the repeat."""
+    from triton.runtime import interpreter
+    import triton.language as tl
+
+    original = getattr(interpreter, "_patch_lang", None)
+    if original is None:  # another triton version: run at its normal speed
+        return
+    launches = []
+
+    class Launch:
+        def __init__(self, scope):
+            self.scope = scope
+
+        def restore(self):
+            launches.pop()
+            self.scope.restore()
+
+    class Nested:
+        def restore(self):
+            pass
+
+    def patch_lang(fn):
+        langs = frozenset(id(v) for v in fn.__globals__.values() if v is tl or v is tl.core)
+        if launches and langs <= launches[-1]:
+            return Nested()
+        scope = original(fn)
+        if launches:  # nested, reaching other modules: as triton does
+            return scope
+        launches.append(langs)
+        return Launch(scope)
+
+    interpreter._patch_lang = patch_lang
+
+
+if os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton"):
+    _patch_lang_once_per_launch()
+
 import pytest  # noqa: E402
 
 from obskernels.backends import triton_unavailable_reason, use_backend  # noqa: E402

@@ -273,6 +273,13 @@ def test_split_reduction_and_small_tiles(case, split, monkeypatch):
     check_min_max(value, case, what=f"{case} split {split} nan")
 
 
+def test_split_stays_within_the_cuda_grid():
+    # The split is grid axis 1 in every launcher; CUDA allows 65535 programs there.
+    config = layout_module.LaunchConfig(split=10**6)
+    split, per_split = layout_module.choose_split(10**6, 1, 1, 1, torch.device("cpu"), config)
+    assert split <= 65535 and split * per_split >= 10**6
+
+
 def test_launch_count_default_config(monkeypatch):
     grids = count_launches(monkeypatch)
     check_min_max(torch.randn(17, 33), "weight", qargs("tensor"))

@@ -29,6 +29,11 @@ pytestmark = pytest.mark.kernel
 mse_module = importlib.import_module("obskernels.kernels.mse_search")
 kernel_search = mse_module.mse_search
 
+
+def pin_config(monkeypatch, **fields):
+    """The launcher's one tuning switch (kernels/_layout.py, LaunchConfig)."""
+    monkeypatch.setattr(mse_module, "CONFIG", dataclasses.replace(mse_module.CONFIG, **fields))
+
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # SPEC §5: relative slack on the reference error of the kernel's choice. The
 # kernel reproduces every rounding, but sums in another order than torch.sum
@@ -282,10 +287,10 @@ def test_nan_inf_groups(dtype):
 )
 def test_large_groups(monkeypatch, base_name, strategy, shape, flavour):
     """Groups larger than a register tile take the split path: shrink the
-    limits so tiny shapes reach it (chunks of 32, several splits per group)."""
-    monkeypatch.setitem(mse_module.CONFIG, "max_reg_group", 64)
-    monkeypatch.setitem(mse_module.CONFIG, "chunk", 32)
-    monkeypatch.setitem(mse_module.CONFIG, "splits", 8)
+    limits so tiny shapes reach it (chunks of 64, two splits per group, each
+    looping over chunks, the last one partial; the interpreter's cost is per
+    program and per chunk, so no more of either than that)."""
+    pin_config(monkeypatch, max_reg_group=64, chunk=64, split=2)
     extra = {"block_structure": [16, 16]} if strategy == "block" else {}
     args = QuantizationArgs(num_bits=4, symmetric=False, strategy=strategy, **extra)
     dtype = torch.bfloat16 if flavour == "mse" else torch.float32
@@ -311,7 +316,7 @@ def test_steps_per_iter_does_not_change_results(monkeypatch, steps_per_iter):
     value = sample((6, 32), torch.bfloat16, seed=9)
     kw = dict(maxshrink=0.5, patience=2, grid=20, norm=2.4)
     want = kernel_search(value, "weight", args, **kw)
-    monkeypatch.setitem(mse_module.CONFIG, "steps_per_iter", steps_per_iter)
+    pin_config(monkeypatch, steps_per_iter=steps_per_iter)
     got = kernel_search(value, "weight", args, **kw)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
@@ -330,6 +335,37 @@ def test_noncontiguous_weight():
     value = sample((32, 20), torch.float32, seed=11).t()  # (20, 32), column-major
     got = kernel_search(value, "weight", args, **MSE)
     assert_search_parity(value, "weight", args, got, **MSE)
+
+
+def _strided(shape, view, dtype, seed):
+    """A view of ``shape`` that no single stride walks: dims reversed in
+    memory, every other element, or attention read from its projection."""
+    if view == "reversed":
+        return sample(shape[::-1], dtype, seed).permute(*reversed(range(len(shape))))
+    if view == "sliced":
+        return sample(tuple(2 * n for n in shape), dtype, seed)[tuple(slice(None, None, 2) for _ in shape)]
+    batch, heads, seq, dim = shape  # "projection": (batch, seq, heads, dim) seen per head
+    return sample((batch, seq, heads, dim), dtype, seed).transpose(1, 2)
+
+
+@pytest.mark.parametrize(
+    "base_name,strategy,shape,view",
+    [
+        ("input", "tensor", (2, 5, 16), "reversed"),  # rows on two strided levels
+        ("input", "group", (2, 5, 16), "sliced"),
+        ("input", "token", (3, 4, 16), "reversed"),
+        ("q", "tensor", (2, 3, 5, 8), "projection"),  # the flattened order is (b, s, h, d)
+        ("k", "attn_head", (2, 3, 5, 8), "projection"),
+    ],
+)
+def test_noncontiguous_activations(base_name, strategy, shape, view):
+    """Groups addressed through the value's strides (no reshaped copy)."""
+    kw = (("group_size", 8),) if strategy == "group" else ()
+    args = Case("int8-asym", base_name, strategy, shape, kw).args
+    value = _strided(shape, view, torch.bfloat16, seed=12)
+    assert not value.is_contiguous()
+    got = kernel_search(value, base_name, args, **dict(MSE, grid=40))
+    assert_search_parity(value, base_name, args, got, **dict(MSE, grid=40))
 
 
 def test_no_steps_returns_base():

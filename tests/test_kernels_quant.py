@@ -25,7 +25,6 @@ Q = importlib.import_module("obskernels.kernels.quant")
 
 pytestmark = pytest.mark.kernel
 
-CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 OP_RD, OP_FP8, OP_FP4, OP_POW, OP_RNE, OP_MX = range(6)
 
 
@@ -53,8 +52,10 @@ def _apply(x_ptr, out_ptr, n, norm, mx_offset,
 def apply(x, op, dtype=torch.float32, mode=0, norm=1.0, mx_offset=2):
     x = x.float().contiguous()
     out = torch.empty_like(x)
-    _apply[(1,)](x, out, x.numel(), norm, mx_offset, OP=op, DTYPE=CODE[dtype], MODE=mode,
-                 BLOCK=triton.next_power_of_2(x.numel()))
+    # compiled as mse_search compiles them: on a GPU, FP fusion would turn
+    # pow_pos's a + n*lg into one FMA (the interpreter never fuses)
+    _apply[(1,)](x, out, x.numel(), norm, mx_offset, OP=op, DTYPE=Q.DTYPE_CODE[dtype], MODE=mode,
+                 BLOCK=triton.next_power_of_2(x.numel()), enable_fp_fusion=False)
     return out
 
 
