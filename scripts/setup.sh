@@ -25,4 +25,4 @@ else
 fi
 # torch is present now, so the project's plain `torch>=` requirement installs nothing more.
 pip_install -e ".[test,bench,example]"
-"$PY" -c "import torch, obskernels; print('setup: torch', torch.__version__, '| obskernels', obskernels.__version__, '| backends', obskernels.available_backends())"
+PYTHONSAFEPATH=1 "$PY" -c "import torch, obskernels; print('setup: torch', torch.__version__, '| obskernels', obskernels.__version__, '| backends', obskernels.available_backends())"

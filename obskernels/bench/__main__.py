@@ -1,0 +1,150 @@
+"""``python -m obskernels.bench``: every backend side by side, measured and modelled.
+
+Examples:
+    python -m obskernels.bench                      # --quick on a CPU, --full on a GPU
+    python -m obskernels.bench --full --ops min_max,mse --observers none
+    python -m obskernels.bench --backends reference,triton --out /tmp/b
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import List, Optional
+
+
+def _split(value: str) -> List[str]:
+    return [v.strip() for v in value.split(",") if v.strip() and v.strip() != "none"]
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    from obskernels.bench.backends import BACKENDS
+    from obskernels.bench.cases import OBSERVERS, OP_ALIASES
+
+    p = argparse.ArgumentParser(prog="python -m obskernels.bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true",
+                      help="shapes divided by 32 per side, bf16 only (the default without CUDA; "
+                           "2-3 minutes on a shared 2-core CPU)")
+    size.add_argument("--full", action="store_true",
+                      help="the real shapes (the default with CUDA)")
+    size.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--ops", default="all",
+                   help=f"comma list of {sorted(OP_ALIASES)}, 'all' or 'none'")
+    p.add_argument("--observers", default="all",
+                   help=f"comma list of {sorted(OBSERVERS)}, 'all' or 'none'")
+    p.add_argument("--backends", default="all", help=f"comma list of {BACKENDS} or 'all'")
+    p.add_argument("--out", default="bench-out", help="output folder (default bench-out/)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--reps", type=int, default=None, help="most timed calls per row")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default on a CPU: 1 -- on a shared machine, "
+                        "multi-threaded aten ops stall at every parallel region)")
+    p.add_argument("--no-projection", action="store_true",
+                   help="quick mode: skip the modelled full-size projection")
+    p.add_argument("--gpu-bandwidth", type=float, default=3.35, help="model: TB/s (default 3.35, H100 SXM)")
+    p.add_argument("--gpu-tflops", type=float, default=67.0, help="model: fp32 TFLOP/s (default 67)")
+    p.add_argument("--launch-us", type=float, default=4.0, help="model: us per launch (default 4)")
+    p.add_argument("--gpu-name", default="H100 SXM", help="model: name printed with the parameters")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--count-worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+
+    def choose(value: str, every: List[str], aliases=None) -> List[str]:
+        if value == "all":
+            return list(every)
+        out: List[str] = []
+        for v in _split(value):
+            names = (aliases or {}).get(v, [v])
+            for n in names:
+                if n not in every:
+                    p.error(f"unknown name {v!r}; expected one of {sorted(aliases or every)}")
+                if n not in out:
+                    out.append(n)
+        return out
+
+    from obskernels.bench.cases import OPS
+
+    args.ops = choose(args.ops, list(OPS), OP_ALIASES)
+    args.observers = choose(args.observers, list(OBSERVERS))
+    args.backends = choose(args.backends, list(BACKENDS))
+    return args
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--count-worker" in argv:
+        from obskernels.bench.runner import count_worker
+
+        count_worker(sys.stdin, sys.stdout)
+        return 0
+    import torch
+
+    args = parse_args(argv)
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        print("error: --device cuda: no CUDA device is available", file=sys.stderr)
+        return 2
+    if device == "cpu" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        # The Triton rows are modelled in triton's interpreter, which must be on
+        # before triton is first imported -- and `import obskernels` (run before
+        # this module by `python -m`) may already have imported it. Start again
+        # with the interpreter on.
+        env = dict(os.environ, TRITON_INTERPRET="1")
+        sys.stdout.flush()
+        os.execve(sys.executable, [sys.executable, "-m", "obskernels.bench", *argv], env)
+    if args.threads is not None:
+        torch.set_num_threads(max(1, args.threads))
+    elif device == "cpu":
+        torch.set_num_threads(1)
+    mode = "full" if args.full else "tiny" if args.tiny else "quick" if (args.quick or device == "cpu") else "full"
+
+    from obskernels.bench import report
+    from obskernels.bench.model import GpuModel
+    from obskernels.bench.cases import QUICK_DIVISOR
+    from obskernels.bench.runner import Options, run
+
+    gpu = GpuModel(args.gpu_name, args.gpu_bandwidth * 1e12, args.gpu_tflops * 1e12, args.launch_us * 1e-6)
+    opts = Options(
+        mode=mode,
+        ops=tuple(args.ops),
+        observers=tuple(args.observers),
+        backends=tuple(args.backends),
+        out=args.out,
+        gpu=gpu,
+        device=device,
+        project_full=not args.no_projection,
+        progress=None if args.quiet else sys.stderr,
+    )
+    if mode == "full":
+        opts.min_reps, opts.max_reps, opts.min_time_s, opts.max_time_s = 5, 50, 1.0, 20.0
+    if args.reps:
+        opts.max_reps = args.reps
+        opts.min_reps = min(opts.min_reps, args.reps)
+    t0 = time.perf_counter()
+    print(f"obskernels bench: mode {mode}"
+          + (f" (shapes scaled down by {QUICK_DIVISOR} per side, bf16 only; --full for the real sizes and fp32)" if mode == "quick" else "")
+          + f", device {device}, backends {', '.join(opts.backends)}", file=sys.stderr)
+    records = run(opts)
+    paths = report.write_all(records, args.out)
+    print()
+    for line in report.legend(records):
+        print(line)
+    print()
+    print(report.console_table(records, "run"))
+    proj = report.console_table(records, "full-size projection")
+    if proj:
+        print()
+        print("Modelled at the full sizes (projection of the scaled cases; nothing measured):")
+        print(proj)
+    print()
+    print(f"{len(records)} records in {time.perf_counter() - t0:.0f} s; wrote "
+          + ", ".join(sorted(paths.values())))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,285 @@
+"""Writes what a run produced: the console table, results.jsonl, report.md, PNG plots."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import OrderedDict
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+__all__ = ["console_table", "write_jsonl", "write_report", "plot", "write_all", "legend"]
+
+
+def _ms(x: Optional[float]) -> str:
+    return "-" if x is None else (f"{x * 1e3:.2f}" if x < 10 else f"{x * 1e3:.0f}")
+
+
+def _us(x: Optional[float]) -> str:
+    return "-" if x is None else (f"{x * 1e6:.1f}" if x < 1e-3 else f"{x * 1e6:.0f}")
+
+
+def _ratio(r: Optional[Dict]) -> str:
+    if r is None or r.get("bytes_moved") is None:
+        return "-"
+    if not r.get("compulsory_bytes"):
+        return "view" if r["bytes_moved"] == 0 else "inf"
+    return f"{r['bytes_moved'] / r['compulsory_bytes']:.2f}"
+
+
+def _short_status(r: Optional[Dict]) -> str:
+    if r is None:
+        return "-"
+    s = r.get("status") or ""
+    for key in ("unsupported", "unavailable", "n/a", "error", "not modelled"):
+        if s.startswith(key):
+            return key
+    return ""
+
+
+def _group(records: Iterable[Dict], scope: str) -> "OrderedDict[Tuple[str, str], Dict[str, Dict]]":
+    rows: "OrderedDict[Tuple[str, str], Dict[str, Dict]]" = OrderedDict()
+    for r in records:
+        if r.get("scope", "run") != scope:
+            continue
+        rows.setdefault((r["case"], r["op"]), {})[r["backend"]] = r
+    return rows
+
+
+def _backends(records: Sequence[Dict]) -> List[str]:
+    order = ["reference", "llmc-eager", "triton", "llmc-triton"]
+    present = {r["backend"] for r in records}
+    return [b for b in order if b in present]
+
+
+def legend(records: Sequence[Dict]) -> List[str]:
+    """Lines explaining the columns and where each figure comes from."""
+    if not records:
+        return []
+    r0 = records[0]
+    m = r0["machine"]
+    where = m.get("gpu") or (f"{m.get('cpu')} ({m.get('cpu_cores')} cores, no GPU; torch uses "
+                             f"{m.get('torch_threads')} thread(s))")
+    scaled = any(r.get("scaled") for r in records if r.get("scope") == "run")
+    lines = [
+        f"machine: {where}; load average at start {m.get('loadavg')}, at end {m.get('loadavg_end')}",
+        f"mode: {r0['mode']}"
+        + (" -- shapes SCALED DOWN (full sizes in the projection table / records' full_shape)" if scaled else ""),
+        "MEASURED here: 'ms' (median wall time of one call after a warm-up), 'GB/s' (compulsory"
+        " bytes / that time; peak memory is in results.jsonl). "
+        + ("Triton rows are measured on this GPU." if m.get("device") == "cuda"
+           else "No CUDA device: the Triton rows are MODELLED only (no time measured)."),
+        "MODELLED: 'x' = bytes moved / compulsory bytes (input read once, outputs written once,"
+        " 'view' when none is needed); 'L' = launches per call (aten ops + Triton grids);",
+        f"  'GPU us' = predicted time on {r0['model_gpu']}:"
+        " max(bytes/bandwidth, flops/rate) + launches x launch cost.",
+        "  PyTorch paths: aten ops counted exactly (TorchDispatchMode). Triton paths: every unmasked"
+        " load/store lane counted in triton's interpreter (see count_method in results.jsonl).",
+    ]
+    return lines
+
+
+SHORT = {"reference": "ref", "llmc-eager": "llmc", "triton": "triton", "llmc-triton": "llmc-tri"}
+
+
+def _has_figures(r: Dict) -> bool:
+    return r.get("measured_s") is not None or r.get("modelled_s") is not None
+
+
+def console_table(records: Sequence[Dict], scope: str = "run") -> str:
+    """One line per (case, op): each backend's figures side by side.
+
+    Columns: '<backend> ms' measured, 'GB/s' compulsory bytes / measured time;
+    'x' traffic / compulsory and 'L' launches
+    (modelled counts); 'GPU us' the model's time; the last, the model's speedup
+    of triton over the reference.
+    """
+    rows = _group(records, scope)
+    if not rows:
+        return ""
+    all_recs = [r for g in rows.values() for r in g.values()]
+    backends = [b for b in _backends(all_recs) if any(_has_figures(r) for r in all_recs if r["backend"] == b)]
+    measured_bk = [b for b in backends if any(g.get(b, {}).get("measured_s") is not None for g in rows.values())]
+    head = ["case", "op"]
+    for b in measured_bk:
+        head += [f"{SHORT[b]} ms", f"{SHORT[b]} GB/s"]
+    for b in backends:
+        head += [f"{SHORT[b]} x", f"{SHORT[b]} L"]
+    head += [f"{SHORT[b]} GPU us" for b in backends]
+    speedup = "triton" in backends and "reference" in backends
+    if speedup:
+        head.append("triton/ref")
+    if "triton" in backends:
+        head.append("triton bound")
+    head.append("notes")
+    table = [head]
+    for (case, op), g in rows.items():
+        line = [case, op]
+        for b in measured_bk:
+            r = g.get(b, {})
+            line.append(_ms(r.get("measured_s")))
+            gbs = r.get("throughput_gbs")
+            line.append("-" if gbs is None else f"{gbs:.3g}")
+        for b in backends:
+            r = g.get(b)
+            line.append(_ratio(r))
+            line.append("-" if r is None or r.get("launches") is None else str(r["launches"]))
+        for b in backends:
+            line.append(_us((g.get(b) or {}).get("modelled_s")))
+        if speedup:
+            t, ref = (g.get("triton") or {}).get("modelled_s"), (g.get("reference") or {}).get("modelled_s")
+            line.append(f"{ref / t:.1f}x" if t and ref else "-")
+        if "triton" in backends:
+            line.append((g.get("triton") or {}).get("bound") or "-")
+        notes = sorted({f"{SHORT[b]} {_short_status(g[b])}" for b in g
+                        if _short_status(g[b]) and _short_status(g[b]) != "unavailable"})
+        line.append(", ".join(notes))
+        table.append(line)
+    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+    out = []
+    for k, row in enumerate(table):
+        out.append("  ".join(c.ljust(w) if i < 2 or i == len(row) - 1 else c.rjust(w)
+                             for i, (c, w) in enumerate(zip(row, widths))).rstrip())
+        if k == 0:
+            out.append("  ".join("-" * w for w in widths).rstrip())
+    missing = sorted({(r["backend"], r["status"]) for r in all_recs
+                      if (r.get("status") or "").startswith("unavailable")})
+    for b, status in missing:
+        out.append(f"({b} not run: {status[len('unavailable: '):]})")
+    return "\n".join(out)
+
+
+def write_jsonl(records: Sequence[Dict], path: str) -> None:
+    with open(path, "w") as f:
+        for r in records:
+            f.write(json.dumps(r, sort_keys=False) + "\n")
+
+
+def _md_table(text: str) -> str:
+    return "```\n" + text + "\n```\n"
+
+
+def write_report(records: Sequence[Dict], path: str, plots: Sequence[str]) -> None:
+    r0 = records[0] if records else {}
+    statuses: Dict[str, int] = {}
+    for r in records:
+        key = (r.get("status") or "").split(":")[0]
+        statuses[key] = statuses.get(key, 0) + 1
+    lines = ["# obskernels benchmark report", ""]
+    if r0:
+        lines += [f"- generated: {r0['timestamp']}", f"- versions: {json.dumps(r0['versions'])}",
+                  f"- machine: {json.dumps(r0['machine'])}", ""]
+    lines += ["## How to read it", ""] + [f"- {x}" for x in legend(records)] + [""]
+    lines += ["Record statuses: " + ", ".join(f"{k}: {v}" for k, v in sorted(statuses.items())), ""]
+    problems = sorted({(r["backend"], r["status"]) for r in records
+                       if (r.get("status") or "").startswith(("unsupported", "error", "unavailable"))})
+    if problems:
+        lines += ["Rows without figures, and why:", ""]
+        lines += [f"- {b}: {s}" for b, s in problems[:40]]
+        if len(problems) > 40:
+            lines.append(f"- ... and {len(problems) - 40} more (see results.jsonl)")
+        lines.append("")
+    lines += ["## This run", "", _md_table(console_table(records, "run"))]
+    proj = console_table(records, "full-size projection")
+    if proj:
+        lines += ["## Modelled at the full sizes (no measurement)", "",
+                  "The scaled cases above, projected to their real sizes: Triton counts extrapolated "
+                  "from interpreter runs, PyTorch counts scaled by the element count.", "",
+                  _md_table(proj)]
+    if plots:
+        lines += ["## Plots", ""] + [f"![{os.path.basename(p)}]({os.path.basename(p)})" for p in plots]
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def plot(records: Sequence[Dict], out_dir: str) -> List[str]:
+    """speedup.png and traffic.png (and projection.png when there are projections)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # pragma: no cover - matplotlib is a bench extra
+        print("matplotlib is not installed: no plots (pip install matplotlib)")
+        return []
+    paths = []
+    for scope, name in (("run", "traffic"), ("run", "speedup"), ("full-size projection", "projection")):
+        rows = _group(records, scope)
+        if not rows:
+            continue
+        ops = list(OrderedDict.fromkeys(op for _, op in rows))
+        cases = list(OrderedDict.fromkeys(case for case, _ in rows))
+        recs = [r for g in rows.values() for r in g.values()]
+        backends = [b for b in _backends(recs)
+                    if any(_has_figures(r) for r in recs if r["backend"] == b)]
+        if name in ("speedup", "projection"):
+            shown = [b for b in backends if b != "reference"]
+        else:
+            shown = backends
+        ncol = 2
+        nrow = (len(ops) + ncol - 1) // ncol
+        fig, axes = plt.subplots(nrow, ncol, figsize=(16, 3.2 * nrow), squeeze=False)
+        drew = False
+        for ax, op in zip(axes.flat, ops):
+            xs = [c for c in cases if (c, op) in rows]
+            width = 0.8 / max(1, len(shown))
+            positive = False
+            for k, b in enumerate(shown):
+                vals, hatch = [], []
+                for c in xs:
+                    g = rows[(c, op)]
+                    r, ref = g.get(b), g.get("reference")
+                    v = None
+                    if r is not None and name == "traffic":
+                        if r.get("bytes_moved") is not None and r.get("compulsory_bytes"):
+                            v = r["bytes_moved"] / r["compulsory_bytes"]
+                    elif r is not None and ref is not None:
+                        if r.get("measured_s") and ref.get("measured_s"):
+                            v = ref["measured_s"] / r["measured_s"]
+                        elif r.get("modelled_s") and ref.get("modelled_s"):
+                            v = ref["modelled_s"] / r["modelled_s"]
+                    vals.append(v if v is not None else 0.0)
+                pos = [i + (k - (len(shown) - 1) / 2) * width for i in range(len(xs))]
+                if any(vals):
+                    drew = positive = True
+                ax.bar(pos, vals, width, label=b)
+            ax.set_title(op, fontsize=10)
+            ax.set_xticks(range(len(xs)))
+            ax.set_xticklabels(xs, rotation=35, ha="right", fontsize=6)
+            if positive:
+                ax.set_yscale("log")
+                if name == "traffic":
+                    ax.set_ylim(bottom=0.5)
+            ax.axhline(1.0, color="k", lw=0.8, ls="--")
+            if name == "traffic":
+                ax.axhline(2.0, color="r", lw=0.6, ls=":")
+                ax.set_ylabel("bytes / compulsory")
+            else:
+                ax.set_ylabel("x vs reference")
+            ax.legend(fontsize=7)
+        for ax in list(axes.flat)[len(ops):]:
+            ax.axis("off")
+        titles = {
+            "traffic": "Memory traffic per call / compulsory traffic (modelled counts; "
+                       "dashed 1x, dotted 2x = the kernels' mse_search target)",
+            "speedup": "Speedup vs the reference: measured where both are measured, else the GPU "
+                       "model's ratio (" + (records[0]["model_gpu"] if records else "") + ")",
+            "projection": "Full-size shapes: modelled GPU speedup vs the reference ("
+                          + (records[0]["model_gpu"] if records else "") + ")",
+        }
+        fig.suptitle(titles[name] + ("" if drew else "  [no figures for these backends yet]"), fontsize=11)
+        fig.tight_layout(rect=(0, 0, 1, 0.97))
+        path = os.path.join(out_dir, f"{name}.png")
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def write_all(records: Sequence[Dict], out_dir: str) -> Dict[str, str]:
+    os.makedirs(out_dir, exist_ok=True)
+    jsonl = os.path.join(out_dir, "results.jsonl")
+    write_jsonl(records, jsonl)
+    plots = plot(records, out_dir)
+    md = os.path.join(out_dir, "report.md")
+    write_report(records, md, plots)
+    return {"jsonl": jsonl, "report": md, **{os.path.basename(p): p for p in plots}}

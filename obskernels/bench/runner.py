@@ -1,0 +1,631 @@
+"""Runs the sweep: measures what can be measured here, models every backend.
+
+For each (case, target, backend) one record:
+- MEASURED (``measured_s``, ``peak_bytes``, ``throughput_gbs``): the PyTorch
+  backends on any device; the Triton backends on CUDA only. Median wall time of
+  repeated calls after a warm-up (perf_counter on the CPU; CUDA events around
+  each call, after an L2 flush, on a GPU). CPU peak: live storage created by aten
+  ops during the call (``AtenTraffic``); GPU peak: ``torch.cuda.max_memory_allocated``
+  above what was allocated before the call.
+- MODELLED (``bytes_moved``, ``launches``, ``flops``, ``modelled_s``): the
+  PyTorch paths counted exactly at the record's shape by ``AtenTraffic``; the
+  Triton paths counted by ``TritonTraffic`` in triton's interpreter, directly at
+  the record's shape when it is small, else at two reduced shapes with the same
+  group structure and extrapolated linearly in the element count (the record's
+  ``count_method`` says which).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import importlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, TextIO, Tuple
+
+import torch
+
+from obskernels.bench.backends import (
+    BACKENDS,
+    NotApplicable,
+    backend_unavailable_reason,
+    prepare,
+)
+from obskernels.bench.cases import OBSERVERS, OPS, Case, Target, make_value, sweep, targets_for
+from obskernels.bench.model import H100_SXM, GpuModel, affine_extrapolate, bound, predict
+from obskernels.bench.traffic import Counts, count_traffic
+
+__all__ = ["Options", "run", "count_call", "model_counts", "machine_info", "REQUIRED_KEYS"]
+
+REQUIRED_KEYS = (
+    "op",
+    "backend",
+    "shape",
+    "dtype",
+    "strategy",
+    "format",
+    "measured_s",
+    "peak_bytes",
+    "bytes_moved",
+    "compulsory_bytes",
+    "launches",
+    "modelled_s",
+    "machine",
+    "versions",
+    "timestamp",
+)
+
+# a Triton count runs directly at the record's shape up to this many elements;
+# above it, at two reduced shapes (the interpreter is slow)
+DIRECT_COUNT_LIMIT = 1 << 12
+
+
+@dataclass
+class Options:
+    mode: str = "quick"
+    ops: Tuple[str, ...] = tuple(OPS)
+    observers: Tuple[str, ...] = tuple(OBSERVERS)
+    backends: Tuple[str, ...] = BACKENDS
+    out: str = "bench-out"
+    gpu: GpuModel = H100_SXM
+    device: str = "cpu"
+    min_reps: int = 3
+    max_reps: int = 5
+    min_time_s: float = 0.2
+    max_time_s: float = 1.5  # stop after this long even below min_reps (slow rows)
+    project_full: bool = True  # quick mode: also model the full-size shapes
+    cases: Optional[List[Case]] = None  # overrides the sweep (tests)
+    progress: Optional[TextIO] = field(default_factory=lambda: sys.stderr)
+
+
+# ------------------------------------------------------------------ machine
+
+
+def _versions() -> Dict[str, Optional[str]]:
+    import importlib.metadata as md
+
+    out = {"python": platform.python_version()}
+    for dist in ("torch", "triton", "compressed-tensors", "llmcompressor", "obskernels", "numpy"):
+        try:
+            out[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def machine_info(device: str) -> Dict[str, object]:
+    info: Dict[str, object] = {
+        "platform": platform.platform(),
+        "cpu": _cpu_name(),
+        "cpu_cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "device": device,
+        "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
+    }
+    try:
+        info["loadavg"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        info["loadavg"] = None
+    return info
+
+
+# -------------------------------------------------------------------- timing
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_calls(prepared, device: str, opts: Options) -> Tuple[float, int, float]:
+    """Median seconds of one call, how many calls were timed (after the warm-up),
+    and the fastest call (a guide when other work shares the machine)."""
+    times: List[float] = []
+    start = time.perf_counter()
+    flush = None
+    if device == "cuda":
+        # like triton.testing.do_bench: wipe the L2 before each call
+        flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+    while True:
+        prepared.setup()
+        if device == "cuda":
+            flush.zero_()
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            prepared.fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(begin.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            prepared.fn()
+            times.append(time.perf_counter() - t0)
+        n = len(times)
+        elapsed = time.perf_counter() - start
+        if n >= opts.max_reps or (n >= opts.min_reps and elapsed >= opts.min_time_s):
+            break
+        if elapsed >= opts.max_time_s:
+            break
+    return statistics.median(times), len(times), min(times)
+
+
+def cuda_peak(prepared) -> int:
+    prepared.setup()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    prepared.fn()
+    torch.cuda.synchronize()
+    return int(torch.cuda.max_memory_allocated() - base)
+
+
+# ------------------------------------------------------------------ counting
+
+
+def count_call(prepared, device: str, triton: bool) -> Tuple[Counts, int, object]:
+    """Runs one call under the counters: (counts, compulsory bytes, output)."""
+    prepared.setup()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with count_traffic(device, triton=triton) as counts:
+            out = prepared.fn()
+    return counts, prepared.compulsory(out), out
+
+
+def _reduced_shapes(case: Case, shape: Tuple[int, int]) -> List[Tuple[int, int]]:
+    """Two small shapes with the group structure of ``shape``, for the interpreter.
+
+    Whole groups are kept: a channel (or a whole-row TENSOR group) keeps the full
+    row width, groups keep their size (rows of up to 1024 columns), 128x128
+    blocks stay whole. The two shapes differ in rows only, so a count that is a
+    constant plus a part proportional to the elements is recovered exactly.
+    """
+    rows, cols = shape
+    strategy = case.spec.strategy
+    if strategy == "block":
+        return [(128, 128), (256, 128)]
+    if strategy in ("group", "tensor_group"):
+        c = min(cols, 1024)
+        return [(2, c), (4, c)]
+    return [(1, cols), (2, cols)]
+
+
+_COUNT_CACHE: Dict[Tuple, Tuple[Counts, int]] = {}
+
+_COUNT_FIELDS = ("bytes_read", "bytes_written", "launches", "aten_ops", "triton_launches",
+                 "syncs", "flops", "triton_bytes", "triton_unique_bytes", "atomics")
+
+
+def model_counts(case: Case, target: Target, backend: str, shape: Tuple[int, int]) -> Dict:
+    """Counts of a Triton-path call at ``shape``, run in triton's interpreter.
+
+    Directly when the shape is small; else at two reduced shapes and
+    extrapolated (affine in the element count). Returns a dict with the counts,
+    ``compulsory_bytes`` (computed for ``shape``), ``count_method`` and
+    ``status`` ("ok", "unsupported: ..." or "error: ...").
+    """
+
+    n = shape[0] * shape[1]
+    shapes = [shape] if n <= DIRECT_COUNT_LIMIT else _reduced_shapes(case, shape)
+    points: Dict[int, Tuple[Counts, int]] = {}
+    t0 = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        steps_note = stack.enter_context(_pinned_search_steps(target)) if backend == "triton" else None
+        result = _count_points(case, target, backend, shapes, points)
+    if result is not None:
+        return result
+    return _combine(points, shapes, n, t0, steps_note)
+
+@contextlib.contextmanager
+def _pinned_search_steps(target: Target):
+    """Pins how many grid steps obskernels' MSE kernel evaluates per iteration.
+
+    Its launcher evaluates 32 steps at a time under the interpreter (1 on a
+    GPU), so with 20 steps 12 masked surplus steps would be counted as
+    arithmetic. Pinning the largest power of two that leaves (almost) no surplus,
+    through the kernel's documented ``CONFIG`` switch (kernels/_layout.py
+    LaunchConfig), counts the arithmetic a GPU does. Results do not change.
+    """
+    steps = search_steps(target)
+    try:
+        module = importlib.import_module("obskernels.kernels.mse_search")
+    except Exception:
+        module = None
+    config = getattr(module, "CONFIG", None)
+    if not steps or config is None or getattr(config, "steps_per_iter", 0) is not None:
+        yield None
+        return
+    per_iter = 1
+    for s in (32, 16, 8, 4, 2):
+        if -(-steps // s) * s - steps <= steps // 32:
+            per_iter = s
+            break
+    try:
+        module.CONFIG = dataclasses.replace(config, steps_per_iter=per_iter)
+    except TypeError:
+        yield None
+        return
+    try:
+        yield f"MSE kernel pinned to {per_iter} steps per iteration (no surplus steps counted)"
+    finally:
+        module.CONFIG = config
+
+def _count_points(case, target, backend, shapes, points) -> Optional[Dict]:
+    """Counts at each shape into ``points``; a status dict when it cannot."""
+    from obskernels.backends import KernelUnsupportedError
+
+    try:
+        for s in shapes:
+            # the count depends on the shape, not on which case asked for it
+            key = (case.kind, case.dtype, case.scheme, target, backend, tuple(s))
+            if key not in _COUNT_CACHE:
+                prepared = prepare(case, target, backend, shape=s, device="cpu")
+                counts, comp, _ = count_call(prepared, "cpu", triton=True)
+                _COUNT_CACHE[key] = (counts, comp)
+            points[s[0] * s[1]] = _COUNT_CACHE[key]
+    except NotApplicable as exc:
+        return {"status": f"n/a: {exc}"}
+    except KernelUnsupportedError as exc:
+        return {"status": f"unsupported: {exc}"}
+    except Exception as exc:  # a kernel failing in the interpreter is reported, not fatal
+        cause = exc
+        while cause.__cause__ is not None and isinstance(cause, type(exc)):
+            cause = cause.__cause__
+        if isinstance(cause, KernelUnsupportedError):
+            return {"status": f"unsupported: {cause}"}
+        where = " in triton's interpreter" if "Interpreter" in type(exc).__name__ else ""
+        return {"status": f"error{where}: {type(exc).__name__}: {str(exc)[:300]}"}
+    return None
+
+def _combine(points, shapes, n: int, t0: float, steps_note: Optional[str]) -> Dict:
+    """The counts at ``n`` elements from the counted points (extrapolated when reduced)."""
+    out: Dict[str, object] = {"status": "ok", "count_seconds": round(time.perf_counter() - t0, 3)}
+    for f in _COUNT_FIELDS:
+        vals = {k: getattr(c, f) for k, (c, _) in points.items()}
+        v = affine_extrapolate(vals, n) if len(vals) > 1 else next(iter(vals.values()))
+        out[f] = int(round(max(v, 0)))
+    # launches must not depend on the size; report it if they do
+    launch_set = {c.launches for c, _ in points.values()}
+    if len(shapes) == 1:
+        out["count_method"] = ("exact: interpreter run at this shape; kernel layout as its "
+                               "launcher chose for the CPU interpreter")
+    else:
+        out["count_method"] = (
+            "interpreter runs at reduced shapes "
+            + ", ".join(f"{a}x{b}" for a, b in shapes)
+            + ", extrapolated linearly in the element count; kernel layout as its "
+            "launcher chose for the CPU interpreter (on a GPU it may split a reduction "
+            "across more programs)"
+        )
+        if len(launch_set) > 1:
+            out["count_method"] += f" (launch counts differ: {sorted(launch_set)})"
+    if steps_note:
+        out["count_method"] += "; " + steps_note
+    out["bytes_moved"] = out["bytes_read"] + out["bytes_written"]
+    comps = {k: comp for k, (_, comp) in points.items()}
+    out["compulsory_bytes"] = int(round(
+        affine_extrapolate(comps, n) if len(comps) > 1 else next(iter(comps.values()))
+    ))
+    op_names: Dict[str, int] = {}
+    for c, _ in points.values():
+        op_names = c.op_names  # the larger shape's (last) breakdown
+    out["op_names"] = op_names
+    # programs follow the launcher's block choice for each shape: not extrapolated
+    out["triton_programs_at_counted_shape"] = points[max(points)][0].triton_programs
+    return out
+
+def _model_in_subprocess(jobs: List[Tuple[Case, Target, str, Tuple[int, int]]], progress) -> List[Dict]:
+    """Runs ``model_counts`` for each job in a child process with the interpreter on.
+
+    Used on a CUDA machine, where this process's triton compiles for the GPU.
+    """
+    payload = [
+        {"case": dataclasses.asdict(c), "target": t.label if t.kind == "op" else t.name,
+         "target_kind": t.kind, "backend": b, "shape": list(s)}
+        for c, t, b, s in jobs
+    ]
+    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="", PYTHONSAFEPATH="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "obskernels.bench", "--count-worker"],
+        input=json.dumps(payload), stdout=subprocess.PIPE, text=True, env=env,
+        stderr=subprocess.DEVNULL if progress is None else None,
+    )
+    if proc.returncode != 0:
+        return [{"status": f"error: the count worker exited with {proc.returncode}"} for _ in jobs]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+def count_worker(stdin: TextIO, stdout: TextIO) -> None:
+    """Entry of the ``--count-worker`` child: JSON jobs in, JSON counts out."""
+    jobs = json.loads(stdin.read())
+    results = []
+    for job in jobs:
+        c = job["case"]
+        case = Case(c["kind"], tuple(c["shape"]), c["dtype"], c["scheme"],
+                    tuple(c["full_shape"]) if c.get("full_shape") else None)
+        target = OPS[job["target"]] if job["target_kind"] == "op" else OBSERVERS[job["target"]]
+        results.append(model_counts(case, target, job["backend"], tuple(job["shape"])))
+        sys.stderr.write(f"  [{len(results)}/{len(jobs)}] {case.label} {target.label} "
+                         f"{job['backend']}: {results[-1]['status'][:70]}\n")
+    stdout.write(json.dumps(results) + "\n")
+
+# -------------------------------------------------------------------- records
+
+def _base_record(case: Case, target: Target, backend: str, shape, ctx: Dict) -> Dict:
+    spec = case.spec
+    return {
+        "op": target.label,
+        "target_kind": target.kind,
+        "backend": backend,
+        "case": case.label,
+        "kind": case.kind,
+        "base_name": case.base_name,
+        "shape": list(shape),
+        "full_shape": list(case.full_shape or shape),
+        "scaled": tuple(shape) != tuple(case.full_shape or shape),
+        "dtype": case.dtype,
+        "strategy": spec.strategy,
+        "format": spec.fmt,
+        "scheme": spec.name,
+        "measured_s": None,
+        "measured_reps": None,
+        "measured_min_s": None,
+        "timer": None,
+        "throughput_gbs": None,
+        "peak_bytes": None,
+        "peak_method": None,
+        "bytes_moved": None,
+        "bytes_read": None,
+        "bytes_written": None,
+        "compulsory_bytes": None,
+        "traffic_ratio": None,
+        "launches": None,
+        "flops": None,
+        "modelled_s": None,
+        "bound": None,
+        "model_gpu": ctx["gpu"].describe(),
+        "count_method": None,
+        "status": None,
+        "note": None,
+        "mode": ctx["mode"],
+        "scope": "run",
+        "machine": ctx["machine"],
+        "versions": ctx["versions"],
+        "timestamp": None,
+    }
+
+def _fill_model(rec: Dict, counts: Dict, compulsory: Optional[int], gpu: GpuModel) -> None:
+    for k in ("bytes_moved", "bytes_read", "bytes_written", "launches", "flops"):
+        rec[k] = counts.get(k)
+    for k in ("aten_ops", "triton_launches", "syncs", "triton_unique_bytes", "atomics", "op_names",
+              "triton_programs_at_counted_shape"):
+        if k in counts:
+            rec[k] = counts[k]
+    rec["compulsory_bytes"] = compulsory
+    if compulsory:
+        rec["traffic_ratio"] = round(rec["bytes_moved"] / compulsory, 3)
+    rec["modelled_s"] = predict(rec["bytes_moved"], rec["flops"], rec["launches"], gpu)
+    rec["bound"] = bound(rec["bytes_moved"], rec["flops"], rec["launches"], gpu)
+    rec["count_method"] = counts.get("count_method")
+
+_OBSERVER_SEARCH = {  # (maxshrink, grid, flavour) of each searching observer's defaults
+    "memoryless_mse": (0.20, 100, "mse"),
+    "mse": (0.20, 100, "mse"),
+    "nvfp4_expanded_mse": (1 - 0.8 / 1.8, 200, "mse"),
+    "imatrix_mse": (0.95, 20, "imatrix"),
+}
+
+def search_steps(target: Target) -> Optional[int]:
+    """Grid steps the search may take (the kernels evaluate all of them)."""
+    from obskernels.reference.mse_search import num_steps
+
+    if target.kind == "op":
+        if target.name != "mse_search":
+            return None
+        kw = target.kwargs
+        return num_steps(kw["maxshrink"], kw["grid"], kw["flavour"])
+    if target.name in _OBSERVER_SEARCH:
+        return num_steps(*_OBSERVER_SEARCH[target.name])
+    return None
+
+def _per_element(rec: Dict, target: Target, shape) -> None:
+    steps = search_steps(target)
+    if steps and rec.get("flops"):
+        rec["search_steps"] = steps
+        rec["flops_per_element_step"] = round(rec["flops"] / (shape[0] * shape[1] * steps), 1)
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+class _Progress:
+    def __init__(self, stream: Optional[TextIO], total: int):
+        self.stream, self.total, self.i, self.t0 = stream, total, 0, time.perf_counter()
+
+    def __call__(self, rec: Dict) -> None:
+        self.i += 1
+        if self.stream is None:
+            return
+        if rec["measured_s"] is not None:
+            what = f"measured {rec['measured_s'] * 1e3:9.3f} ms"
+        elif rec["modelled_s"] is not None:
+            what = f"modelled {rec['modelled_s'] * 1e6:9.1f} us on GPU"
+        else:
+            what = rec["status"][:60]
+        self.stream.write(
+            f"[{self.i:4d}/{self.total}] {time.perf_counter() - self.t0:6.1f}s  "
+            f"{rec['case']:<34} {rec['op']:<22} {rec['backend']:<12} {what}\n"
+        )
+        self.stream.flush()
+
+def _torch_path(case, target, backend, value, device, opts, rec) -> None:
+    """A path whose every launch is an aten op: count exactly, then time."""
+    prepared = prepare(case, target, backend, device=device, value=value)
+    counts, comp, _ = count_call(prepared, device, triton=False)  # also the warm-up
+    d = counts.to_dict()
+    d["count_method"] = "exact: aten ops counted at this shape"
+    _fill_model(rec, d, comp, opts.gpu)
+    rec["measured_s"], rec["measured_reps"], rec["measured_min_s"] = time_calls(prepared, device, opts)
+    rec["timer"] = "cuda events, median" if device == "cuda" else "perf_counter, median"
+    if device == "cuda":
+        rec["peak_bytes"], rec["peak_method"] = cuda_peak(prepared), "torch.cuda.max_memory_allocated"
+    else:
+        rec["peak_bytes"] = counts.peak_bytes
+        rec["peak_method"] = "live storage of aten outputs during the call (TorchDispatchMode)"
+    rec["status"] = "measured"
+
+def _triton_path(case, target, backend, value, device, opts, rec, modelled: Dict) -> None:
+    if modelled.get("status") == "ok":
+        _fill_model(rec, modelled, modelled.get("compulsory_bytes"), opts.gpu)
+        rec["status"] = "modelled"
+    else:
+        rec["status"] = modelled.get("status", "not modelled")
+    if device != "cuda":
+        if rec["status"] == "modelled":
+            rec["note"] = "not measured: no CUDA device (the interpreter's time means nothing)"
+        return
+    if rec["status"].startswith(("unsupported", "n/a")):
+        return
+    prepared = prepare(case, target, backend, device=device, value=value)
+    prepared.setup()
+    prepared.fn()  # warm-up (compiles)
+    rec["measured_s"], rec["measured_reps"], rec["measured_min_s"] = time_calls(prepared, device, opts)
+    rec["timer"] = "cuda events, median"
+    rec["peak_bytes"], rec["peak_method"] = cuda_peak(prepared), "torch.cuda.max_memory_allocated"
+    rec["status"] = "measured"
+
+def run(opts: Options) -> List[Dict]:
+    """Runs the sweep; writes nothing (see report.write_all). Returns the records."""
+    device = opts.device
+    cases = opts.cases if opts.cases is not None else sweep(opts.mode)
+    ctx = {"gpu": opts.gpu, "mode": opts.mode, "machine": machine_info(device), "versions": _versions()}
+    plan: List[Tuple[Case, Target, str]] = []
+    for case in cases:
+        for target in targets_for(case, opts.ops, opts.observers):
+            for backend in opts.backends:
+                plan.append((case, target, backend))
+
+    unavailable = {b: backend_unavailable_reason(b, device) for b in opts.backends}
+    triton_backends = [b for b in ("triton", "llmc-triton") if b in opts.backends and not unavailable[b]]
+
+    # 1. model the Triton paths (the interpreter), in this process on a CPU
+    jobs = [(c, t, b, c.shape) for c, t, b in plan if b in triton_backends]
+    projections: List[Tuple[Case, Target, str]] = []
+    if opts.project_full:
+        seen = set()
+        for c, t, b in plan:
+            if c.scaled and b != "llmc-triton" and (c, t, b) not in seen:
+                seen.add((c, t, b))
+                projections.append((c, t, b))
+        jobs += [(c, t, b, c.full_shape) for c, t, b in projections if b in triton_backends]
+    modelled: Dict[Tuple, Dict] = {}
+    if jobs:
+        if opts.progress:
+            opts.progress.write(f"modelling {len(jobs)} Triton calls in triton's interpreter...\n")
+        if device == "cuda":
+            results = _model_in_subprocess(jobs, opts.progress)
+        else:
+            results = []
+            for i, (c, t, b, s) in enumerate(jobs):
+                results.append(model_counts(c, t, b, s))
+                if opts.progress:
+                    r = results[-1]
+                    opts.progress.write(
+                        f"  [{i + 1}/{len(jobs)}] {c.label} @ {s[0]}x{s[1]} {t.label} {b}: "
+                        f"{r['status'][:70]}"
+                        + (f" ({r['count_seconds']} s)" if "count_seconds" in r else "")
+                        + "\n"
+                    )
+        for (c, t, b, s), r in zip(jobs, results):
+            modelled[(c, t, b, tuple(s))] = r
+
+    # 2. measure (and count the PyTorch paths exactly)
+    records: List[Dict] = []
+    progress = _Progress(opts.progress, len(plan))
+    value_cache: Dict[Case, torch.Tensor] = {}
+    for case, target, backend in plan:
+        if case not in value_cache:
+            value_cache.clear()
+            value_cache[case] = make_value(case, device=device)
+        value = value_cache[case]
+        rec = _base_record(case, target, backend, case.shape, ctx)
+        try:
+            if unavailable[backend]:
+                rec["status"] = f"unavailable: {unavailable[backend]}"
+            elif backend in ("triton", "llmc-triton"):
+                m = modelled.get((case, target, backend, tuple(case.shape)), {})
+                _triton_path(case, target, backend, value, device, opts, rec, m)
+            else:
+                _torch_path(case, target, backend, value, device, opts, rec)
+        except NotApplicable as exc:
+            rec["status"] = f"n/a: {exc}"
+        except Exception as exc:
+            rec["status"] = f"error: {type(exc).__name__}: {str(exc)[:300]}"
+        _per_element(rec, target, case.shape)
+        if rec["measured_s"] and rec["compulsory_bytes"]:
+            rec["throughput_gbs"] = rec["compulsory_bytes"] / rec["measured_s"] / 1e9
+        rec["timestamp"] = _now()
+        records.append(rec)
+        progress(rec)
+
+    # 3. full-size projections of the scaled (quick) cases: modelled only
+    by_key = {(r["case"], r["op"], r["backend"]): r for r in records}
+    for case, target, backend in projections:
+        src = by_key.get((case.label, target.label, backend))
+        full = case.full_shape
+        rec = _base_record(case, target, backend, full, ctx)
+        rec["scope"] = "full-size projection"
+        rec["case"] = case.with_shape(full).label
+        rec["timestamp"] = _now()
+        if unavailable[backend]:
+            continue
+        n_full, n = full[0] * full[1], case.numel
+        if backend in triton_backends:
+            m = modelled.get((case, target, backend, tuple(full)), {})
+            if m.get("status") != "ok":
+                rec["status"] = m.get("status", "not modelled")
+            else:
+                _fill_model(rec, m, m.get("compulsory_bytes"), opts.gpu)
+                rec["status"] = "modelled"
+        elif src and src["bytes_moved"] is not None:
+            scale = n_full / n
+            counts = {
+                "bytes_moved": int(src["bytes_moved"] * scale),
+                "bytes_read": int(src["bytes_read"] * scale),
+                "bytes_written": int(src["bytes_written"] * scale),
+                "launches": src["launches"],
+                "flops": int(src["flops"] * scale),
+                "count_method": (
+                    f"aten counts at {case.shape[0]}x{case.shape[1]} scaled by the element "
+                    "count (approximate: the search's early stop depends on the data)"
+                ),
+            }
+            comp = int(src["compulsory_bytes"] * scale) if src["compulsory_bytes"] else src["compulsory_bytes"]
+            _fill_model(rec, counts, comp, opts.gpu)
+            rec["status"] = "modelled"
+        else:
+            continue
+        _per_element(rec, target, full)
+        records.append(rec)
+    end_machine = machine_info(device)
+    for r in records:
+        r["machine"] = dict(r["machine"], loadavg_end=end_machine["loadavg"])
+    return records

@@ -1,0 +1,451 @@
+"""Counters of memory traffic, launches and arithmetic for one call of an operation.
+
+Two counters, usable together:
+
+- ``AtenTraffic`` (a ``TorchDispatchMode``): the PyTorch paths (the reference
+  backend, llm-compressor's eager observers, and the host-side torch code around
+  a Triton kernel). Every aten op that is not a view or a bare allocation counts
+  as ONE launch; it moves the bytes of its tensor inputs (read) plus the bytes of
+  its outputs (written). It also tracks the peak of live tensor storage created
+  during the call (the CPU peak-memory figure: outputs of aten ops, by storage,
+  until they are freed; the inputs that existed before the call are not counted).
+- ``TritonTraffic``: Triton kernels run by triton's interpreter
+  (TRITON_INTERPRET=1). It hooks the interpreter's masked load / store (every
+  plain load, store, descriptor access and atomic load/store goes through
+  them) and its atomics, counting the UNMASKED lanes times the pointer's element
+  size; one launch per grid executed; one program per grid index; and one
+  "op" per lane of every elementwise arithmetic, compare, cast and reduction the
+  interpreter evaluates (its arithmetic count, used as the flop figure).
+
+``count_traffic(device)`` runs both at once and pauses the aten counter while a
+Triton kernel runs (the interpreter's own host copies are not traffic).
+
+Byte counts are an upper bound on DRAM traffic: every access is counted as if it
+missed the caches. ``TritonTraffic`` also reports the distinct bytes touched per
+launch (a lower bound: each address once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import threading
+from typing import Any, Dict, Iterator, List, Optional
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+__all__ = [
+    "Counts",
+    "AtenTraffic",
+    "TritonTraffic",
+    "count_traffic",
+    "tensor_bytes",
+    "dense_bytes",
+    "interpreter_active",
+]
+
+
+@dataclasses.dataclass
+class Counts:
+    """What one counted call did. Bytes are per call; launches per call."""
+
+    bytes_read: int = 0
+    bytes_written: int = 0
+    launches: int = 0  # aten ops + triton grids
+    aten_ops: int = 0
+    triton_launches: int = 0
+    triton_programs: int = 0
+    syncs: int = 0  # device -> host reads (.item(), bool(tensor))
+    flops: int = 0  # arithmetic lanes (see the module docstring)
+    triton_bytes: int = 0
+    triton_unique_bytes: int = 0
+    atomics: int = 0
+    peak_bytes: int = 0
+    op_names: Dict[str, int] = dataclasses.field(default_factory=dict)
+
+    @property
+    def bytes_moved(self) -> int:
+        return self.bytes_read + self.bytes_written
+
+    def to_dict(self) -> Dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["bytes_moved"] = self.bytes_moved
+        return d
+
+
+# ----------------------------------------------------------------------------- aten
+
+# Ops that move no data and launch nothing: bare allocations and metadata.
+_FREE_OPS = {
+    "empty",
+    "empty_like",
+    "empty_strided",
+    "new_empty",
+    "new_empty_strided",
+    "set_",
+    "detach",
+    "alias",
+    "lift_fresh",
+    "resize_",
+    "sym_size",
+    "sym_stride",
+    "sym_numel",
+    "sym_storage_offset",
+    "is_same_size",
+    "_has_compatible_shallow_copy_type",
+}
+# Ops whose first argument is written without being read.
+_WRITE_ONLY_SELF = {"copy_", "fill_", "zero_", "normal_", "uniform_", "random_"}
+# Ops that read a device value back to the host (a synchronisation on a GPU).
+_SYNC_OPS = {"_local_scalar_dense", "is_nonzero", "equal", "nonzero", "masked_select"}
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    """numel x element size: what writing ``t`` costs."""
+    return t.numel() * t.element_size()
+
+
+def dense_bytes(t: torch.Tensor) -> int:
+    """Bytes of distinct memory ``t`` reads: broadcast (stride 0) dims count once."""
+    n = 1
+    for size, stride in zip(t.shape, t.stride()):
+        if stride != 0:
+            n *= size
+    if t.numel() == 0:
+        n = 0
+    return n * t.element_size()
+
+
+def _tensors(obj) -> List[torch.Tensor]:
+    flat, _ = tree_flatten(obj)
+    return [x for x in flat if isinstance(x, torch.Tensor)]
+
+
+_state = threading.local()
+
+
+def interpreter_active() -> bool:
+    """True while a Triton grid is being executed by the counting interpreter hook."""
+    return getattr(_state, "in_kernel", 0) > 0
+
+
+class AtenTraffic(TorchDispatchMode):
+    """Counts aten ops (= launches), their bytes and the live-storage peak.
+
+    :param device: only ops touching a tensor on this device type count (on a
+        GPU run, ops on CPU scalars are not device launches).
+    :param counts: where to add; a new ``Counts`` when None.
+    """
+
+    def __init__(self, device: str = "cpu", counts: Optional[Counts] = None):
+        super().__init__()
+        self.device = device
+        self.counts = counts if counts is not None else Counts()
+        self._live: Dict[int, tuple] = {}
+        self._live_bytes = 0
+
+    # peak memory: storages created by op outputs, until they are freed
+    def _sweep(self) -> None:
+        for key in [k for k, (ref, _) in self._live.items() if ref.expired()]:
+            self._live_bytes -= self._live.pop(key)[1]
+
+    def _track(self, outputs: List[torch.Tensor]) -> None:
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        for t in outputs:
+            if t.device.type != self.device:
+                continue
+            st = t.untyped_storage()
+            nbytes = st.nbytes()
+            key = st.data_ptr()
+            if nbytes == 0 or key in self._live:
+                continue
+            self._live[key] = (StorageWeakRef(st), nbytes)
+            self._live_bytes += nbytes
+        self.counts.peak_bytes = max(self.counts.peak_bytes, self._live_bytes)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if interpreter_active():
+            return func(*args, **kwargs)
+        self._sweep()
+        out = func(*args, **kwargs)
+        name = func.overloadpacket.__name__
+        ins = _tensors((args, kwargs))
+        outs = _tensors(out)
+        if not any(t.device.type == self.device for t in ins + outs):
+            return out
+        if name in _FREE_OPS or func.is_view:
+            # a view shares its input's storage: nothing moves, nothing launches;
+            # a bare allocation launches nothing but holds memory
+            if name.startswith(("empty", "new_empty")):
+                self._track(outs)
+            return out
+        c = self.counts
+        # the destination of a write-only op (copy_, fill_, out=) is not read
+        skip = set()
+        if name in _WRITE_ONLY_SELF and args and isinstance(args[0], torch.Tensor):
+            skip.add(id(args[0]))
+        if isinstance(kwargs.get("out"), torch.Tensor):
+            skip.add(id(kwargs["out"]))
+        read = sum(dense_bytes(t) for t in ins if id(t) not in skip)
+        written = sum(tensor_bytes(t) for t in outs)
+        c.bytes_read += read
+        c.bytes_written += written
+        c.aten_ops += 1
+        c.launches += 1
+        # one arithmetic lane per element of the largest operand
+        c.flops += max([t.numel() for t in ins + outs] or [0])
+        if name in _SYNC_OPS:
+            c.syncs += 1
+        c.op_names[name] = c.op_names.get(name, 0) + 1
+        self._track(outs)
+        return out
+
+
+# --------------------------------------------------------------------------- triton
+
+
+def _elem_bytes(tl_dtype) -> int:
+    return max(1, math.ceil(tl_dtype.primitive_bitwidth / 8))
+
+
+class TritonTraffic:
+    """Counts the traffic, launches and arithmetic of kernels run by triton's interpreter.
+
+    A context manager; patches the interpreter while active and restores it.
+    Requires TRITON_INTERPRET=1 to have been set before triton was imported
+    (otherwise kernels compile for a GPU and nothing would be counted: an error).
+    """
+
+    def __init__(self, counts: Optional[Counts] = None, unique: bool = True):
+        self.counts = counts if counts is not None else Counts()
+        self.unique = unique
+        self._saved: List[tuple] = []
+        self._depth = 0
+        self._addrs: Dict[int, list] = {}
+
+    # -- helpers
+    def _patch(self, owner, name, make):
+        original = owner.__dict__[name]
+        self._saved.append((owner, name, original))
+        setattr(owner, name, make(original))
+
+    def _lanes(self, ptrs, mask):
+        import numpy as np
+
+        if mask is None:
+            m = np.ones(np.shape(ptrs.data), dtype=bool)
+        else:
+            m = np.broadcast_to(np.asarray(mask.data, dtype=bool), np.shape(ptrs.data))
+        return m
+
+    def _access(self, ptrs, mask, written: bool):
+        import numpy as np
+
+        m = self._lanes(ptrs, mask)
+        size = _elem_bytes(ptrs.get_element_ty())
+        nbytes = int(m.sum()) * size
+        c = self.counts
+        if written:
+            c.bytes_written += nbytes
+        else:
+            c.bytes_read += nbytes
+        c.triton_bytes += nbytes
+        if self.unique and nbytes:
+            addrs = np.asarray(ptrs.data).reshape(-1)[m.reshape(-1)].astype(np.uint64)
+            self._addrs.setdefault(size, []).append(addrs)
+
+    def _arith(self, result):
+        import numpy as np
+
+        if self._op_depth == 1:
+            data = getattr(result, "data", None)
+            self.counts.flops += int(np.size(data)) if data is not None else 1
+
+    # -- context manager
+    def __enter__(self):
+        from triton.runtime import interpreter as ti
+
+        if not getattr(ti, "interpreter_builder", None):
+            raise RuntimeError("triton's interpreter is not available")
+        import triton.knobs
+
+        if not triton.knobs.runtime.interpret:
+            raise RuntimeError(
+                "TritonTraffic needs TRITON_INTERPRET=1 set before triton is imported"
+            )
+        counter = self
+        self._depth_kernel = 0
+        self._op_depth = 0
+        B = ti.InterpreterBuilder
+
+        def load(orig):
+            def create_masked_load(builder, ptrs, mask, other, cache_policy, is_volatile):
+                counter._access(ptrs, mask, written=False)
+                return orig(builder, ptrs, mask, other, cache_policy, is_volatile)
+
+            return create_masked_load
+
+        def store(orig):
+            def create_masked_store(builder, ptrs, value, mask, cache_policy):
+                counter._access(ptrs, mask, written=True)
+                return orig(builder, ptrs, value, mask, cache_policy)
+
+            return create_masked_store
+
+        def atomic_rmw(orig):
+            def create_atomic_rmw(builder, rmwOp, ptr, val, mask, sem, scope):
+                counter._access(ptr, mask, written=False)
+                counter._access(ptr, mask, written=True)
+                counter.counts.atomics += int(counter._lanes(ptr, mask).sum())
+                return orig(builder, rmwOp, ptr, val, mask, sem, scope)
+
+            return create_atomic_rmw
+
+        def atomic_cas(orig):
+            def create_atomic_cas(builder, ptr, cmp, val, sem, scope):
+                counter._access(ptr, None, written=False)
+                counter._access(ptr, None, written=True)
+                counter.counts.atomics += int(counter._lanes(ptr, None).sum())
+                return orig(builder, ptr, cmp, val, sem, scope)
+
+            return create_atomic_cas
+
+        def arith(orig):
+            def op(builder, *args, **kwargs):
+                counter._op_depth += 1
+                try:
+                    result = orig(builder, *args, **kwargs)
+                    counter._arith(result)
+                    return result
+                finally:
+                    counter._op_depth -= 1
+
+            return op
+
+        def set_grid_idx(orig):
+            def f(builder, x, y, z):
+                counter.counts.triton_programs += 1
+                return orig(builder, x, y, z)
+
+            return f
+
+        def grid_call(orig):
+            def __call__(executor, *args, **kwargs):
+                counter.counts.triton_launches += 1
+                counter.counts.launches += 1
+                name = f"triton:{getattr(executor.fn, '__name__', 'kernel')}"
+                counter.counts.op_names[name] = counter.counts.op_names.get(name, 0) + 1
+                counter._depth_kernel += 1
+                _state.in_kernel = getattr(_state, "in_kernel", 0) + 1
+                try:
+                    return orig(executor, *args, **kwargs)
+                finally:
+                    _state.in_kernel -= 1
+                    counter._depth_kernel -= 1
+                    counter._close_launch()
+
+            return __call__
+
+        def reduce_apply(orig):
+            def apply(op, input):
+                import numpy as np
+
+                if counter._op_depth == 0:
+                    items = input if isinstance(input, tuple) else (input,)
+                    counter.counts.flops += sum(
+                        int(np.size(t.handle.data)) for t in items if hasattr(t, "handle")
+                    )
+                counter._op_depth += 1
+                try:
+                    return orig(op, input)
+                finally:
+                    counter._op_depth -= 1
+
+            return apply
+
+        self._patch(B, "create_masked_load", load)
+        self._patch(B, "create_masked_store", store)
+        self._patch(B, "create_atomic_rmw", atomic_rmw)
+        self._patch(B, "create_atomic_cas", atomic_cas)
+        for name in (
+            "binary_op",
+            "unary_op",
+            "ternary_op",
+            "create_fma",
+            "create_fabs",
+            "cast_impl",
+            "create_fp_to_fp",
+            "create_idiv",
+            "create_ashr",
+            "create_umulhi",
+            "create_erf",
+            "create_rsqrt",
+        ):
+            if name in B.__dict__:
+                self._patch(B, name, arith)
+        self._patch(B, "set_grid_idx", set_grid_idx)
+        self._patch(ti.GridExecutor, "__call__", grid_call)
+        self._patch(ti.ReduceScanOpInterface, "apply", reduce_apply)
+        self._patch_autotuner()
+        return self
+
+    def _patch_autotuner(self):
+        """Timing runs of an autotuner are not part of the call: they are not counted."""
+        try:
+            from triton.runtime.autotuner import Autotuner
+        except ImportError:  # pragma: no cover - layout of another triton version
+            return
+        counter = self
+
+        def bench(orig):
+            def _bench(tuner, *args, **kwargs):
+                saved = dataclasses.replace(counter.counts)
+                try:
+                    return orig(tuner, *args, **kwargs)
+                finally:
+                    # drop whatever the timing runs added
+                    for f in dataclasses.fields(Counts):
+                        setattr(counter.counts, f.name, getattr(saved, f.name))
+
+            return _bench
+
+        if "_bench" in Autotuner.__dict__:
+            self._patch(Autotuner, "_bench", bench)
+
+    def _close_launch(self):
+        import numpy as np
+
+        if not self.unique:
+            return
+        total = 0
+        for size, chunks in self._addrs.items():
+            total += int(np.unique(np.concatenate(chunks)).size) * size
+        self.counts.triton_unique_bytes += total
+        self._addrs = {}
+
+    def __exit__(self, *exc):
+        while self._saved:
+            owner, name, original = self._saved.pop()
+            setattr(owner, name, original)
+        return False
+
+
+@contextlib.contextmanager
+def count_traffic(device: str = "cpu", triton: bool = False) -> Iterator[Counts]:
+    """Counts the aten ops of the block, and the Triton kernels when ``triton``.
+
+    Yields the ``Counts`` being filled. With ``triton=True`` the interpreter must
+    be on (TRITON_INTERPRET=1); aten ops issued by the interpreter itself while
+    it runs a kernel are not counted.
+    """
+    counts = Counts()
+    with contextlib.ExitStack() as stack:
+        if triton:
+            stack.enter_context(TritonTraffic(counts))
+        stack.enter_context(AtenTraffic(device, counts))
+        yield counts

@@ -1,0 +1,278 @@
+"""The benchmark harness: its traffic counters, its model and a tiny end-to-end run.
+
+The counters are checked against byte counts worked out by hand for a known
+Triton kernel and a known sequence of aten ops, not against themselves.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+import pytest
+import torch
+
+from obskernels.bench import cases as bench_cases
+from obskernels.bench.model import GpuModel, affine_extrapolate, bound, compulsory_bytes, predict
+from obskernels.bench.runner import REQUIRED_KEYS, Options, count_call, model_counts, run
+from obskernels.bench.traffic import AtenTraffic, count_traffic, dense_bytes
+
+INTERPRETER = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+needs_interpreter = pytest.mark.skipif(
+    not (INTERPRETER and HAS_TRITON),
+    reason="Triton counts are taken in triton's interpreter (TRITON_INTERPRET=1, no CUDA)",
+)
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _masked_copy(src, dst, n, stride, BLOCK: tl.constexpr):
+        """dst[i] = src[i * stride] for i < n: one load and one store per live lane."""
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        live = offs < n
+        tl.store(dst + offs, tl.load(src + offs * stride, mask=live), mask=live)
+
+    @triton.jit
+    def _even_lanes(src, dst, BLOCK: tl.constexpr):
+        """Copies the even lanes of one block: half the lanes are masked off."""
+        offs = tl.arange(0, BLOCK)
+        even = (offs % 2) == 0
+        tl.store(dst + offs, tl.load(src + offs, mask=even, other=0.0), mask=even)
+
+
+# ------------------------------------------------------------------ Triton counter
+
+
+@needs_interpreter
+@pytest.mark.kernel
+@pytest.mark.parametrize(
+    "n, block, dtype, stride",
+    [(100, 32, torch.float32, 1), (17, 16, torch.bfloat16, 1), (64, 64, torch.float16, 3)],
+)
+def test_triton_counter_masked_copy(n, block, dtype, stride):
+    src = torch.randn(n * stride).to(dtype)
+    dst = torch.zeros(n, dtype=dtype)
+    with count_traffic("cpu", triton=True) as c:
+        _masked_copy[(triton.cdiv(n, block),)](src, dst, n, stride, BLOCK=block)
+    assert torch.equal(dst, src[::stride])
+    size = torch.tensor([], dtype=dtype).element_size()
+    # masked lanes of the last program are not counted
+    assert (c.bytes_read, c.bytes_written) == (n * size, n * size)
+    assert (c.launches, c.triton_launches, c.triton_programs) == (1, 1, triton.cdiv(n, block))
+    # the interpreter's own host copies are not aten launches of the call
+    assert c.aten_ops == 0
+    assert c.triton_unique_bytes == 2 * n * size
+
+
+@needs_interpreter
+@pytest.mark.kernel
+def test_triton_counter_counts_only_live_lanes():
+    src, dst = torch.randn(64), torch.zeros(64)
+    with count_traffic("cpu", triton=True) as c:
+        _even_lanes[(1,)](src, dst, BLOCK=64)
+        _even_lanes[(1,)](src, dst, BLOCK=64)
+    assert (c.bytes_read, c.bytes_written, c.launches) == (2 * 32 * 4, 2 * 32 * 4, 2)
+    assert c.flops > 0  # the interpreter's arithmetic lanes are counted
+
+
+@needs_interpreter
+def test_triton_counter_restores_the_interpreter():
+    from triton.runtime import interpreter as ti
+
+    before = ti.InterpreterBuilder.__dict__["create_masked_load"]
+    with count_traffic("cpu", triton=True):
+        assert ti.InterpreterBuilder.__dict__["create_masked_load"] is not before
+    assert ti.InterpreterBuilder.__dict__["create_masked_load"] is before
+
+
+# -------------------------------------------------------------------- aten counter
+
+
+def test_aten_counter_known_sequence():
+    x = torch.randn(10, 20)  # exists before counting: not part of the peak
+    with AtenTraffic("cpu") as mode:
+        a = x * 2  # read 800, write 800
+        v = a.t()  # a view: no launch, no bytes
+        b = v.sum(1)  # read 800, write 80
+        m = b.max()  # read 80, write 4
+        m.item()  # read 4 (a device -> host sync)
+    c = mode.counts
+    assert c.op_names == {"mul": 1, "sum": 1, "max": 1, "_local_scalar_dense": 1}
+    assert (c.bytes_read, c.bytes_written) == (800 + 800 + 80 + 4, 800 + 80 + 4)
+    assert (c.launches, c.aten_ops, c.syncs) == (4, 4, 1)
+    assert c.peak_bytes == 800 + 80 + 4
+
+
+def test_aten_counter_broadcast_inputs_and_write_only_destinations():
+    row = torch.randn(1, 256)
+    wide = row.expand(64, 256)  # stride 0: reads 1 KiB, not 64 KiB
+    assert dense_bytes(wide) == 256 * 4
+    dst = torch.empty(64, 256)
+    with AtenTraffic("cpu") as mode:
+        dst.copy_(wide)  # the destination is written, not read
+        dst.fill_(0.0)
+    c = mode.counts
+    assert c.bytes_read == 256 * 4
+    assert c.bytes_written == 2 * 64 * 256 * 4
+    assert c.launches == 2
+
+
+def test_aten_counter_peak_tracks_frees():
+    x = torch.randn(1000)
+    with AtenTraffic("cpu") as mode:
+        for _ in range(3):
+            y = x + 1  # 4000 bytes live, the previous y freed on reassignment
+            del y
+    assert mode.counts.peak_bytes == 4000
+
+
+# --------------------------------------------------------------------------- model
+
+
+def test_model_formula():
+    gpu = GpuModel("test", bandwidth=1e12, fp32_flops=1e13, launch_s=5e-6)
+    # memory bound: 2 GB at 1 TB/s = 2 ms, plus 3 launches
+    assert predict(2e9, 1e9, 3, gpu) == pytest.approx(2e-3 + 15e-6)
+    # compute bound: 1e11 lanes at 1e13 / s = 10 ms
+    assert predict(1e6, 1e11, 0, gpu) == pytest.approx(1e-2)
+    # defaults: H100 SXM, 3.35 TB/s
+    assert predict(3.35e9, 0, 1) == pytest.approx(1e-3 + 4e-6)
+    with pytest.raises(ValueError, match="bytes_moved"):
+        predict(-1, 0, 0)
+    assert bound(2e9, 1e9, 3, gpu) == "memory"
+    assert bound(1e6, 1e11, 0, gpu) == "compute"
+    assert bound(1e3, 1e3, 10, gpu) == "launch"
+
+
+def test_compulsory_bytes():
+    value = torch.zeros(8, 32, dtype=torch.bfloat16)
+    mins, maxs = torch.zeros(8, 2, dtype=torch.bfloat16), torch.zeros(8, 2, dtype=torch.bfloat16)
+    assert compulsory_bytes([value], [mins, maxs]) == 8 * 32 * 2 + 2 * 16 * 2
+    # a view of the input needs no traffic at all
+    assert compulsory_bytes([value], [value.reshape(1, 8, 2, 16)]) == 0
+    buf = torch.zeros(32)
+    assert compulsory_bytes([value], [], updated=[buf]) == 8 * 32 * 2 + 2 * 32 * 4
+
+
+def test_affine_extrapolate():
+    assert affine_extrapolate({100: 1_000 + 3 * 100, 200: 1_000 + 3 * 200}, 10_000) == 31_000
+    assert affine_extrapolate({50: 100}, 500) == 1000
+
+
+# --------------------------------------------------------------------------- cases
+
+
+def test_quick_sweep_scales_the_full_shapes():
+    quick, full = bench_cases.sweep("quick"), bench_cases.sweep("full")
+    assert {c.full_shape for c in quick} == {c.shape for c in full}
+    for c in quick:
+        assert c.scaled and c.dtype == "bf16"
+        assert c.shape[0] * bench_cases.QUICK_DIVISOR <= c.full_shape[0] * 1.0
+        if c.spec.strategy == "block":
+            assert c.shape[0] % 128 == 0 and c.shape[1] % 128 == 0
+        if c.spec.strategy in ("group", "tensor_group"):
+            args = c.spec.qargs()
+            assert c.shape[1] % args.group_size == 0
+    assert {c.dtype for c in full} == {"bf16", "fp32"}
+
+
+def test_targets_follow_the_spec():
+    ops, obs = list(bench_cases.OPS), list(bench_cases.OBSERVERS)
+    block = bench_cases.Case("weight", (256, 256), "bf16", "fp8-block128")
+    labels = {t.label for t in bench_cases.targets_for(block, ops, obs)}
+    assert "mse_search[imatrix]" not in labels and "obs:imatrix_mse" not in labels
+    assert "accumulate_sq" not in labels and "obs:nvfp4_expanded_mse" not in labels
+    act = bench_cases.Case("activation", (16, 256), "bf16", "fp8-tensor-act")
+    assert "accumulate_sq" in {t.label for t in bench_cases.targets_for(act, ops, obs)}
+
+
+def test_values_are_the_same_in_every_call():
+    case = bench_cases.sweep("tiny")[0]
+    assert torch.equal(bench_cases.make_value(case), bench_cases.make_value(case))
+
+
+# ------------------------------------------------------------------------- harness
+
+
+def test_reference_min_max_counts_match_hand_count():
+    case = bench_cases.Case("weight", (64, 256), "bf16", "int4-group128")
+    from obskernels.bench.backends import prepare
+
+    counts, comp, _ = count_call(prepare(case, bench_cases.OPS["min_max"], "reference"), "cpu", False)
+    value, groups = 64 * 256 * 2, 64 * 2 * 2
+    # amin and amax each read the value and write one bf16 per group
+    assert (counts.bytes_read, counts.bytes_written, counts.launches) == (2 * value, 2 * groups, 2)
+    assert comp == value + 2 * groups
+
+
+@needs_interpreter
+@pytest.mark.kernel
+def test_reduced_shape_extrapolation_matches_a_direct_count():
+    from obskernels.backends import triton_unavailable_reason
+
+    if triton_unavailable_reason(None) is not None:
+        pytest.skip(f"triton backend unavailable: {triton_unavailable_reason(None)}")
+    case = bench_cases.Case("weight", (256, 256), "bf16", "int4-group128")
+    target = bench_cases.OPS["min_max"]
+    modelled = model_counts(case, target, "triton", case.shape)
+    if modelled["status"].startswith("unsupported"):
+        pytest.skip(modelled["status"])
+    assert modelled["status"] == "ok", modelled["status"]
+    assert "reduced shapes" in modelled["count_method"]
+    from obskernels.bench.backends import prepare
+
+    direct, comp, _ = count_call(prepare(case, target, "triton"), "cpu", triton=True)
+    assert modelled["bytes_moved"] == direct.bytes_moved
+    assert modelled["launches"] == direct.launches
+    assert modelled["compulsory_bytes"] == comp
+
+
+def test_tiny_harness_run_writes_valid_records(tmp_path):
+    from obskernels.bench import report
+
+    case = bench_cases.Case("weight", (16, 256), "bf16", "int4-group128", (4096, 4096))
+    opts = Options(
+        mode="tiny",
+        ops=("flatten", "min_max"),
+        observers=("static_minmax",),
+        backends=("reference", "triton", "llmc-eager"),
+        out=str(tmp_path),
+        cases=[case],
+        min_reps=1,
+        max_reps=2,
+        min_time_s=0.0,
+        project_full=True,
+        progress=None,
+    )
+    records = run(opts)
+    paths = report.write_all(records, str(tmp_path))
+    lines = (tmp_path / "results.jsonl").read_text().splitlines()
+    assert len(lines) == len(records) > 0
+    parsed = [json.loads(line) for line in lines]
+    for r in parsed:
+        missing = [k for k in REQUIRED_KEYS if k not in r]
+        assert not missing, f"record {r['op']}/{r['backend']} lacks {missing}"
+        assert r["versions"]["torch"] and r["machine"]["cpu_cores"] and r["timestamp"]
+    run_recs = {(r["op"], r["backend"]): r for r in parsed if r["scope"] == "run"}
+    ref = run_recs[("min_max", "reference")]
+    assert ref["measured_s"] > 0 and ref["bytes_moved"] > 0 and ref["modelled_s"] > 0
+    assert ref["shape"] == [16, 256] and ref["full_shape"] == [4096, 4096] and ref["scaled"]
+    flat = run_recs[("flatten", "reference")]
+    assert flat["compulsory_bytes"] == 0 and flat["bytes_moved"] == 0 and flat["launches"] == 0
+    tri = run_recs[("min_max", "triton")]
+    assert tri["measured_s"] is None  # never timed on the CPU
+    assert tri["status"].startswith(("modelled", "unsupported", "unavailable", "error"))
+    llmc = run_recs[("min_max", "llmc-eager")]
+    if importlib.util.find_spec("llmcompressor") is None:
+        assert llmc["status"].startswith("unavailable") and llmc["measured_s"] is None
+    else:
+        assert llmc["measured_s"] > 0
+    proj = [r for r in parsed if r["scope"] == "full-size projection"]
+    assert proj and all(r["measured_s"] is None and r["shape"] == [4096, 4096] for r in proj)
+    assert (tmp_path / "report.md").read_text().startswith("# obskernels benchmark report")
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert any(p.endswith(".png") for p in paths.values())
