@@ -275,8 +275,8 @@ def group_layout(value, base_name, args, g_idx=None, *, storage_order=True) -> G
             g = group_size_of(args, cols)
             perm = None
             if g_idx is not None:
-                check_g_idx(g_idx, value, g)
-                perm = torch.argsort(g_idx, stable=True).to(torch.int32)
+                # the stable column order by group comes with the check (one sort)
+                perm = check_g_idx(g_idx, value, g).to(torch.int32)
             return GroupLayout(
                 qshape=(rows, cols // g),
                 flat_shape=(1, rows, cols // g, g),

@@ -35,18 +35,24 @@ Two layouts of the work:
   derives the improvement bits, S and the choices.
   Launches: 3; the input is read twice.
 Both are deterministic: sums run in a fixed order, only the OR is atomic.
+Host side, besides the importance checks (one read): no host read, no copy to
+the device, and one aten op (zeroing the flags of the first layout). The
+format's constants are Python floats (``quant.round_host``) and each step's
+shrink factor is computed by the kernels (``_shrink``).
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import struct
 
 import torch
 import triton
 import triton.language as tl
 from compressed_tensors.quantization import QuantizationStrategy as S
 from compressed_tensors.quantization import QuantizationType
-from compressed_tensors.quantization.utils import calculate_range
+from compressed_tensors.quantization.quant_args import FP4_E2M1_DATA, FP8_E4M3_DATA
 from compressed_tensors.quantization.utils.mxfp_utils import should_generate_mx_scales
 
 from obskernels.backends import KernelUnsupportedError
@@ -83,23 +89,45 @@ _MAX_SPLIT_STEPS = 1024
 # shape, not one per grid or patience (== 1 and % 16 would each make one).
 # Group counts and sizes stay specialised: % 16 lets the compiler vectorise
 # the masks and saves registers (28 of 108 in int4 group-128 _search_kernel).
-_PER_CALL = ["lim_r", "lim_e", "n_steps", "n_words", "patience", "K", "chunks_per_split"]
+_PER_CALL = ["lim_r", "lim_e", "n_steps", "n_words", "patience", "K", "chunks_per_split",
+             "grid_bits", "exact32"]
 
 
 # --------------------------------------------------------------------------- #
 # kernels
 # --------------------------------------------------------------------------- #
 @triton.jit
+def _shrink(i, grid32, grid_bits, exact32):
+    """Step i's shrink p_i = fp32(1 - i / grid), with the bits of the
+    reference's Python float: i / grid and 1 - (.) in fp64, one rounding to fp32.
+
+    exact32 (a runtime flag, the same for every lane): the host checked that
+    one fp32 division, div_rn(grid32 - i, grid32), gives those bits for every
+    step of this call (``_fp32_steps_exact``; so for every integer grid in
+    practice). Otherwise the fp64 formula itself, grid arriving as the int64
+    bits of the Python float (a float argument would be passed as fp32); fp64
+    division is correctly rounded on a GPU (div.rn.f64) and in numpy, but slow
+    on GPUs with few fp64 units, hence the fp32 path.
+    """
+    if exact32 != 0:
+        p = tl.math.div_rn(grid32 - i.to(tl.float32), grid32)
+    else:
+        grid = grid_bits.to(tl.int64).to(tl.float64, bitcast=True)
+        p = (1.0 - i.to(tl.float64) / grid).to(tl.float32)
+    return p
+
+
+@triton.jit
 def _block_errors(
     x, valid, w, bmin, bmax, si, smask,
-    rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm, p_ptr,
+    rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm, grid32, grid_bits, exact32,
     DTYPE: tl.constexpr, SYM: tl.constexpr, QTYPE: tl.constexpr, SCALE: tl.constexpr,
     ZP: tl.constexpr, NORM_MODE: tl.constexpr, IMATRIX: tl.constexpr, HAS_W: tl.constexpr,
     ROUND_SUM: tl.constexpr,
 ):
     """Errors [BG, SB] of the steps si [SB] over the tile x [BG, BE]: fp32 sums,
     rounded to DTYPE when ROUND_SUM (a whole group, flavour "mse"). Candidate: rd(base * p_i)."""
-    p = tl.load(p_ptr + si, mask=smask, other=1.0)
+    p = tl.where(smask, _shrink(si, grid32, grid_bits, exact32), 1.0)
     cmin = Q.rd(bmin[:, None] * p[None, :], DTYPE)
     cmax = Q.rd(bmax[:, None] * p[None, :], DTYPE)
     scale, zp = Q.qparams(
@@ -174,7 +202,7 @@ def _nan_minmax(x, valid):
 
 @triton.jit(do_not_specialize=_PER_CALL)
 def _search_kernel(
-    x_ptr, w_ptr, p_ptr, bits_ptr, flags_ptr, base_ptr,
+    x_ptr, w_ptr, grid32, grid_bits, exact32, bits_ptr, flags_ptr, base_ptr,
     G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, group_numel,
     n_steps, n_words, expand, best_init,
     rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm,
@@ -215,7 +243,7 @@ def _search_kernel(
         smask = si < n_steps
         err = _block_errors(
             x, valid, w, bmin, bmax, si, smask,
-            rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm, p_ptr,
+            rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm, grid32, grid_bits, exact32,
             DTYPE, SYM, QTYPE, SCALE, ZP, NORM_MODE, IMATRIX, HAS_W, not IMATRIX,
         )
         imp, best = _improved(err, best, gmask[:, None] & smask[None, :])
@@ -282,7 +310,7 @@ def _high_bit(v):
 
 @triton.jit(do_not_specialize=_PER_CALL)
 def _choose_kernel(
-    bits_ptr, flags_ptr, base_ptr, p_ptr, out_min_ptr, out_max_ptr,
+    bits_ptr, flags_ptr, base_ptr, grid32, grid_bits, exact32, out_min_ptr, out_max_ptr,
     G, n_steps, n_words, patience,
     DTYPE: tl.constexpr, BLOCK_G: tl.constexpr,
 ):
@@ -300,15 +328,17 @@ def _choose_kernel(
         lowmask = tl.where(keep >= 32, -1, (1 << tl.minimum(tl.maximum(keep, 0), 31)) - 1)
         word = word & lowmask
         choice = tl.where(word != 0, wi * 32 + _high_bit(word), choice)
-    _write_choice(base_ptr, p_ptr, out_min_ptr, out_max_ptr, g, gmask, G, choice, DTYPE)
+    _write_choice(base_ptr, grid32, grid_bits, exact32, out_min_ptr, out_max_ptr, g, gmask, G,
+                  choice, DTYPE)
 
 
 @triton.jit
-def _write_choice(base_ptr, p_ptr, out_min_ptr, out_max_ptr, g, gmask, G, choice, DTYPE: tl.constexpr):
+def _write_choice(base_ptr, grid32, grid_bits, exact32, out_min_ptr, out_max_ptr, g, gmask, G,
+                  choice, DTYPE: tl.constexpr):
     """out = rd(base * p[choice]) of groups g, or the base where choice < 0."""
     bmin = tl.load(base_ptr + g, mask=gmask, other=0.0)
     bmax = tl.load(base_ptr + G + g, mask=gmask, other=0.0)
-    p = tl.load(p_ptr + tl.maximum(choice, 0), mask=gmask, other=1.0)
+    p = _shrink(tl.maximum(choice, 0), grid32, grid_bits, exact32)
     omin = tl.where(choice >= 0, Q.rd(bmin * p, DTYPE), bmin)
     omax = tl.where(choice >= 0, Q.rd(bmax * p, DTYPE), bmax)
     # values are exact in the output dtype, so the store's cast cannot round
@@ -346,7 +376,7 @@ def _minmax_part_kernel(
 
 @triton.jit(do_not_specialize=_PER_CALL)
 def _search_part_kernel(
-    x_ptr, w_ptr, p_ptr, mm_ptr, part_ptr, base_ptr,
+    x_ptr, w_ptr, grid32, grid_bits, exact32, mm_ptr, part_ptr, base_ptr,
     G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, group_numel,
     K, chunks_per_split, n_steps, expand,
     rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm,
@@ -387,7 +417,7 @@ def _search_part_kernel(
             smask = si < n_steps
             err = _block_errors(
                 x, valid, w, bmin, bmax, si, smask,
-                rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm, p_ptr,
+                rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm, grid32, grid_bits, exact32,
                 DTYPE, SYM, QTYPE, SCALE, ZP, NORM_MODE, IMATRIX, HAS_W, False,
             )
             e1 = tl.sum(err, axis=0)
@@ -415,7 +445,7 @@ def _step_improved(part_ptr, g, gmask, ks, K, n_steps, i, best,
 
 @triton.jit(do_not_specialize=_PER_CALL)
 def _finalize_part_kernel(
-    part_ptr, base_ptr, p_ptr, out_min_ptr, out_max_ptr,
+    part_ptr, base_ptr, grid32, grid_bits, exact32, out_min_ptr, out_max_ptr,
     G, K, n_steps, patience, best_init,
     DTYPE: tl.constexpr, IMATRIX: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr,
@@ -450,7 +480,8 @@ def _finalize_part_kernel(
             imp, best = _step_improved(part_ptr, g, gmask, ks, K, n_steps, i, best,
                                        DTYPE, IMATRIX, BLOCK_G, BLOCK_K)
             choice = tl.where(imp & (i <= S), i, choice)
-        _write_choice(base_ptr, p_ptr, out_min_ptr, out_max_ptr, g, gmask, G, choice, DTYPE)
+        _write_choice(base_ptr, grid32, grid_bits, exact32, out_min_ptr, out_max_ptr, g, gmask, G,
+                      choice, DTYPE)
 
 
 # --------------------------------------------------------------------------- #
@@ -460,6 +491,27 @@ def _norm_mode(norm: float) -> int:
     """The NORM_MODE switch: the exponents torch.pow special-cases (quant.abs_pow)."""
     special = {2.0: Q.P_SQUARE, 3.0: Q.P_CUBE, 0.5: Q.P_SQRT, 1.0: Q.P_ONE}
     return special.get(float(norm), Q.P_GENERAL).value
+
+
+@functools.lru_cache(maxsize=64)
+def _fp32_steps_exact(grid, n_steps: int) -> bool:
+    """Whether _shrink's fp32 formula, div_rn(fp32(grid) - i, fp32(grid)),
+    gives the bits of the reference's p_i = fp32(1 - i / grid) for every step
+    i < n_steps. Checked here, not assumed (it holds for integer grids up to
+    2^14 at least); the kernels take the fp64 formula where it does not. The
+    host emulation is exact: an fp32 sum or quotient rounded once from fp64
+    is the correctly rounded fp32 one."""
+    f32 = torch.float32
+    g = Q.round_host(grid, f32)
+    if not (math.isfinite(g) and g != 0):
+        return False
+
+    def bits(x):
+        return struct.pack("<f", Q.round_host(x, f32))
+
+    return all(
+        bits(Q.round_host(g - i, f32) / g) == bits(1 - i / grid) for i in range(n_steps)
+    )
 
 
 def _format(args, dtype):
@@ -506,14 +558,22 @@ def _format(args, dtype):
     else:
         raise KernelUnsupportedError(f"mse_search: zp_dtype {zp_dtype}")
 
-    q_min, q_max = calculate_range(args, "cpu")
-    bit_range = (q_max - q_min).to(dtype)
-    rng = float(bit_range)
-    half = float(bit_range / 2)
+    # compressed-tensors' calculate_range, as Python floats: it makes fp32
+    # scalars of these values, and calculate_qparams takes (q_max - q_min) in
+    # the observed dtype, halves it there and rounds eps into it. All of them
+    # are small integers, halves or powers of two, exact in every dtype: the
+    # roundings are kept so that the constants are what torch would compute.
+    if qtype == QuantizationType.INT:
+        q_min, q_max = -(2.0**bits) / 2, (2.0**bits) / 2 - 1
+    else:
+        data = FP8_E4M3_DATA if bits == 8 else FP4_E2M1_DATA
+        q_min, q_max = float(data.min), float(data.max)
+    q_min, q_max = Q.round_host(q_min, torch.float32), Q.round_host(q_max, torch.float32)
+    rng = Q.round_host(q_max - q_min, dtype)
     return dict(
         QTYPE=q, SCALE=scale_kind, ZP=zp_kind, SYM=bool(args.symmetric),
-        rng=rng, half=half, qmin=float(q_min), qmax=float(q_max),
-        eps=float(torch.tensor(eps, dtype=dtype)), zlo=zlo, zhi=zhi, mx_offset=mx_offset,
+        rng=rng, half=Q.round_host(rng / 2, dtype), qmin=q_min, qmax=q_max,
+        eps=Q.round_host(eps, dtype), zlo=zlo, zhi=zhi, mx_offset=mx_offset,
     )
 
 
@@ -559,16 +619,21 @@ def mse_search(
 
     n_steps = num_steps(maxshrink, grid, flavour)
     dev = value.device
-    p = torch.tensor([1 - i / grid for i in range(max(n_steps, 1))], dtype=torch.float64)
-    p = p.to(torch.float32).to(dev)
+    # the kernels compute step i's p = fp32(1 - i / grid) themselves (_shrink):
+    # no table to build on the host and copy to the device
+    steps = (
+        Q.round_host(grid, torch.float32),
+        struct.unpack("<q", struct.pack("<d", float(grid)))[0],
+        int(_fp32_steps_exact(grid, n_steps)),
+    )
     err_dtype = torch.float32 if imatrix else dtype
     best_init = float(torch.finfo(err_dtype).max)
     if imatrix:
         patience_eff = patience if patience > 0 else n_steps + 1
-        norm_run = float(torch.tensor(norm, dtype=torch.float64).to(torch.float32))
+        norm_run = Q.round_host(norm, torch.float32)
     else:
         patience_eff = max(patience, 1)  # patience 0 stops at the first stale step too
-        norm_run = float(torch.tensor(norm, dtype=torch.float64).to(dtype))
+        norm_run = Q.round_host(norm, dtype)
     consts = dict(
         rng=fmt["rng"], half=fmt["half"], qmin=fmt["qmin"], qmax=fmt["qmax"],
         eps=fmt["eps"], zlo=fmt["zlo"], zhi=fmt["zhi"], mx_offset=fmt["mx_offset"],
@@ -600,14 +665,14 @@ def mse_search(
         bits = torch.empty((G, max(n_words, 1)), dtype=torch.int32, device=dev)
         flags = torch.zeros(max(n_words, 1), dtype=torch.int32, device=dev)
         _search_kernel[(triton.cdiv(G, block_g),)](
-            value, w, p, bits, flags, base, *geometry,
+            value, w, *steps, bits, flags, base, *geometry,
             n_steps, n_words, float(expand), best_init, **consts, **switches,
             BLOCK_G=block_g, BLOCK_E=block_e, BLOCK_S=steps_block,
             num_warps=num_warps_for(block_g * block_e), **launch,
         )
         choose_g = pow2_at_most(G, 1024)
         _choose_kernel[(triton.cdiv(G, choose_g),)](
-            bits, flags, base, p, out_min, out_max, G, n_steps, n_words, patience_eff,
+            bits, flags, base, *steps, out_min, out_max, G, n_steps, n_words, patience_eff,
             DTYPE=switches["DTYPE"], BLOCK_G=choose_g, **launch,
         )
         return out_min, out_max
@@ -628,12 +693,12 @@ def mse_search(
     block_s = triton.next_power_of_2(max(n_steps, 1))
     part = torch.empty((G, K, max(n_steps, 1)), dtype=torch.float32, device=dev)
     _search_part_kernel[(G, K)](
-        value, w, p, mm, part, base, *geometry, K, cps, n_steps, float(expand),
+        value, w, *steps, mm, part, base, *geometry, K, cps, n_steps, float(expand),
         **consts, **switches, BLOCK_E=chunk, BLOCK_K=block_k, BLOCK_S=block_s,
         BLOCK_SB=steps_block, num_warps=8, **launch,
     )
     _finalize_part_kernel[(1,)](
-        part, base, p, out_min, out_max, G, K, n_steps, patience_eff, best_init,
+        part, base, *steps, out_min, out_max, G, K, n_steps, patience_eff, best_init,
         DTYPE=switches["DTYPE"], IMATRIX=imatrix,
         BLOCK_G=pow2_at_most(G, 256), BLOCK_K=min(64, block_k),
         BLOCK_S=block_s, **launch,

@@ -18,6 +18,9 @@ Rules that keep the helpers exact on the interpreter and on a GPU (SPEC §6):
 
 from __future__ import annotations
 
+import math
+import struct
+
 import torch
 import triton
 import triton.language as tl
@@ -28,6 +31,32 @@ F16: tl.constexpr = tl.constexpr(1)
 BF16: tl.constexpr = tl.constexpr(2)
 # host side: the DTYPE switch of an observed torch dtype
 DTYPE_CODE = {torch.float32: F32.value, torch.float16: F16.value, torch.bfloat16: BF16.value}
+
+
+def round_host(x: float, dtype: torch.dtype) -> float:
+    """Python float ``x`` rounded into ``dtype`` (float32, float16 or bfloat16)
+    exactly as ``float(torch.tensor(x, dtype=torch.float64).to(dtype))`` rounds
+    it, without a tensor: torch converts a double to fp16 / bf16 through fp32,
+    so fp32 first (nearest even), then the dtype (nearest even, bf16 by the
+    same bit arithmetic as ``round_bf16``); overflow gives inf. The launchers'
+    scalar constants come from here, so they cost no aten op."""
+    try:
+        f = struct.unpack("<f", struct.pack("<f", x))[0]
+    except OverflowError:  # rounds past fp32's largest finite value
+        f = math.copysign(math.inf, x)
+    if dtype == torch.float16:
+        try:
+            return struct.unpack("<e", struct.pack("<e", f))[0]
+        except OverflowError:
+            return math.copysign(math.inf, f)
+    if dtype == torch.bfloat16 and f == f:
+        bits = struct.unpack("<I", struct.pack("<f", f))[0]
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return struct.unpack("<f", struct.pack("<I", bits))[0]
+    if dtype not in DTYPE_CODE:
+        raise TypeError(f"round_host: dtype {dtype} (expected float32, float16 or bfloat16)")
+    return f
+
 
 # quantized element types
 Q_INT: tl.constexpr = tl.constexpr(0)

@@ -36,6 +36,7 @@ __all__ = [
     "check_base_name",
     "check_g_idx",
     "check_importance",
+    "all_finite",
     "count_nonfinite",
     "strategy_of",
 ]
@@ -126,8 +127,16 @@ def check_groups_nonempty(observed: torch.Tensor, value: torch.Tensor, op: str) 
         )
 
 
-def check_g_idx(g_idx, value: torch.Tensor, group_size: int) -> None:
-    """g_idx maps each column to a group; every group must hold group_size columns."""
+def check_g_idx(g_idx, value: torch.Tensor, group_size: int) -> torch.Tensor:
+    """g_idx maps each column to a group; every group must hold group_size columns.
+
+    Returns the stable order of the columns by group (``torch.argsort(g_idx,
+    stable=True)``, int64), which flattening needs anyway: the checks read it.
+    Every column in [0, num_groups) and group_size columns per group together
+    say that the sorted g_idx is 0 (group_size times), 1 (group_size times), ...
+    -- one sort, one comparison and ONE read of the result on the valid path;
+    the range is read only to word the error.
+    """
     if not isinstance(g_idx, torch.Tensor):
         raise TypeError(f"g_idx must be a torch.Tensor, got {type(g_idx).__name__}")
     if g_idx.dtype.is_floating_point or g_idx.dtype.is_complex or g_idx.dtype == torch.bool:
@@ -143,17 +152,21 @@ def check_g_idx(g_idx, value: torch.Tensor, group_size: int) -> None:
             f"g_idx is on {g_idx.device} but value is on {value.device}; "
             "expected the same device"
         )
+    sorted_groups, order = torch.sort(g_idx, stable=True)
+    if not cols:
+        return order
     num_groups = cols // group_size
-    if cols and (int(g_idx.min()) < 0 or int(g_idx.max()) >= num_groups):
+    expected = torch.arange(num_groups, device=g_idx.device).unsqueeze(1)
+    if bool((sorted_groups.view(num_groups, group_size) == expected).all()):
+        return order
+    lo, hi = (int(v) for v in torch.stack(torch.aminmax(g_idx)).tolist())
+    if lo < 0 or hi >= num_groups:
         raise ValueError(
-            f"g_idx values must lie in [0, {num_groups}), got range "
-            f"[{int(g_idx.min())}, {int(g_idx.max())}]"
+            f"g_idx values must lie in [0, {num_groups}), got range [{lo}, {hi}]"
         )
-    counts = torch.bincount(g_idx.long(), minlength=num_groups)
-    if cols and not bool((counts == group_size).all()):
-        raise ValueError(
-            f"g_idx must assign exactly group_size={group_size} columns to each group"
-        )
+    raise ValueError(
+        f"g_idx must assign exactly group_size={group_size} columns to each group"
+    )
 
 
 def check_importance(importance, value: torch.Tensor) -> None:
@@ -178,18 +191,37 @@ def check_importance(importance, value: torch.Tensor) -> None:
             f"importance is on {importance.device} but value is on {value.device}; "
             "expected the same device"
         )
-    if importance.device.type == "meta":
+    if importance.device.type == "meta" or importance.numel() == 0:
         return  # no data to check
-    finite = torch.isfinite(importance)
-    if not bool(finite.all()):
-        bad = int((~finite).sum())
+    # One reduction and ONE read: aminmax propagates NaN, so both values are
+    # finite exactly when every entry is, and the minimum says the sign.
+    lo, hi = (float(v) for v in torch.stack(torch.aminmax(importance)).tolist())
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        bad = int((~torch.isfinite(importance)).sum())
         raise ValueError(
             f"importance must be finite, got {bad} non-finite of {importance.numel()} entries"
         )
-    if bool((importance < 0).any()):
-        raise ValueError(
-            f"importance must be non-negative, got minimum {float(importance.min())!r}"
-        )
+    if lo < 0:
+        raise ValueError(f"importance must be non-negative, got minimum {lo!r}")
+
+
+def all_finite(*tensors: torch.Tensor) -> bool:
+    """Whether every element of every tensor is finite, with ONE read to the host.
+
+    ``x * 0`` is 0 for a finite x and NaN for NaN and +-inf, and a sum of zeros
+    cannot overflow, so ``sum(x * 0)`` is 0 exactly when every x is finite:
+    mul and sum (plus one ``cat`` for several tensors) before the read, where
+    ``torch.isfinite(x).all()`` takes five ops (isfinite is abs, eq, ne, mul)
+    for each tensor. Integer tensors are finite without a read; float8 is
+    widened first (no CPU arithmetic for it). An empty tensor is finite.
+    """
+    parts = [t.reshape(-1) for t in tensors if t.dtype.is_floating_point and t.numel()]
+    if not parts:
+        return True
+    x = parts[0] if len(parts) == 1 else torch.cat(parts)
+    if x.dtype not in VALUE_DTYPES:
+        x = x.float()  # float8: exact in fp32, NaN kept
+    return (x * 0).sum().item() == 0
 
 
 def count_nonfinite(t: torch.Tensor) -> tuple[int, str]:

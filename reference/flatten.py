@@ -67,8 +67,8 @@ def flatten_for_calibration(value, base_name, args, g_idx=None):
         if strategy in (S.GROUP, S.TENSOR_GROUP):
             g = group_size_of(args, cols)
             if g_idx is not None:
-                check_g_idx(g_idx, value, g)
-                value = value[:, torch.argsort(g_idx, stable=True)]
+                # check_g_idx returns the columns in stable order of g_idx
+                value = value[:, check_g_idx(g_idx, value, g)]
             return value.reshape(1, rows, cols // g, g)
         if strategy == S.BLOCK:
             bh, bw = block_shape(args)

@@ -29,6 +29,7 @@ from obskernels.validation import (
     ACTIVATIONS,
     ATTENTION,
     WEIGHT,
+    all_finite,
     check_base_name,
     count_nonfinite,
 )
@@ -172,16 +173,16 @@ class Observer(InternalModule, RegistryMixin):
           ValueError naming the observer, the tensor and how many values are
           not finite. A non-finite element always makes its group's min or
           max non-finite (NaN propagates, +-inf is the extreme), so the check
-          reads only the qparam-sized statistics (one reduction, one host
-          sync); the value itself is scanned only on the error path, to count.
+          reads only the qparam-sized statistics (``all_finite``: a few tiny
+          ops, one host sync); the value itself is scanned only on the error
+          path, to count.
           ``nonfinite="propagate"``: NaN / inf flow into the statistics and
           the qparams, as in llm-compressor (SPEC §2).
         """
         min_vals, max_vals = self._measure(value)
         self._check_mergeable(value, min_vals)
         if self.nonfinite == "error" and min_vals.device.type != "meta":
-            finite = torch.isfinite(min_vals).all() & torch.isfinite(max_vals).all()
-            if not bool(finite):
+            if not all_finite(min_vals, max_vals):
                 self._raise_nonfinite(value, min_vals, max_vals)
         return min_vals, max_vals
 
@@ -278,9 +279,9 @@ class Observer(InternalModule, RegistryMixin):
         scale, zero_point = calculate_qparams(
             min_vals=mn, max_vals=mx, quantization_args=self.args, global_scale=global_scale
         )
-        if scale.device.type == "meta" or bool(torch.isfinite(scale).all()):
+        if scale.device.type == "meta" or all_finite(scale):
             return scale, zero_point
-        if bool(torch.isfinite(mn).all() & torch.isfinite(mx).all()) and mn.dtype != torch.float64:
+        if all_finite(mn, mx) and mn.dtype != torch.float64:
             wide_scale, wide_zp = calculate_qparams(
                 min_vals=mn.double(), max_vals=mx.double(), quantization_args=self.args,
                 global_scale=None if global_scale is None else global_scale.double(),
@@ -292,7 +293,7 @@ class Observer(InternalModule, RegistryMixin):
             zero_point = torch.where(
                 keep, zero_point.float(), wide_zp.to(zero_point.dtype).float()
             ).to(zero_point.dtype)
-            if bool(torch.isfinite(scale).all()):
+            if all_finite(scale):
                 return scale, zero_point
         if self.nonfinite == "error":
             _, counts = count_nonfinite(scale)
@@ -309,8 +310,9 @@ class Observer(InternalModule, RegistryMixin):
             return None
         absmax = None
         for stats in self._fused_statistics():
-            for a in (stats["max_vals"].max(), -stats["min_vals"].min()):
-                absmax = a if absmax is None else torch.maximum(absmax, a)
+            # max(max_vals.max(), -min_vals.min()) in one reduction (NaN propagates either way)
+            a = torch.maximum(stats["max_vals"], -stats["min_vals"]).max()
+            absmax = a if absmax is None else torch.maximum(absmax, a)
         return generate_gparam(-absmax.reshape(1), absmax.reshape(1))
 
     # ---------------------------------------------------------------- fusion

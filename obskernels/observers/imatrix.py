@@ -8,6 +8,7 @@ column's error in the search (SPEC §1, flavour "imatrix" of SPEC §4).
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Optional
 
@@ -122,14 +123,26 @@ class IMatrixMSEObserver(SearchKwargsMixin, Observer):
         strategy = S(self.args.strategy)
         if strategy == S.TENSOR:
             return self._fallback(NotImplementedError, "strategy 'tensor' does not use importance")
-        if self._imatrix_sum is None or self._imatrix_count is None or int(self._imatrix_count) == 0:
+        if self._imatrix_sum is None or self._imatrix_count is None:
             return self._fallback(ValueError, "no importance data (attach and run a forward first)")
-        imp = self._imatrix_sum / self._imatrix_count.to(torch.float32)
-        if not bool(torch.isfinite(imp).all()):
+        count = self._imatrix_count.to(torch.float32)
+        imp = self._imatrix_sum / count
+        # Every check below from ONE read of (count, min, max): no tokens is a
+        # zero count (fp32 of a non-zero count is not 0); aminmax propagates
+        # NaN, so min and max are finite exactly when every entry is; with no
+        # negative entry, "all zeros" is max == 0.
+        if imp.numel():
+            stats = torch.stack((count.reshape(()), *torch.aminmax(imp)))
+            n, lo, hi = stats.tolist()
+        else:
+            n, lo, hi = float(count), 0.0, 0.0
+        if n == 0:
+            return self._fallback(ValueError, "no importance data (attach and run a forward first)")
+        if not (math.isfinite(lo) and math.isfinite(hi)):
             return self._fallback(ValueError, "importance has non-finite values")
-        if bool((imp < 0).any()):
+        if lo < 0:
             return self._fallback(ValueError, "importance has negative values")
-        if not bool((imp != 0).any()):
+        if hi == 0:
             return self._fallback(ValueError, "importance is all zeros")
         if strategy not in _IMPORTANCE_STRATEGIES:
             return self._fallback(

@@ -1,0 +1,403 @@
+"""Host-side overhead of the triton path: aten ops, host reads and kernel launches per call.
+
+Counted with the benchmark harness's own counters (``obskernels.bench.traffic``:
+every aten op that moves data, every Triton grid run by the interpreter) plus
+a count of the Python-level reads that turn a device value into a host value
+(``.item()``, ``.tolist()``, ``bool()``, ``int()``, ``float()``,
+``__index__``): on a GPU each one waits for every queued kernel. The budgets
+below are what each call needs, stated with the reason; a test fails when a
+read, a host-side tensor op or a launch is added back.
+
+Budgets (triton backend, kernels in the interpreter on the CPU):
+- min_max, accumulate_sq: no aten op, no read, one launch.
+- mse_search, groups held in registers: one aten op (zeroing the per-step
+  flags that the search kernel ORs into), no read, two launches (search,
+  choose). The qparams constants and the grid's steps are computed on the
+  host in Python and in the kernels; nothing is copied to the device.
+- mse_search, split path (large groups): no aten op, no read, three launches
+  (min/max partials, search partials, finalize): issue 3 asks for two; the
+  partial min/max of a group split over several programs needs its own launch
+  before the search can start (see the launcher's docstring).
+- importance (imatrix): its value checks (finite, non-negative) are one
+  aminmax and ONE read.
+- g_idx: its value checks (range, group sizes) are one sort -- which also
+  gives the column order -- one comparison and ONE read.
+- observers: besides compressed-tensors' own qparams math (counted apart, it
+  is not ours), the non-finite policy costs one 4-op check of the statistics
+  and one 3-op check of the scale, one read each (SPEC §1 / issue 6).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import math
+import os
+import random
+import struct
+import traceback
+
+import pytest
+import torch
+
+from obskernels import ops
+from obskernels.backends import use_backend
+from obskernels.bench.cases import SCHEMES, Case, make_importance, make_value
+from obskernels.bench.traffic import count_traffic, interpreter_active
+from obskernels.observers import Observer
+from obskernels.validation import all_finite, check_g_idx
+
+pytestmark = pytest.mark.kernel
+
+INTERPRETER = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+needs_interpreter = pytest.mark.skipif(
+    not INTERPRETER, reason="Triton launches are counted in triton's interpreter (no CUDA here)"
+)
+
+base_module = importlib.import_module("obskernels.observers.base")
+mse_module = importlib.import_module("obskernels.kernels.mse_search")
+
+# Python-level reads of a tensor's value (each a device -> host sync on a GPU)
+READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__")
+MSE = dict(maxshrink=0.20, patience=5, grid=100, norm=2.4)
+IMATRIX = dict(maxshrink=0.95, patience=5, grid=20, norm=3.0, flavour="imatrix")
+# groups of more than 64 elements take the search's split path
+SPLIT_CONFIG = mse_module.LaunchConfig(max_reg_group=64, chunk=64)
+
+
+@contextlib.contextmanager
+def counted():
+    """(counts, reads): the harness's Counts of the block and the host reads
+    made in it, each as (method, 'file:line' of the caller)."""
+    reads = []
+    originals = {name: getattr(torch.Tensor, name) for name in READS}
+
+    def wrap(name, original):
+        def read(self, *args, **kwargs):
+            if self.device.type != "meta" and not interpreter_active():
+                frame = traceback.extract_stack(limit=2)[0]
+                reads.append((name, f"{os.path.basename(frame.filename)}:{frame.lineno}"))
+            return original(self, *args, **kwargs)
+
+        return read
+
+    try:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, wrap(name, original))
+        with count_traffic("cpu", triton=True) as counts:
+            yield counts, reads
+    finally:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)
+
+
+def value_of(kind, shape, scheme, dtype="bf16"):
+    case = Case(kind, shape, dtype, scheme)
+    return case, make_value(case)
+
+
+def describe(counts, reads):
+    return f"aten ops {dict(counts.op_names)}, reads {reads}"
+
+
+# --------------------------------------------------------------------------- #
+# operations
+# --------------------------------------------------------------------------- #
+# id, (kind, shape, scheme), prepare(value, args) -> the call, aten ops, reads, launches
+# (prepare allocates the call's other inputs outside the count)
+def _imatrix(v, a):
+    importance = make_importance(v.shape[1])
+    return lambda: ops.mse_search(v, "weight", a, importance=importance, **IMATRIX)
+
+
+def _g_idx(v, a):
+    g_idx = torch.arange(v.shape[1]) % (v.shape[1] // a.group_size)
+    return lambda: ops.min_max(v, "weight", a, g_idx=g_idx)
+
+
+def _accumulate(v, a):
+    sum_buf, count = torch.zeros(v.shape[1]), torch.zeros((), dtype=torch.int64)
+    return lambda: ops.accumulate_sq(v, sum_buf, count)
+
+
+OP_BUDGETS = [
+    ("min_max int8-channel", ("weight", (8, 256), "int8-channel"),
+     lambda v, a: lambda: ops.min_max(v, "weight", a), 0, 0, 1),
+    ("min_max fp8-block128", ("weight", (128, 128), "fp8-block128"),
+     lambda v, a: lambda: ops.min_max(v, "weight", a), 0, 0, 1),
+    ("min_max act tensor", ("activation", (16, 256), "fp8-tensor-act"),
+     lambda v, a: lambda: ops.min_max(v, "input", a), 0, 0, 1),
+    ("mse int4-group128", ("weight", (8, 256), "int4-group128"),
+     lambda v, a: lambda: ops.mse_search(v, "weight", a, **MSE), 1, 0, 2),
+    ("mse nvfp4-tg16", ("weight", (8, 64), "nvfp4-tg16"),
+     lambda v, a: lambda: ops.mse_search(v, "weight", a, **MSE), 1, 0, 2),
+    ("mse act tensor", ("activation", (16, 256), "fp8-tensor-act"),
+     lambda v, a: lambda: ops.mse_search(v, "input", a, **MSE), 1, 0, 2),
+    ("imatrix int8-channel", ("weight", (8, 256), "int8-channel"), _imatrix, 3, 1, 2),
+    ("imatrix uniform", ("weight", (8, 256), "int8-channel"),
+     lambda v, a: lambda: ops.mse_search(v, "weight", a, **IMATRIX), 1, 0, 2),
+    ("min_max g_idx", ("weight", (8, 256), "int4-group128"), _g_idx, 6, 1, 1),
+    ("accumulate_sq", ("activation", (16, 256), "fp8-tensor-act"), _accumulate, 0, 0, 1),
+]
+
+
+@needs_interpreter
+@pytest.mark.parametrize("row", OP_BUDGETS, ids=[r[0] for r in OP_BUDGETS])
+def test_op_host_overhead(row):
+    name, (kind, shape, scheme), prepare, max_ops, max_reads, launches = row
+    case, value = value_of(kind, shape, scheme)
+    call = prepare(value, case.spec.qargs())
+    with use_backend("triton"):
+        call()  # compiled and warm: only the call itself is counted
+        with counted() as (counts, reads):
+            call()
+    what = f"{name}: {counts.triton_launches} launches; {describe(counts, reads)}"
+    assert counts.triton_launches == launches, what
+    assert counts.aten_ops <= max_ops, what
+    assert len(reads) <= max_reads, what
+
+
+@needs_interpreter
+def test_mse_split_path_host_overhead(monkeypatch):
+    """Groups too large for registers: three launches, nothing on the host."""
+    case, value = value_of("weight", (4, 256), "int8-channel")
+    monkeypatch.setattr(mse_module, "CONFIG", SPLIT_CONFIG)
+    with use_backend("triton"):
+        ops.mse_search(value, "weight", case.spec.qargs(), **MSE)
+        with counted() as (counts, reads):
+            ops.mse_search(value, "weight", case.spec.qargs(), **MSE)
+    names = sorted(k for k in counts.op_names if k.startswith("triton:"))
+    assert names == ["triton:_finalize_part_kernel", "triton:_minmax_part_kernel",
+                     "triton:_search_part_kernel"], describe(counts, reads)
+    assert counts.aten_ops == 0 and reads == [], describe(counts, reads)
+
+
+# --------------------------------------------------------------------------- #
+# observers: one call = observer(value) + get_qparams()
+# --------------------------------------------------------------------------- #
+# observer -> (our aten ops besides compressed-tensors', reads, launches)
+OBSERVER_BUDGETS = {
+    "memoryless_minmax": (7, 2, 1),
+    "static_minmax": (7, 2, 1),
+    "minmax": (7, 2, 1),
+    "memoryless_mse": (8, 2, 2),
+    "mse": (8, 2, 2),
+    # + importance: sum / count, one aminmax read, normalisation (mean, add,
+    # div); the op's own check of it (aminmax, stack, one read)
+    "imatrix_mse": (17, 4, 2),
+}
+# TENSOR_GROUP adds the global scale's absmax (neg, maximum, max, and the
+# negation handed to generate_gparam)
+TENSOR_GROUP_EXTRA = 4
+OBSERVER_CASES = [
+    ("weight", (8, 256), "int8-channel"),
+    ("weight", (8, 64), "nvfp4-tg16"),
+    ("activation", (16, 256), "fp8-tensor-act"),
+]
+
+
+def _observer_rows():
+    for kind, shape, scheme in OBSERVER_CASES:
+        for name in OBSERVER_BUDGETS:
+            if name == "imatrix_mse" and kind != "weight":
+                continue
+            yield pytest.param(kind, shape, scheme, name, id=f"{scheme}-{name}")
+
+
+class _Imatrix(torch.nn.Identity):
+    def __init__(self, in_features):
+        super().__init__()
+        self.in_features = in_features
+
+
+@needs_interpreter
+@pytest.mark.parametrize("kind,shape,scheme,name", list(_observer_rows()))
+def test_observer_host_overhead(monkeypatch, kind, shape, scheme, name):
+    case, value = value_of(kind, shape, scheme)
+    ct_ops = []
+
+    def apart(fn):
+        """compressed-tensors' own arithmetic is not ours: count it apart."""
+
+        def call(*args, **kwargs):
+            before = counts.aten_ops
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                ct_ops.append(counts.aten_ops - before)
+
+        return call
+
+    def fresh():
+        obs = Observer.load_from_registry(name, base_name=case.base_name, args=case.spec.qargs())
+        if name == "imatrix_mse":
+            module = _Imatrix(shape[1])
+            obs.attach(module)
+            module(torch.randn(4, shape[1]))
+        return obs
+
+    with use_backend("triton"):
+        warm = fresh()
+        warm(value).get_qparams()
+        obs = fresh()
+        monkeypatch.setattr(base_module, "calculate_qparams", apart(base_module.calculate_qparams))
+        monkeypatch.setattr(base_module, "generate_gparam", apart(base_module.generate_gparam))
+        with counted() as (counts, reads):
+            obs(value)
+            qparams = obs.get_qparams()
+    assert qparams["scale"].numel() > 0
+    max_ops, max_reads, launches = OBSERVER_BUDGETS[name]
+    if case.spec.strategy == "tensor_group":
+        max_ops += TENSOR_GROUP_EXTRA
+    ours = counts.aten_ops - sum(ct_ops)
+    what = f"{name} on {case.label}: {ours} own aten ops; {describe(counts, reads)}"
+    assert counts.triton_launches == launches, what
+    assert ours <= max_ops, what
+    assert len(reads) <= max_reads, what
+
+
+# --------------------------------------------------------------------------- #
+# the helpers that replaced host-side tensor work keep its exact results
+# --------------------------------------------------------------------------- #
+def test_round_host_matches_torch():
+    """Q.round_host (the launchers' constants) against torch's own rounding of
+    a double, including ties, double-rounding cases, subnormals and overflow."""
+    from obskernels.kernels.quant import round_host
+
+    rng = random.Random(0)
+    values = [0.0, -0.0, 1.0, 2.4, 3.0, 1 + 2**-8 + 2**-30, 1 + 2**-11 + 2**-30, 65504.0,
+              65519.99, 65520.0, 3.3895313892515355e38, 3.4028235e38, 3.5e38, -1e39,
+              1e-40, 1e-46, 5e-324, math.inf, -math.inf, math.nan]
+    values += [rng.choice((-1, 1)) * rng.random() * 2.0 ** rng.uniform(-140, 130)
+               for _ in range(3000)]
+    for _ in range(3000):  # next to the bf16 / fp16 midpoints
+        base = (1 + rng.randrange(1 << 16) / 2**16) * 2.0 ** rng.randint(-20, 20)
+        values.append(base * (1 + rng.choice((-1, 1)) * 2.0 ** -rng.randint(30, 52)))
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        want = torch.tensor(values, dtype=torch.float64).to(dtype).tolist()
+        for x, w in zip(values, want):
+            got = round_host(x, dtype)
+            same_sign = math.copysign(1, got) == math.copysign(1, w)
+            same = (got == w and same_sign) or (got != got and w != w)
+            assert same, f"{dtype}: round_host({x!r}) = {got!r}, torch gives {w!r}"
+
+
+@needs_interpreter
+@pytest.mark.parametrize("grid", [100, 200, 20, 7, 1, 100.0, 16384, 24579, 38335, 7.3, 1 / 3, 0.37,
+                                  12345.678, 1e-3])
+def test_in_kernel_steps_match_the_host(grid):
+    """The kernels' step shrink p_i = fp32(1 - i / grid) equals the host's
+    Python value for every step: through the fp64 formula always, and through
+    the fp32 one wherever the launcher's check lets the kernels take it (which
+    must include the integer grids observers use)."""
+    import triton
+    import triton.language as tl
+
+    from obskernels.kernels.quant import round_host
+
+    @triton.jit
+    def steps(out, n, grid32, grid_bits, exact32, BLOCK: tl.constexpr):
+        i = tl.arange(0, BLOCK)
+        tl.store(out + i, mse_module._shrink(i, grid32, grid_bits, exact32), mask=i < n)
+
+    n = min(int(grid) + 2, 1 << 16)
+    block = triton.next_power_of_2(n)
+    want = torch.tensor([1 - i / grid for i in range(n)], dtype=torch.float64).to(torch.float32)
+    bits = struct.unpack("<q", struct.pack("<d", float(grid)))[0]
+    exact = mse_module._fp32_steps_exact(grid, n)
+    if float(grid).is_integer() and grid <= 1 << 14:
+        assert exact, f"grid {grid}: integer grids up to 2^14 take the fp32 formula"
+    for exact32 in (0, 1):
+        out = torch.empty(n, dtype=torch.float32)
+        steps[(1,)](out, n, round_host(grid, torch.float32), bits, exact32, BLOCK=block)
+        bad = (out.view(torch.int32) != want.view(torch.int32)).nonzero()
+        if exact32 and not exact:
+            # the host's check is exact both ways: where it refuses, fp32 does differ
+            assert bad.numel() > 0, f"grid {grid}: the fp32 formula was refused but matches"
+            continue
+        assert bad.numel() == 0, (
+            f"grid {grid}, exact32={exact32}: step {int(bad[0])} gives {float(out[bad[0]])!r}, "
+            f"want {float(want[bad[0]])!r}"
+        )
+
+
+@needs_interpreter
+@pytest.mark.parametrize("split", [False, True], ids=["registers", "split"])
+@pytest.mark.parametrize("flavour", ["mse", "imatrix"])
+def test_both_step_formulas_search_alike(monkeypatch, split, flavour):
+    """The search through the fp64 step formula (forced) equals the search
+    through the fp32 one, bit for bit, and with a non-integer grid it picks
+    the reference's ranges."""
+    from obskernels.reference.mse_search import mse_search as reference_search
+
+    if split:
+        monkeypatch.setattr(mse_module, "CONFIG", SPLIT_CONFIG)
+    value = torch.randn(6, 128, dtype=torch.bfloat16)
+    args = SCHEMES["int4-group32-asym"].qargs()
+    kw = dict(MSE, grid=40) if flavour == "mse" else dict(IMATRIX)
+    with use_backend("triton"):
+        fast = ops.mse_search(value, "weight", args, **kw)
+        monkeypatch.setattr(mse_module, "_fp32_steps_exact", lambda grid, n: False)
+        slow = ops.mse_search(value, "weight", args, **kw)
+        kw["grid"] = kw["grid"] - 0.7  # a non-integer grid, still through fp64
+        odd = ops.mse_search(value, "weight", args, **kw)
+    assert torch.equal(fast[0], slow[0]) and torch.equal(fast[1], slow[1])
+    want = reference_search(value, "weight", args, **kw)
+    assert torch.equal(odd[0], want[0]) and torch.equal(odd[1], want[1]), (odd, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64,
+                                   torch.float8_e4m3fn, torch.int32])
+def test_all_finite_matches_isfinite(dtype):
+    g = torch.Generator().manual_seed(1)
+    for trial in range(40):
+        a = torch.randn(5, 7, generator=g) * 10
+        b = torch.randn(3, generator=g) * 10
+        if dtype.is_floating_point:
+            for t in (a, b):
+                if torch.rand((), generator=g) < 0.4:
+                    t.view(-1)[int(torch.randint(t.numel(), (), generator=g))] = \
+                        [math.nan, math.inf, -math.inf][trial % 3]
+        a, b = a.to(dtype), b.to(dtype)
+        want = all(bool(torch.isfinite(t.float() if dtype.is_floating_point else t).all())
+                   for t in (a, b))
+        assert all_finite(a, b) == want, f"{dtype} trial {trial}: {a}, {b}"
+        assert all_finite(a) == bool(torch.isfinite(a.float()).all())
+    assert all_finite(torch.empty(0)) and all_finite()
+
+
+def test_check_g_idx_returns_the_stable_order():
+    value = torch.randn(3, 12)
+    for g_idx in (torch.arange(12) % 3, torch.tensor([2, 0, 1, 1, 0, 2, 3, 3, 2, 1, 0, 3]),
+                  (torch.arange(12) // 4).to(torch.int32), torch.arange(12).flip(0) // 3):
+        group_size = 12 // (int(g_idx.max()) + 1)
+        want = torch.argsort(g_idx, stable=True)
+        assert torch.equal(check_g_idx(g_idx, value, group_size), want), g_idx
+
+
+# --------------------------------------------------------------------------- #
+# on a GPU: the operations that need no read must not synchronise
+# --------------------------------------------------------------------------- #
+@pytest.mark.gpu
+def test_no_sync_on_cuda():
+    args = SCHEMES["int4-group128"].qargs()
+    value = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(32, 256, device="cuda", dtype=torch.bfloat16)
+    sum_buf = torch.zeros(256, device="cuda")
+    count = torch.zeros((), dtype=torch.int64, device="cuda")
+    calls = [
+        lambda: ops.min_max(value, "weight", args),
+        lambda: ops.mse_search(value, "weight", args, **MSE),
+        lambda: ops.mse_search(value, "weight", args, **IMATRIX),
+        lambda: ops.accumulate_sq(x, sum_buf, count),
+    ]
+    with use_backend("triton"):
+        for call in calls:
+            call()  # compile first
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for call in calls:
+                call()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
