@@ -54,6 +54,7 @@ import torch
 
 from obskernels import ops
 from obskernels.backends import use_backend
+from obskernels.observers.mse import search_with
 from obskernels.validation import FLOAT_DTYPES
 
 __all__ = ["enable", "disable", "enabled", "is_enabled", "SUPPORTED_VERSIONS"]
@@ -124,18 +125,7 @@ def _build_adapters(lc_obs) -> list[tuple[type, tuple[type, ...]]]:
             return ops.min_max(value, self.base_name, self.args)
 
         def _search_value(self, value, flavour, importance=None):
-            return ops.mse_search(
-                value,
-                self.base_name,
-                self.args,
-                maxshrink=self.maxshrink,
-                patience=self.patience,
-                grid=self.grid,
-                norm=self.norm,
-                expand=self.expand,
-                importance=importance,
-                flavour=flavour,
-            )
+            return search_with(self, value, flavour, importance)
 
     class _StaticUpdate:
         def _update_from_value(self, value):

@@ -59,18 +59,25 @@ class SearchKwargsMixin:
                 )
 
     def _search(self, value: torch.Tensor, flavour: str, importance=None) -> MinMaxTuple:
-        return ops.mse_search(
-            value,
-            self.base_name,
-            self.args,
-            maxshrink=self.maxshrink,
-            patience=self.patience,
-            grid=self.grid,
-            norm=self.norm,
-            expand=self.expand,
-            importance=importance,
-            flavour=flavour,
-        )
+        return search_with(self, value, flavour, importance)
+
+
+def search_with(observer, value: torch.Tensor, flavour: str, importance=None) -> MinMaxTuple:
+    """``ops.mse_search`` with the search settings held by ``observer``
+    (base_name, args, maxshrink, patience, grid, norm, expand): obskernels'
+    observers and the llm-compressor adapters both search this way."""
+    return ops.mse_search(
+        value,
+        observer.base_name,
+        observer.args,
+        maxshrink=observer.maxshrink,
+        patience=observer.patience,
+        grid=observer.grid,
+        norm=observer.norm,
+        expand=observer.expand,
+        importance=importance,
+        flavour=flavour,
+    )
 
 
 _MSE_DEFAULTS = {
