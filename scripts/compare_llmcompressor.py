@@ -26,15 +26,9 @@ from dataclasses import dataclass, field
 import torch
 from compressed_tensors.quantization import QuantizationArgs
 
-NAMES = (
-    "memoryless_minmax",
-    "static_minmax",
-    "minmax",
-    "memoryless_mse",
-    "mse",
-    "nvfp4_expanded_mse",
-    "imatrix_mse",
-)
+from obskernels.observers import OBSERVER_NAMES
+
+NAMES = OBSERVER_NAMES
 
 
 @dataclass(frozen=True)

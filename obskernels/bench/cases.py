@@ -17,6 +17,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from obskernels.observers import OBSERVER_NAMES
+
 __all__ = [
     "Scheme",
     "Case",
@@ -170,18 +172,7 @@ OPS: Dict[str, Target] = {
         Target("op", "accumulate_sq"),
     )
 }
-OBSERVERS: Dict[str, Target] = {
-    name: Target("observer", name)
-    for name in (
-        "memoryless_minmax",
-        "static_minmax",
-        "minmax",
-        "memoryless_mse",
-        "mse",
-        "nvfp4_expanded_mse",
-        "imatrix_mse",
-    )
-}
+OBSERVERS: Dict[str, Target] = {name: Target("observer", name) for name in OBSERVER_NAMES}
 # short names accepted by --ops
 OP_ALIASES = {
     "flatten": ["flatten"],

@@ -19,7 +19,19 @@ from obskernels.observers.mse import (
 )
 from obskernels.observers.tokens import get_observer_token_count
 
+#: Every name this package registers, in the order of SPEC §1's table.
+OBSERVER_NAMES = (
+    "memoryless_minmax",
+    "static_minmax",
+    "minmax",
+    "memoryless_mse",
+    "mse",
+    "nvfp4_expanded_mse",
+    "imatrix_mse",
+)
+
 __all__ = [
+    "OBSERVER_NAMES",
     "Observer",
     "QParamsDict",
     "MinMaxTuple",
