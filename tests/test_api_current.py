@@ -306,6 +306,13 @@ def test_activation_ordered_imatrix_weights_use_importance_in_group_order():
     assert torch.equal(lin.weight_scale, calculate_qparams(mins, maxs, args)[0].to(lin.weight_scale.dtype))
 
 
+def test_g_idx_parameter_does_not_become_an_observer_parameter():
+    obs = Observer.load_from_registry("memoryless_minmax", base_name="weight", args=QuantizationArgs(num_bits=4, strategy="group", group_size=8))
+    g_idx = torch.nn.Parameter(_activation_order(16, 8), requires_grad=False)
+    obs(torch.randn(4, 16), g_idx=g_idx)
+    assert "_g_idx" not in obs._parameters and obs._g_idx is None
+
+
 def test_placeholder_g_idx_is_no_activation_order():
     model, args = _one_linear("memoryless_minmax", "group", group_size=8)
     lin = model[0]

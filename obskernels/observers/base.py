@@ -161,11 +161,13 @@ class Observer(InternalModule, RegistryMixin):
         # a weight does not change during calibration: observe it once
         if self.is_weight_obs and self.has_statistics:
             return self
-        self._g_idx = g_idx
+        # a plain attribute even when g_idx is a Parameter (nn.Module would
+        # register it as one of the observer's parameters)
+        object.__setattr__(self, "_g_idx", g_idx)
         try:
             stats = self._compute_statistics(value)
         finally:
-            self._g_idx = None
+            object.__setattr__(self, "_g_idx", None)
         self._accumulate(*stats)
         self._count_tokens(value)
         # like llm-compressor: observing one fused weight also observes the
