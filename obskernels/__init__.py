@@ -20,6 +20,7 @@ from obskernels.observers import (
     MemorylessMSEObserver,
     MinMaxObserver,
     MovingAverageMSEObserver,
+    NVFP4ExpandedIMatrixObserver,
     NVFP4ExpandedMSEObserver,
     Observer,
     QParamsDict,
@@ -46,6 +47,7 @@ __all__ = [
     "MovingAverageMSEObserver",
     "NVFP4ExpandedMSEObserver",
     "IMatrixMSEObserver",
+    "NVFP4ExpandedIMatrixObserver",
     "ImportanceFallbackWarning",
     "get_observer_token_count",
 ]

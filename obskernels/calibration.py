@@ -67,6 +67,7 @@ __all__ = [
     "sync_observer_stats",
     "freeze_module_quantization",
     "get_modules",
+    "weight_g_idx",
 ]
 
 ACTIVATION_BASE_NAMES = ("input", "output", "q", "k", "v")
@@ -334,7 +335,7 @@ def start_calibration(
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     _name_modules(model)
     handles: list[RemovableHandle] = []
-    for module in get_modules(model):
+    for module in get_modules(model, quantized_only=True):
         if _is_hooked_attention(module):
             if hasattr(module, "impl"):
                 initialize_observer(module, "q")
@@ -379,51 +380,102 @@ def _as_base_names(base_names, what: str) -> list[str]:
     return names
 
 
-def observe(modules, base_name: str = "weight") -> None:
-    """Run each module's ``<base_name>_observer`` on the module's tensor of
-    that name; only "weight" names a tensor held by the module (activations
-    are observed through the hooks). Modules without the observer are skipped."""
+def _one_of(value, alias, name: str, alias_name: str, what: str):
+    """``value``, or the older keyword ``alias`` it may be given as (not both)."""
+    if alias is not None:
+        if value is not None:
+            raise TypeError(f"{what}: pass {name!r} or its older name {alias_name!r}, not both")
+        return alias
+    if value is None:
+        raise TypeError(f"{what}: missing argument {name!r}")
+    return value
+
+
+def weight_g_idx(module: Module) -> Optional[torch.Tensor]:
+    """``module.weight_g_idx`` (activation ordering: column j belongs to group
+    ``weight_g_idx[j]``), or None when the module has none or it holds only the
+    -1 placeholder that older compressed-tensors allocate before GPTQ sets it."""
+    g_idx = getattr(module, "weight_g_idx", None)
+    if not isinstance(g_idx, torch.Tensor):
+        return None
+    if g_idx.numel() and g_idx.device.type != "meta" and bool((g_idx == -1).all()):
+        return None
+    return g_idx
+
+
+def observe(module=None, base_name: str = "weight", *, modules=None) -> None:
+    """Run ``<base_name>_observer`` of ``module`` (a module or an iterable of
+    modules) on the module's tensor of that name; only "weight" names a tensor
+    held by the module (activations are observed through the hooks). Modules
+    without the observer are skipped. A module's ``weight_g_idx`` (activation
+    ordering) is passed on, so GROUP weights are grouped as it says.
+    ``modules=`` is the older keyword of ``module``."""
+    module = _one_of(module, modules, "module", "modules", "observe")
     check_base_name(base_name)
     if base_name != "weight":
         raise ValueError(
             f"observe: base_name {base_name!r} is an activation, observed by the "
             "calibration hooks (calibrate_activations); observe() reads module.weight"
         )
-    for module in _as_module_list(modules, "observe"):
-        observer = getattr(module, "weight_observer", None)
+    for m in _as_module_list(module, "observe"):
+        observer = getattr(m, "weight_observer", None)
         if observer is None:
             continue
-        weight = getattr(module, "weight", None)
+        weight = getattr(m, "weight", None)
         if not isinstance(weight, torch.Tensor):
-            raise ValueError(f"observe: module '{_label(module)}' has a weight observer but no weight")
-        observer(weight)
+            raise ValueError(f"observe: module '{_label(m)}' has a weight observer but no weight")
+        observer(weight, g_idx=weight_g_idx(m))
 
 
-def update_qparams(modules, base_names) -> None:
+def _store(module: Module, name: str, value: torch.Tensor, only_update_onload: bool) -> None:
+    if not only_update_onload:
+        update_offload_parameter(module, name, value)
+        return
+    # the onloaded tensor only (an offloaded copy, if any, is left as it was)
+    param = getattr(module, name)
+    param.data = value.to(device=param.device, dtype=param.dtype)
+
+
+def update_qparams(
+    module=None,
+    base_name=None,
+    only_update_onload: bool = False,
+    *,
+    modules=None,
+    base_names=None,
+) -> None:
     """Compute each observer's qparams and store them on its module.
 
-    Stores ``<base>_scale``, ``<base>_zero_point`` and, for TENSOR_GROUP,
-    ``<base>_global_scale`` where the module has those parameters. Skipped:
-    modules without the observer, fully dynamic args (no observer), and the
-    scale / zero point of locally dynamic args (only their global scale is
-    static). A weight observer not yet observed observes ``module.weight``
-    here. An activation observer that never saw data leaves the placeholders
-    (scale 1, zero point 0) and raises a ``CalibrationWarning`` naming the module.
+    ``module``: a module or an iterable of modules; ``base_name``: a base
+    name or an iterable of them (``modules=`` / ``base_names=`` are their
+    older keywords). Stores ``<base>_scale``, ``<base>_zero_point`` and, for
+    TENSOR_GROUP, ``<base>_global_scale`` where the module has those
+    parameters: through ``update_offload_parameter`` (the onloaded tensor and
+    any offloaded copy), or, with ``only_update_onload=True``, into the
+    onloaded tensor only (a temporary update, or a DDP rank that must not
+    write the shared offload). Skipped: modules without the observer, fully
+    dynamic args (no observer), and the scale / zero point of locally dynamic
+    args (only their global scale is static). A weight observer not yet
+    observed observes ``module.weight`` here. An activation observer that
+    never saw data leaves the placeholders (scale 1, zero point 0) and raises
+    a ``CalibrationWarning`` naming the module.
     """
-    names = _as_base_names(base_names, "update_qparams")
-    for module in _as_module_list(modules, "update_qparams"):
+    module = _one_of(module, modules, "module", "modules", "update_qparams")
+    base_name = _one_of(base_name, base_names, "base_name", "base_names", "update_qparams")
+    names = _as_base_names(base_name, "update_qparams")
+    for m in _as_module_list(module, "update_qparams"):
         for base in names:
-            observer = getattr(module, f"{base}_observer", None)
+            observer = getattr(m, f"{base}_observer", None)
             if observer is None:
                 continue
             args = observer.args
             if args.dynamic is True:
                 continue
             if not observer.has_statistics and base == "weight":
-                observe(module, "weight")
+                observe(m, "weight")
             if not observer.has_statistics:
                 warnings.warn(
-                    f"module '{_label(module)}' saw no {base} data during calibration: "
+                    f"module '{_label(m)}' saw no {base} data during calibration: "
                     f"its {base} qparams keep the placeholders (scale 1, zero point 0). "
                     "Check that the calibration data reaches this module (e.g. that "
                     "every MoE expert receives tokens).",
@@ -437,8 +489,8 @@ def update_qparams(modules, base_names) -> None:
                 if value is None or (local_dynamic and key != "global_scale"):
                     continue
                 pname = f"{base}_{key}"
-                if isinstance(getattr(module, pname, None), torch.Tensor):
-                    update_offload_parameter(module, pname, value)
+                if isinstance(getattr(m, pname, None), torch.Tensor):
+                    _store(m, pname, value, only_update_onload)
 
 
 def sync_observer_stats(modules) -> None:
@@ -477,14 +529,14 @@ def freeze_module_quantization(module: Module) -> None:
         module.quantization_enabled = True
 
 
-def get_modules(parents, *, quantized_only: bool = True) -> list[Module]:
+def get_modules(parents, *, quantized_only: bool = False) -> list[Module]:
     """Every module under ``parents`` (a module or an ordered sequence of
     modules), each once, in the order of ``parent.modules()`` over the
-    parents in the order given.
+    parents in the order given (llm-compressor's ``get_modules``).
 
     The order depends only on the model's structure, so all DDP ranks agree
     on it; a set of parents is refused (TypeError) because its iteration order
-    is not. With ``quantized_only`` (default) only modules that carry a
+    is not. With ``quantized_only=True`` only modules that carry a
     quantization scheme are returned.
     """
     if isinstance(parents, Module):

@@ -363,12 +363,18 @@ def test_empty_and_bad_values():
 def test_get_modules_order_and_dedup():
     model = apply(tiny_llama(layers=2), {"g": QuantizationScheme(targets=["Linear"], weights=int_args(4, "group", None, group_size=16))})
     layers = model.model.layers
-    every = get_modules(model)
+    # llm-compressor's get_modules: every module, each once, in order
+    assert get_modules(model) == list(model.modules())
+    assert get_modules([model]) == list(model.modules())
+    every = get_modules(model, quantized_only=True)
     assert every == [m for m in model.modules() if hasattr(m, "quantization_scheme")]
     assert len(every) == 14
     # layer 1 first, then the rest of the model: each module once
-    got = get_modules([layers[1], model, layers[1].mlp])
-    assert got == get_modules(layers[1]) + get_modules(layers[0])
+    got = get_modules([layers[1], model, layers[1].mlp], quantized_only=True)
+    assert got == get_modules(layers[1], quantized_only=True) + get_modules(layers[0], quantized_only=True)
+    got_all = get_modules([layers[1], model, layers[1].mlp])
+    assert got_all[: len(list(layers[1].modules()))] == list(layers[1].modules())
+    assert len({id(m) for m in got_all}) == len(got_all) == len(list(model.modules()))
     assert len({id(m) for m in got}) == len(got)
     assert len(get_modules(layers[0], quantized_only=False)) == len(list(layers[0].modules()))
     with pytest.raises(TypeError, match="set"):

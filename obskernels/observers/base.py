@@ -110,6 +110,8 @@ class Observer(InternalModule, RegistryMixin):
         self.nonfinite: str = nonfinite
 
         self._num_observed_tokens = 0
+        # g_idx of the value being observed (set by forward only while it measures)
+        self._g_idx: Optional[torch.Tensor] = None
         # fusion bookkeeping (TENSOR_GROUP global scale shared across observers)
         self._fused_with: List["Observer"] = []
         self._fused_module: Optional[weakref.ref] = None
@@ -143,8 +145,15 @@ class Observer(InternalModule, RegistryMixin):
     # -------------------------------------------------------------- observing
 
     @torch.no_grad()
-    def forward(self, value: torch.Tensor) -> "Observer":
-        """Update the statistics from ``value``; returns the observer itself."""
+    def forward(self, value: torch.Tensor, g_idx: Optional[torch.Tensor] = None) -> "Observer":
+        """Update the statistics from ``value``; returns the observer itself.
+
+        ``g_idx`` (weights with the GROUP strategy only; activation ordering):
+        column j belongs to group ``g_idx[j]`` (SPEC §2). The min/max
+        observers pass it to ``ops.min_max``, which reads the columns through
+        gathered loads; the search observers search the columns in that
+        order (their importance follows the same order).
+        """
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"value must be a torch.Tensor, got {type(value).__name__}")
         if value.numel() == 0:
@@ -152,7 +161,14 @@ class Observer(InternalModule, RegistryMixin):
         # a weight does not change during calibration: observe it once
         if self.is_weight_obs and self.has_statistics:
             return self
-        self._accumulate(*self._compute_statistics(value))
+        # a plain attribute even when g_idx is a Parameter (nn.Module would
+        # register it as one of the observer's parameters)
+        object.__setattr__(self, "_g_idx", g_idx)
+        try:
+            stats = self._compute_statistics(value)
+        finally:
+            object.__setattr__(self, "_g_idx", None)
+        self._accumulate(*stats)
         self._count_tokens(value)
         # like llm-compressor: observing one fused weight also observes the
         # weights of the modules fused with it, while they are at hand

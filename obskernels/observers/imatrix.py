@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import warnings
+import weakref
 from typing import Optional
 
 import torch
@@ -20,9 +21,15 @@ from obskernels import ops
 from obskernels.observers.base import MinMaxTuple, Observer
 from obskernels.observers.mse import SearchKwargsMixin
 
-__all__ = ["IMatrixMSEObserver", "ImportanceFallbackWarning"]
+__all__ = ["IMatrixMSEObserver", "ImportanceFallbackWarning", "NVFP4ExpandedIMatrixObserver"]
 
 _IMPORTANCE_STRATEGIES = (S.CHANNEL, S.GROUP, S.TENSOR_GROUP)
+
+
+def _unpublish(module: torch.nn.Module) -> None:
+    for name in ("_imatrix_sum", "_imatrix_count"):
+        if name in module.__dict__:
+            delattr(module, name)
 
 
 class ImportanceFallbackWarning(UserWarning):
@@ -65,12 +72,37 @@ class IMatrixMSEObserver(SearchKwargsMixin, Observer):
         self._imatrix_sum: Optional[torch.Tensor] = None
         self._imatrix_count = torch.zeros((), dtype=torch.int64)
         self._imatrix_hook = None
+        self._imatrix_module: Optional[weakref.ref] = None
 
     # ---------------------------------------------------------------- hooks
+    #
+    # The running sums are published on the hooked module as ``_imatrix_sum``
+    # (fp32, one per input channel) and ``_imatrix_count`` (int64 tokens): the
+    # observer and the module hold the same tensors, updated in place. So a
+    # first pass can gather importance and a later observer, attached to the
+    # same module, picks it up (llm-compressor's two-pass imatrix flow):
+    #
+    #   attach  - the module already holds ``_imatrix_sum``: take the sums over
+    #             (they leave the module) and register no hook; otherwise start
+    #             zero sums, publish them and register the forward-pre hook.
+    #   detach  - remove the hook; sums not yet used stay on the module.
+    #   get_qparams uses the sums: they leave the observer and the module.
 
     def attach(self, module: torch.nn.Module) -> None:
-        """Register the E[x**2] hook on a module with ``in_features`` (else nothing)."""
-        self.detach(module)
+        """Take over sums left on ``module`` by an earlier pass, or register the
+        E[x**2] hook on a module with ``in_features`` (else nothing)."""
+        self._remove_hook()
+        held = getattr(module, "_imatrix_sum", None)
+        if isinstance(held, torch.Tensor) and held is not self._imatrix_sum:
+            count = getattr(module, "_imatrix_count", None)
+            if not isinstance(count, torch.Tensor):
+                count = torch.tensor(0 if count is None else int(count), dtype=torch.int64)
+            self._imatrix_sum = held
+            self._imatrix_count = count.to(device=held.device, dtype=torch.int64).reshape(())
+            self._imatrix_features = held.numel()
+            _unpublish(module)
+            self._imatrix_module = None
+            return
         in_features = getattr(module, "in_features", None)
         if not isinstance(in_features, int):
             return
@@ -78,13 +110,31 @@ class IMatrixMSEObserver(SearchKwargsMixin, Observer):
         device = param.device if param is not None else None
         self._imatrix_features = in_features
         self._reset_importance(device)
+        self._imatrix_module = weakref.ref(module)
+        self._publish()
         self._imatrix_hook = module.register_forward_pre_hook(self._imatrix_pre_hook)
 
     def detach(self, module: torch.nn.Module) -> None:
-        """Remove the hook (the accumulated sums stay until get_qparams)."""
+        """Remove the hook; sums not used yet stay on the module for a later
+        observer's ``attach``."""
+        self._remove_hook()
+        if self._imatrix_sum is not None and self._hooked_module() is module:
+            self._publish()  # the latest tensors (a DDP sync may have replaced them)
+
+    def _remove_hook(self) -> None:
         if self._imatrix_hook is not None:
             self._imatrix_hook.remove()
             self._imatrix_hook = None
+
+    def _hooked_module(self) -> Optional[torch.nn.Module]:
+        ref = getattr(self, "_imatrix_module", None)
+        return ref() if ref is not None else None
+
+    def _publish(self) -> None:
+        module = self._hooked_module()
+        if module is not None and self._imatrix_sum is not None:
+            module._imatrix_sum = self._imatrix_sum
+            module._imatrix_count = self._imatrix_count
 
     def _reset_importance(self, device=None) -> None:
         self._imatrix_sum = torch.zeros(self._imatrix_features, dtype=torch.float32, device=device)
@@ -98,9 +148,11 @@ class IMatrixMSEObserver(SearchKwargsMixin, Observer):
             return
         if self._imatrix_sum is None or self._imatrix_count is None:
             self._reset_importance(x.device)
+            self._publish()
         elif self._imatrix_sum.device != x.device:
             self._imatrix_sum = self._imatrix_sum.to(x.device)
             self._imatrix_count = self._imatrix_count.to(x.device)
+            self._publish()
         ops.accumulate_sq(x.detach(), self._imatrix_sum, self._imatrix_count)
 
     # ------------------------------------------------------------ statistics
@@ -111,9 +163,13 @@ class IMatrixMSEObserver(SearchKwargsMixin, Observer):
     def _drop_statistics(self) -> None:
         super()._drop_statistics()
         # the importance belongs to this weight's calibration: it goes too (and
-        # is skipped by sync_activation_stats); the hook starts afresh
+        # is skipped by sync_activation_stats), from the module as well; the
+        # hook starts afresh
         self._imatrix_sum = None
         self._imatrix_count = None
+        module = self._hooked_module()
+        if module is not None:
+            _unpublish(module)
 
     def _importance_for(self, value: torch.Tensor) -> Optional[torch.Tensor]:
         """Normalised per-column importance for ``value``, or None (uniform)."""
@@ -164,3 +220,21 @@ class IMatrixMSEObserver(SearchKwargsMixin, Observer):
             f"{message}; falling back to uniform weights", ImportanceFallbackWarning, stacklevel=4
         )
         return None
+
+
+@Observer.register("nvfp4_expanded_imatrix")
+class NVFP4ExpandedIMatrixObserver(IMatrixMSEObserver):
+    """``imatrix_mse`` searching from 1.8x the range down to about 0.8x, as
+    ``nvfp4_expanded_mse`` does without importance.
+
+    Defaults: expand 1.8, maxshrink 1 - 0.8/1.8, grid 200, patience 1000,
+    norm 3.0, strict False.
+    """
+
+    _search_defaults = {
+        **IMatrixMSEObserver._search_defaults,
+        "expand": 1.8,
+        "maxshrink": 1 - 0.8 / 1.8,
+        "grid": 200,
+        "patience": 1000,
+    }

@@ -23,7 +23,7 @@ class MemorylessMinMaxObserver(Observer):
     _act_sync_dict = {}
 
     def _measure(self, value: torch.Tensor) -> MinMaxTuple:
-        return ops.min_max(value, self.base_name, self.args)
+        return ops.min_max(value, self.base_name, self.args, g_idx=getattr(self, "_g_idx", None))
 
 
 @Observer.register("static_minmax")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Dict
 
 import torch
@@ -13,6 +14,7 @@ from obskernels.observers.base import MinMaxTuple, Observer, _number
 from obskernels.observers.minmax import MovingAverageMixin
 
 __all__ = [
+    "FourOverSixObserver",
     "MemorylessMSEObserver",
     "MovingAverageMSEObserver",
     "NVFP4ExpandedMSEObserver",
@@ -26,6 +28,11 @@ class SearchKwargsMixin:
     ``_search_defaults`` names each kwarg's default; ``args.observer_kwargs``
     overrides them. Invalid values raise ValueError naming the kwarg (SPEC §1).
     ``chunk_size`` is accepted and validated; it never changes the result.
+    ``triton_error_buffer`` (llm-compressor 0.14.0.1: the slack of the
+    per-group patience of its CUDA-only Triton search) is accepted and kept
+    as ``self.triton_error_buffer``; it never changes the result either:
+    obskernels always computes the eager search with GLOBAL patience, on
+    every backend and device.
     """
 
     _search_defaults: Dict[str, Any] = {}
@@ -51,6 +58,15 @@ class SearchKwargsMixin:
             )
         if not math.isfinite(self.expand) or self.expand < 1:
             raise ValueError(f"observer kwarg 'expand' must be >= 1, got {self.expand!r}")
+        buffer = kw.get("triton_error_buffer")
+        if buffer is not None:
+            _number("triton_error_buffer", buffer)
+            if not math.isfinite(buffer) or buffer < 0:
+                raise ValueError(
+                    f"observer kwarg 'triton_error_buffer' must be a finite number >= 0, "
+                    f"got {buffer!r}"
+                )
+        self.triton_error_buffer = buffer
         if "chunk_size" in self._search_defaults:
             self.chunk_size = _number("chunk_size", kw["chunk_size"], integer=True)
             if self.chunk_size <= 0:
@@ -65,7 +81,14 @@ class SearchKwargsMixin:
 def search_with(observer, value: torch.Tensor, flavour: str, importance=None) -> MinMaxTuple:
     """``ops.mse_search`` with the search settings held by ``observer``
     (base_name, args, maxshrink, patience, grid, norm, expand): obskernels'
-    observers and the llm-compressor adapters both search this way."""
+    observers and the llm-compressor adapters both search this way.
+
+    An observer measuring a weight with a ``g_idx`` (``observer._g_idx``, set
+    by ``Observer.forward``) searches its columns in the stable order of
+    g_idx, which is how SPEC §2 groups them; the importance follows."""
+    g_idx = getattr(observer, "_g_idx", None)
+    if g_idx is not None:
+        value, importance = gather_columns(value, observer.base_name, observer.args, g_idx, importance)
     return ops.mse_search(
         value,
         observer.base_name,
@@ -78,6 +101,18 @@ def search_with(observer, value: torch.Tensor, flavour: str, importance=None) ->
         importance=importance,
         flavour=flavour,
     )
+
+
+def gather_columns(value, base_name, args, g_idx, importance=None):
+    """The weight's columns in the stable order of ``g_idx`` (and the
+    importance in that order), through ``ops.flatten_for_calibration``, which
+    validates ``g_idx`` and refuses it outside weights with the GROUP strategy."""
+    grouped = ops.flatten_for_calibration(value, base_name, args, g_idx=g_idx)
+    value = grouped.reshape(value.shape[0], value.shape[1])
+    if importance is not None:
+        order = torch.argsort(g_idx, stable=True)
+        importance = importance[order.to(importance.device)]
+    return value, importance
 
 
 _MSE_DEFAULTS = {
@@ -133,3 +168,22 @@ class NVFP4ExpandedMSEObserver(MemorylessMSEObserver):
         "grid": 200.0,
         "patience": 1000,
     }
+
+
+@Observer.register("fouroversix")
+class FourOverSixObserver(NVFP4ExpandedMSEObserver):
+    """Deprecated name of ``nvfp4_expanded_mse`` (llm-compressor 0.14.0.1 keeps it).
+
+    Loading it warns (``UserWarning``) and returns an
+    ``NVFP4ExpandedMSEObserver`` built with the same arguments: the object is
+    exactly what ``nvfp4_expanded_mse`` builds.
+    """
+
+    def __new__(cls, *args, **kwargs):
+        warnings.warn(
+            "observer 'fouroversix' is deprecated: it is the same observer as "
+            "'nvfp4_expanded_mse'; load that name instead",
+            UserWarning,
+            stacklevel=3,
+        )
+        return NVFP4ExpandedMSEObserver(*args, **kwargs)
