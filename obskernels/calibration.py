@@ -26,6 +26,7 @@ Base names and the scheme field each reads: "weight" -> ``weights``,
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 import weakref
 from collections.abc import Iterable
@@ -441,23 +442,38 @@ def update_qparams(modules, base_names) -> None:
                     update_offload_parameter(module, pname, value)
 
 
-def sync_observer_stats(modules) -> None:
+def sync_observer_stats(modules, *, timeout: Optional[float] = None) -> None:
     """All-reduce the activation statistics of ``modules``' observers across
     DDP ranks and wait for them. Every rank must pass the same modules in the
-    same order (see ``get_modules``). A no-op without a process group."""
+    same order (see ``get_modules``). A no-op without a process group.
+
+    ``timeout`` (seconds) bounds each collective (None: ``sync_timeout`` /
+    OBSKERNELS_SYNC_TIMEOUT / the process group's timeout): a rank that exited
+    or hangs raises ``DistributedSyncError`` naming the module, the observer
+    and the collective on the other ranks instead of hanging them."""
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return
+    from obskernels.observers.sync import DistributedSyncError, sync_timeout
+
     handles = []
     seen: set[int] = set()
-    for module in _as_module_list(modules, "sync_observer_stats"):
-        for base in ALL_BASE_NAMES:
-            observer = getattr(module, f"{base}_observer", None)
-            if observer is None or id(observer) in seen:
-                continue
-            seen.add(id(observer))
-            handles.extend(observer.sync_activation_stats())
-    for handle in handles:
-        handle.wait()
+    with sync_timeout(timeout) if timeout is not None else contextlib.nullcontext():
+        for module in _as_module_list(modules, "sync_observer_stats"):
+            for base in ALL_BASE_NAMES:
+                observer = getattr(module, f"{base}_observer", None)
+                if observer is None or id(observer) in seen:
+                    continue
+                seen.add(id(observer))
+                try:
+                    started = observer.sync_activation_stats()
+                except DistributedSyncError as exc:
+                    raise DistributedSyncError(f"module '{_label(module)}' {base}_observer: {exc}") from exc
+                handles.extend((module, base, h) for h in started)
+    for module, base, handle in handles:
+        try:
+            handle.wait()
+        except DistributedSyncError as exc:
+            raise DistributedSyncError(f"module '{_label(module)}' {base}_observer: {exc}") from exc
 
 
 def freeze_module_quantization(module: Module) -> None:
