@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import threading
 
 import pytest
@@ -24,6 +25,9 @@ import torch
 from compressed_tensors.quantization import QuantizationArgs
 
 from obskernels import Observer, backends, get_backend, ops, set_backend, use_backend
+
+# triton installed but unable to run is a failure (use_backend raises), not a skip
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 
 ARGS = QuantizationArgs(num_bits=4, symmetric=True, strategy="group", group_size=16)
 
@@ -78,6 +82,8 @@ def _assert_same(got: dict, want: dict, what: str) -> None:
         assert torch.equal(got[key], want[key]), f"{what} {key}: {got[key]} != {want[key]}"
 
 
+@needs_triton
+@pytest.mark.kernel
 def test_threads_each_see_their_own_block(spy):
     set_backend("reference")  # process-wide: what a thread outside any block sees
     # seed -> the block its thread enters (None: no block)
@@ -138,6 +144,8 @@ def test_threads_each_see_their_own_block(spy):
             _assert_same(results[(seed, phase)], want[seed], f"thread {seed} ({name}), {phase}")
 
 
+@needs_triton
+@pytest.mark.kernel
 def test_asyncio_tasks_each_see_their_own_block(spy):
     choices = {1: "reference", 2: "triton", 3: "reference"}
 
@@ -164,6 +172,7 @@ def test_asyncio_tasks_each_see_their_own_block(spy):
         _assert_same(results[seed], want[seed], f"task {seed} ({name})")
 
 
+@needs_triton
 def test_set_backend_is_process_wide_and_env_is_honoured(spy, monkeypatch):
     seen = {}
 
