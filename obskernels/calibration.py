@@ -442,18 +442,23 @@ def calibrating(
     saved = {m: _module_state(m) for m in modules}
     for m in modules:
         _SETTLED.pop(m, None)
-    exited_normally = False
+    started = exited_normally = False
     try:
         start_calibration(model, fused_groups=fused_groups)
+        started = True
         yield model
         exited_normally = True
     finally:
-        _end_calibrating(model, modules, saved, warn=exited_normally)
+        _end_calibrating(model, modules, saved, started=started, warn=exited_normally)
 
 
-def _end_calibrating(model: Module, modules: list[Module], saved: dict, warn: bool) -> None:
+def _end_calibrating(model: Module, modules: list[Module], saved: dict, *, started: bool,
+                     warn: bool) -> None:
+    # a start that failed part-way (e.g. a fused group with mixed strategies)
+    # completed nothing: every module goes back as it was
     required = {
         m: {b for b in ALL_BASE_NAMES if getattr(m, f"{b}_observer", None) is not None}
+        if started else {"<not started>"}
         for m in modules
     }
     try:

@@ -286,3 +286,35 @@ def test_refuses_a_model_already_calibrating():
     with pytest.warns(CalibrationWarning):  # once ended, it can be calibrated again
         with calibrating(model):
             pass
+
+
+def test_a_start_that_fails_part_way_is_undone():
+    """fused q/k/v with mixed strategies: start_calibration raises after it
+    attached observers to some modules; nothing of it stays."""
+    from compressed_tensors.quantization import preset_name_to_scheme
+
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q_proj, self.k_proj, self.v_proj = (torch.nn.Linear(32, 32) for _ in range(3))
+
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), Attention())
+    nvfp4 = preset_name_to_scheme("NVFP4A16", ["Linear"]).weights
+    apply_quantization_config(model, QuantizationConfig(config_groups={
+        "qk": QuantizationScheme(targets=["re:.*[qk]_proj$"], weights=nvfp4),
+        "rest": QuantizationScheme(targets=["Linear"], weights=W_ARGS),
+    }), show_progress=False)
+    for i, m in enumerate(get_modules(model)):
+        m.weight_scale.data.fill_(i + 0.5)
+    before = {n: (m.weight_scale.clone(), m.quantization_status) for n, m in model.named_modules()
+              if hasattr(m, "quantization_scheme")}
+    hooks = hook_counts(model)
+    with pytest.raises(ValueError, match="must all use 'tensor_group'"):
+        with calibrating(model):
+            pass
+    for n, m in model.named_modules():
+        assert not any(hasattr(m, f"{b}_observer") for b in calib.ALL_BASE_NAMES), n
+        if n in before:
+            assert torch.equal(m.weight_scale, before[n][0]), n
+            assert m.quantization_status == before[n][1], (n, m.quantization_status)
+    assert hook_counts(model) == hooks
