@@ -6,14 +6,25 @@ Names:
   and on CPU tensors when TRITON_INTERPRET=1 was set before triton was imported.
 - "auto" (default): triton where it can run for the given tensor, else reference.
 
-The active name comes from ``set_backend``/``use_backend``, else from the
-environment variable OBSKERNELS_BACKEND, else "auto". Forcing a backend that
+The active name comes from the innermost ``use_backend`` block of the caller's
+own thread / async task, else from ``set_backend`` (process-wide), else from
+the environment variable OBSKERNELS_BACKEND, else "auto". Forcing a backend that
 cannot run raises ``BackendUnavailableError`` saying why; it never falls back.
+
+Scope: ``use_backend`` keeps its choice in a ``contextvars.ContextVar``, so
+threads and asyncio tasks calibrating in parallel each see only their own block
+and never restore each other's choice. A new thread starts outside any block
+(it sees ``set_backend`` / the environment, not the block of the thread that
+started it); an asyncio task starts with a copy of its creator's context (the
+block around ``create_task`` applies, a block entered inside the task stays in
+the task). ``set_backend`` changes the process-wide default; inside a
+``use_backend`` block the block's choice still wins until the block exits.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import importlib
 import importlib.util
 import logging
@@ -41,7 +52,12 @@ ENV_VAR = "OBSKERNELS_BACKEND"
 
 logger = logging.getLogger("obskernels")
 
-_active: str | None = None
+# process-wide choice (set_backend); None: the environment decides
+_process_choice: str | None = None
+# the innermost use_backend block of this thread / async task; None: outside any
+_scoped_choice: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "obskernels_backend", default=None
+)
 
 
 class BackendUnavailableError(RuntimeError):
@@ -63,37 +79,46 @@ def _check_name(name: str) -> str:
 
 
 def get_backend() -> str:
-    """The requested backend name (may be "auto")."""
-    if _active is not None:
-        return _active
+    """The requested backend name (may be "auto") for the calling thread / task."""
+    scoped = _scoped_choice.get()
+    if scoped is not None:
+        return scoped
+    if _process_choice is not None:
+        return _process_choice
     return _check_name(os.environ.get(ENV_VAR, "auto") or "auto")
 
 
-def set_backend(name: str) -> None:
-    """Select the backend for every later operation in this process.
-
-    A forced name is checked at once for the runtime (triton importable); whether
-    it fits a given tensor's device is checked when an operation runs.
-    """
-    global _active
+def _checked(name: str) -> str:
+    """A valid name whose runtime is present (triton importable)."""
     name = _check_name(name)
     if name == "triton":
         reason = triton_unavailable_reason(None)
         if reason is not None:
             raise BackendUnavailableError(f"backend 'triton' cannot run: {reason}")
-    _active = name
+    return name
+
+
+def set_backend(name: str) -> None:
+    """Select the backend for every later operation in this process (every
+    thread and task outside a ``use_backend`` block).
+
+    A forced name is checked at once for the runtime (triton importable); whether
+    it fits a given tensor's device is checked when an operation runs.
+    """
+    global _process_choice
+    _process_choice = _checked(name)
 
 
 @contextlib.contextmanager
 def use_backend(name: str) -> Iterator[None]:
-    """Context manager form of ``set_backend``; restores the previous choice."""
-    global _active
-    previous = _active
-    set_backend(name)
+    """Select the backend inside the block, for the calling thread or asyncio
+    task only; the previous choice of that thread / task comes back on exit
+    (exceptions included). Other threads and tasks are not affected."""
+    token = _scoped_choice.set(_checked(name))
     try:
         yield
     finally:
-        _active = previous
+        _scoped_choice.reset(token)
 
 
 def _interpreter_on() -> bool:

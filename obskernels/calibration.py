@@ -26,10 +26,11 @@ Base names and the scheme field each reads: "weight" -> ``weights``,
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 import weakref
 from collections.abc import Iterable
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import torch
 from compressed_tensors.quantization import (
@@ -62,6 +63,7 @@ __all__ = [
     "fuse_weight_observers",
     "start_calibration",
     "end_calibration",
+    "calibrating",
     "observe",
     "update_qparams",
     "sync_observer_stats",
@@ -104,6 +106,9 @@ _WEIGHT_OBSERVER_OVERRIDES = {
 # Handles of the hooks registered by ``register_calibration_hooks``, per module,
 # so that ``freeze_module_quantization`` can remove exactly those.
 _HOOKS: "weakref.WeakKeyDictionary[Module, list[RemovableHandle]]" = weakref.WeakKeyDictionary()
+# Base names whose qparams ``update_qparams`` settled per module (stored, or
+# kept as placeholders on purpose), so ``calibrating`` knows which are complete.
+_SETTLED: "weakref.WeakKeyDictionary[Module, set[str]]" = weakref.WeakKeyDictionary()
 # Qualified names, for warnings that say which module is meant.
 _NAMES: "weakref.WeakKeyDictionary[Module, str]" = weakref.WeakKeyDictionary()
 
@@ -358,6 +363,124 @@ def end_calibration(model: Module) -> None:
     model.apply(freeze_module_quantization)
 
 
+_QPARAM_SUFFIXES = ("scale", "zero_point", "global_scale")
+_ABSENT = object()
+
+
+def _module_state(module: Module) -> dict:
+    """What calibration may change on ``module``: its qparams (copies), status
+    and quantization switch."""
+    qparams = {}
+    for base in ALL_BASE_NAMES:
+        for suffix in _QPARAM_SUFFIXES:
+            value = getattr(module, f"{base}_{suffix}", None)
+            if isinstance(value, torch.Tensor):
+                qparams[f"{base}_{suffix}"] = value.detach().clone()
+    return {
+        "qparams": qparams,
+        "quantization_status": module.__dict__.get("quantization_status", _ABSENT),
+        "quantization_enabled": module.__dict__.get("quantization_enabled", _ABSENT),
+    }
+
+
+def _restore_state(module: Module, state: dict) -> None:
+    for name, value in state["qparams"].items():
+        if isinstance(getattr(module, name, None), torch.Tensor):
+            update_offload_parameter(module, name, value)
+    for attr in ("quantization_status", "quantization_enabled"):
+        if state[attr] is _ABSENT:
+            module.__dict__.pop(attr, None)
+        else:
+            setattr(module, attr, state[attr])
+
+
+@contextlib.contextmanager
+def calibrating(
+    model: Module, *, fused_groups: Sequence[Sequence[str]] = FUSED_LAYER_NAMES
+) -> Iterator[Module]:
+    """Calibration of ``model`` as a block, safe to interrupt::
+
+        with calibrating(model):
+            for batch in batches:
+                model(**batch)
+            modules = get_modules(model)
+            update_qparams(modules, ACTIVATION_BASE_NAMES)
+            update_qparams(modules, "weight")
+
+    Entering runs ``start_calibration``. On ANY exit (normal, an exception,
+    KeyboardInterrupt) every calibration hook and observer is removed, so a
+    later forward pass observes nothing, and each quantized module ends in
+    one of two states, never a mix within a module:
+
+    - complete: ``update_qparams`` settled every base name it had an
+      observer for (stored the calibrated qparams, or kept the placeholders
+      with a ``CalibrationWarning`` for a module that saw no data): the module
+      is frozen with quantization on, as ``end_calibration`` leaves it;
+    - otherwise as it was before the block: its qparams, quantization status
+      and quantization switch are put back (the placeholders of
+      ``initialize_observer`` and any qparams of some of its base names are
+      undone). On a normal exit this raises a ``CalibrationWarning`` naming
+      the modules.
+
+    ``update_qparams`` stores each module's qparams together, so an
+    interruption inside it leaves that module all old or all new. Yields the
+    model. A model that already carries observers is refused (RuntimeError):
+    the block could not tell its own observers from the others.
+    """
+    if not isinstance(model, Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    _name_modules(model)
+    modules = get_modules(model, quantized_only=True)
+    busy = [
+        f"{_label(m)}.{b}_observer" for m in model.modules() for b in ALL_BASE_NAMES
+        if getattr(m, f"{b}_observer", None) is not None
+    ]
+    if busy:
+        raise RuntimeError(
+            f"calibrating: the model already carries observers ({', '.join(busy[:5])}"
+            f"{', ...' if len(busy) > 5 else ''}); end that calibration first (end_calibration)"
+        )
+    saved = {m: _module_state(m) for m in modules}
+    for m in modules:
+        _SETTLED.pop(m, None)
+    started = exited_normally = False
+    try:
+        start_calibration(model, fused_groups=fused_groups)
+        started = True
+        yield model
+        exited_normally = True
+    finally:
+        _end_calibrating(model, modules, saved, started=started, warn=exited_normally)
+
+
+def _end_calibrating(model: Module, modules: list[Module], saved: dict, *, started: bool,
+                     warn: bool) -> None:
+    # a start that failed part-way (e.g. a fused group with mixed strategies)
+    # completed nothing: every module goes back as it was
+    required = {
+        m: {b for b in ALL_BASE_NAMES if getattr(m, f"{b}_observer", None) is not None}
+        if started else {"<not started>"}
+        for m in modules
+    }
+    try:
+        model.apply(freeze_module_quantization)  # hooks and observers gone, whatever follows
+    finally:
+        incomplete = []
+        for m in modules:
+            settled = _SETTLED.pop(m, set())
+            if not required[m] <= settled:
+                _restore_state(m, saved[m])
+                incomplete.append(_label(m))
+    if warn and incomplete:
+        warnings.warn(
+            f"calibrating: update_qparams did not store the qparams of {len(incomplete)} "
+            f"module(s) ({', '.join(incomplete[:5])}{', ...' if len(incomplete) > 5 else ''}); "
+            "they keep the qparams they had before calibration",
+            CalibrationWarning,
+            stacklevel=3,
+        )
+
+
 # ------------------------------------------------------ observe / qparams
 
 
@@ -464,6 +587,10 @@ def update_qparams(
     base_name = _one_of(base_name, base_names, "base_name", "base_names", "update_qparams")
     names = _as_base_names(base_name, "update_qparams")
     for m in _as_module_list(module, "update_qparams"):
+        # every qparam of the module is computed first and stored together:
+        # an exception (or Ctrl-C) leaves the module's qparams all old or all new
+        pending: list[tuple[str, torch.Tensor]] = []
+        settled: list[str] = []
         for base in names:
             observer = getattr(m, f"{base}_observer", None)
             if observer is None:
@@ -482,6 +609,7 @@ def update_qparams(
                     CalibrationWarning,
                     stacklevel=2,
                 )
+                settled.append(base)
                 continue
             qparams = observer.get_qparams()
             local_dynamic = args.dynamic == DynamicType.LOCAL
@@ -490,26 +618,61 @@ def update_qparams(
                     continue
                 pname = f"{base}_{key}"
                 if isinstance(getattr(m, pname, None), torch.Tensor):
-                    _store(m, pname, value, only_update_onload)
+                    pending.append((pname, value))
+            settled.append(base)
+        _store_together(m, pending, only_update_onload)
+        _SETTLED.setdefault(m, set()).update(settled)
 
 
-def sync_observer_stats(modules) -> None:
+def _store_together(
+    module: Module, pending: list[tuple[str, torch.Tensor]], only_update_onload: bool
+) -> None:
+    """Store every (parameter name, value) on ``module`` (``_store``), or none
+    of them: a failure part-way puts back the values already replaced."""
+    old = {name: getattr(module, name).detach().clone() for name, _ in pending}
+    done: list[str] = []
+    try:
+        for name, value in pending:
+            _store(module, name, value, only_update_onload)
+            done.append(name)
+    except BaseException:
+        for name in reversed(done):
+            _store(module, name, old[name], only_update_onload)
+        raise
+
+
+def sync_observer_stats(modules, *, timeout: Optional[float] = None) -> None:
     """All-reduce the activation statistics of ``modules``' observers across
     DDP ranks and wait for them. Every rank must pass the same modules in the
-    same order (see ``get_modules``). A no-op without a process group."""
+    same order (see ``get_modules``). A no-op without a process group.
+
+    ``timeout`` (seconds) bounds each collective (None: ``sync_timeout`` /
+    OBSKERNELS_SYNC_TIMEOUT / the process group's timeout): a rank that exited
+    or hangs raises ``DistributedSyncError`` naming the module, the observer
+    and the collective on the other ranks instead of hanging them."""
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return
+    from obskernels.observers.sync import DistributedSyncError, sync_timeout
+
     handles = []
     seen: set[int] = set()
-    for module in _as_module_list(modules, "sync_observer_stats"):
-        for base in ALL_BASE_NAMES:
-            observer = getattr(module, f"{base}_observer", None)
-            if observer is None or id(observer) in seen:
-                continue
-            seen.add(id(observer))
-            handles.extend(observer.sync_activation_stats())
-    for handle in handles:
-        handle.wait()
+    with sync_timeout(timeout) if timeout is not None else contextlib.nullcontext():
+        for module in _as_module_list(modules, "sync_observer_stats"):
+            for base in ALL_BASE_NAMES:
+                observer = getattr(module, f"{base}_observer", None)
+                if observer is None or id(observer) in seen:
+                    continue
+                seen.add(id(observer))
+                try:
+                    started = observer.sync_activation_stats()
+                except DistributedSyncError as exc:
+                    raise DistributedSyncError(f"module '{_label(module)}' {base}_observer: {exc}") from exc
+                handles.extend((module, base, h) for h in started)
+    for module, base, handle in handles:
+        try:
+            handle.wait()
+        except DistributedSyncError as exc:
+            raise DistributedSyncError(f"module '{_label(module)}' {base}_observer: {exc}") from exc
 
 
 def freeze_module_quantization(module: Module) -> None:

@@ -6,7 +6,10 @@ For each (case, target, backend) one record:
   repeated calls after a warm-up (perf_counter on the CPU; CUDA events around
   each call, after an L2 flush, on a GPU). CPU peak: live storage created by aten
   ops during the call (``AtenTraffic``); GPU peak: ``torch.cuda.max_memory_allocated``
-  above what was allocated before the call.
+  above what was allocated before the call. Triton rows on the CPU get a peak too
+  (``peak_memory``: one call in triton's interpreter at the record's shape, up
+  to ``PEAK_DIRECT_LIMIT`` elements): what the launcher and the torch code
+  around the kernels allocate, i.e. the extra memory a GPU run holds.
 - MODELLED (``bytes_moved``, ``launches``, ``flops``, ``modelled_s``): the
   PyTorch paths counted exactly at the record's shape by ``AtenTraffic``; the
   Triton paths counted by ``TritonTraffic`` in triton's interpreter, directly at
@@ -42,7 +45,7 @@ from obskernels.bench.backends import (
 )
 from obskernels.bench.cases import OBSERVERS, OPS, Case, Target, make_value, sweep, targets_for
 from obskernels.bench.model import H100_SXM, GpuModel, affine_extrapolate, bound, predict
-from obskernels.bench.traffic import Counts, count_traffic
+from obskernels.bench.traffic import Counts, count_traffic, peak_memory
 
 __all__ = ["Options", "run", "count_call", "model_counts", "machine_info", "REQUIRED_KEYS"]
 
@@ -67,6 +70,9 @@ REQUIRED_KEYS = (
 # a Triton count runs directly at the record's shape up to this many elements;
 # above it, at two reduced shapes (the interpreter is slow)
 DIRECT_COUNT_LIMIT = 1 << 12
+# Triton rows on the CPU: largest value whose peak memory is taken by one call in
+# triton's interpreter (an MSE search there: about 5 s at 2^16 elements on 2 cores)
+PEAK_DIRECT_LIMIT = 1 << 16
 
 
 @dataclass
@@ -501,6 +507,7 @@ def _triton_path(case, target, backend, value, device, opts, rec, modelled: Dict
     if device != "cuda":
         if rec["status"] == "modelled":
             rec["note"] = "not measured: no CUDA device (the interpreter's time means nothing)"
+            _interpreter_peak(case, target, backend, value, rec)
         return
     if rec["status"].startswith(("unsupported", "n/a")):
         return
@@ -511,6 +518,27 @@ def _triton_path(case, target, backend, value, device, opts, rec, modelled: Dict
     rec["timer"] = "cuda events, median"
     rec["peak_bytes"], rec["peak_method"] = cuda_peak(prepared), "torch.cuda.max_memory_allocated"
     rec["status"] = "measured"
+
+def interpreter_peak_bytes(prepared) -> int:
+    """Peak extra memory of one call of a Triton path run by triton's interpreter."""
+    prepared.setup()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with peak_memory("cpu") as counts:
+            prepared.fn()
+    return counts.peak_bytes
+
+def _interpreter_peak(case, target, backend, value, rec) -> None:
+    if case.numel > PEAK_DIRECT_LIMIT:
+        rec["peak_method"] = f"not taken: over {PEAK_DIRECT_LIMIT} elements for triton's interpreter"
+        return
+    try:
+        rec["peak_bytes"] = interpreter_peak_bytes(prepare(case, target, backend, device="cpu", value=value))
+    except Exception as exc:  # the modelled row stays; only its peak is missing
+        rec["peak_method"] = f"not taken: {type(exc).__name__}: {str(exc)[:200]}"
+        return
+    rec["peak_method"] = ("live storage created by torch during one call in triton's interpreter "
+                          "(launcher allocations and host code; the interpreter's own copies excluded)")
 
 def run(opts: Options) -> List[Dict]:
     """Runs the sweep; writes nothing (see report.write_all). Returns the records."""

@@ -19,6 +19,10 @@ Two counters, usable together:
 
 ``count_traffic(device)`` runs both at once and pauses the aten counter while a
 Triton kernel runs (the interpreter's own host copies are not traffic).
+``peak_memory(device)`` tracks only the live-storage peak (no per-access
+counting, so a kernel runs at the interpreter's plain speed): on the CPU the
+peak extra memory of a Triton path, i.e. what its launcher and the torch code
+around it allocate, the memory a GPU run would hold.
 
 Byte counts are an upper bound on DRAM traffic: every access is counted as if it
 missed the caches. ``TritonTraffic`` also reports the distinct bytes touched per
@@ -45,6 +49,7 @@ __all__ = [
     "tensor_bytes",
     "dense_bytes",
     "interpreter_active",
+    "peak_memory",
 ]
 
 
@@ -152,16 +157,18 @@ class AtenTraffic(TorchDispatchMode):
         for key in [k for k, (ref, _) in self._live.items() if ref.expired()]:
             self._live_bytes -= self._live.pop(key)[1]
 
-    def _track(self, outputs: List[torch.Tensor]) -> None:
+    def _track(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor] = ()) -> None:
         from torch.multiprocessing.reductions import StorageWeakRef
 
+        # an in-place (or out=) op returns its input's storage: nothing new
+        existing = {t.untyped_storage().data_ptr() for t in inputs if t.device.type == self.device}
         for t in outputs:
             if t.device.type != self.device:
                 continue
             st = t.untyped_storage()
             nbytes = st.nbytes()
             key = st.data_ptr()
-            if nbytes == 0 or key in self._live:
+            if nbytes == 0 or key in self._live or key in existing:
                 continue
             self._live[key] = (StorageWeakRef(st), nbytes)
             self._live_bytes += nbytes
@@ -202,7 +209,7 @@ class AtenTraffic(TorchDispatchMode):
         if name in _SYNC_OPS:
             c.syncs += 1
         c.op_names[name] = c.op_names.get(name, 0) + 1
-        self._track(outs)
+        self._track(outs, ins)
         return out
 
 
@@ -448,4 +455,45 @@ def count_traffic(device: str = "cpu", triton: bool = False) -> Iterator[Counts]
         if triton:
             stack.enter_context(TritonTraffic(counts))
         stack.enter_context(AtenTraffic(device, counts))
+        yield counts
+
+
+@contextlib.contextmanager
+def _kernels_marked() -> Iterator[None]:
+    """Marks Triton grids run by the interpreter as kernels (``interpreter_active``)
+    so that the interpreter's own host-side torch work is not attributed to the
+    call; nothing is counted. A no-op when the interpreter is off."""
+    try:
+        import triton.knobs
+        from triton.runtime import interpreter as ti
+    except ImportError:
+        yield
+        return
+    if not triton.knobs.runtime.interpret:
+        yield
+        return
+    original = ti.GridExecutor.__dict__["__call__"]
+
+    def __call__(executor, *args, **kwargs):
+        _state.in_kernel = getattr(_state, "in_kernel", 0) + 1
+        try:
+            return original(executor, *args, **kwargs)
+        finally:
+            _state.in_kernel -= 1
+
+    ti.GridExecutor.__call__ = __call__
+    try:
+        yield
+    finally:
+        ti.GridExecutor.__call__ = original
+
+
+@contextlib.contextmanager
+def peak_memory(device: str = "cpu") -> Iterator[Counts]:
+    """Tracks the peak of tensor storage created in the block and alive at once
+    (``Counts.peak_bytes``): outputs and scratch, not the inputs that existed
+    before. Under triton's interpreter, tensors the interpreter creates while
+    it executes a kernel are left out (on a GPU a kernel allocates nothing)."""
+    counts = Counts()
+    with _kernels_marked(), AtenTraffic(device, counts):
         yield counts

@@ -27,16 +27,108 @@ guarantees, for the statistics named in ``_act_sync_dict``:
 
 Cost per observer: one small blocking all_gather of headers (a few int64 per
 statistic), then one async all_reduce per statistic that needs one.
+
+Failing ranks: every collective is waited on with a timeout (``sync_timeout``,
+else the environment variable OBSKERNELS_SYNC_TIMEOUT in seconds, else the
+process group's own timeout). A rank that exited before a sync (its peers see
+the connection close) or hangs (they see the timeout pass) makes the others
+raise ``DistributedSyncError`` naming the observer (class, base_name), the
+collective (the header all_gather, or the all_reduce of which statistic with
+which op), this rank and the timeout: never a silent hang. The process group
+is not usable after that error (its ranks are out of step): destroy it.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Tuple
+import contextlib
+import contextvars
+import datetime
+import math
+import os
+import time
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["sync_statistics", "SyncHandle"]
+__all__ = [
+    "sync_statistics",
+    "SyncHandle",
+    "DistributedSyncError",
+    "sync_timeout",
+    "get_sync_timeout",
+    "TIMEOUT_ENV",
+]
+
+TIMEOUT_ENV = "OBSKERNELS_SYNC_TIMEOUT"
+_timeout: contextvars.ContextVar[Optional[float]] = contextvars.ContextVar(
+    "obskernels_sync_timeout", default=None
+)
+
+
+class DistributedSyncError(RuntimeError):
+    """A collective of a statistics sync failed or did not complete in time
+    (a rank exited or hangs). The process group is unusable afterwards."""
+
+
+def _check_timeout(seconds, what: str) -> Optional[float]:
+    if seconds is None:
+        return None
+    try:
+        value = float(seconds)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be a number of seconds > 0, got {seconds!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{what} must be a number of seconds > 0, got {seconds!r}")
+    return value
+
+
+def get_sync_timeout() -> Optional[float]:
+    """Seconds a sync waits for each collective: the innermost ``sync_timeout``
+    block of this thread / task, else OBSKERNELS_SYNC_TIMEOUT, else None (the
+    process group's own timeout)."""
+    scoped = _timeout.get()
+    if scoped is not None:
+        return scoped
+    env = os.environ.get(TIMEOUT_ENV, "").strip()
+    return _check_timeout(env, TIMEOUT_ENV) if env else None
+
+
+@contextlib.contextmanager
+def sync_timeout(seconds: float) -> Iterator[None]:
+    """Bound every collective of the syncs run in the block (this thread /
+    async task only) to ``seconds``; a rank that exited or hangs then raises
+    ``DistributedSyncError`` on the others within about that time."""
+    token = _timeout.set(_check_timeout(seconds, "sync_timeout"))
+    try:
+        yield
+    finally:
+        _timeout.reset(token)
+
+
+def _observer_label(observer) -> str:
+    return f"{type(observer).__name__}(base_name={getattr(observer, 'base_name', '?')!r})"
+
+
+def _wait(work, timeout: Optional[float], observer, collective: str) -> None:
+    """``work.wait`` bounded by ``timeout``; a failure names what was waited for."""
+    t0 = time.monotonic()
+    try:
+        if timeout is None:
+            work.wait()
+        else:
+            work.wait(datetime.timedelta(seconds=timeout))
+    except Exception as exc:
+        rank = dist.get_rank() if dist.is_initialized() else "?"
+        world = dist.get_world_size() if dist.is_initialized() else "?"
+        limit = f"timeout {timeout:g} s" if timeout is not None else "the process group's timeout"
+        raise DistributedSyncError(
+            f"sync_activation_stats: {_observer_label(observer)}: {collective} failed on rank "
+            f"{rank} of {world} after {time.monotonic() - t0:.1f} s ({limit}): another rank "
+            f"exited or hangs, or the ranks do not sync the same observers in the same order. "
+            f"The process group is out of step now; destroy it. Cause: "
+            f"{type(exc).__name__}: {str(exc)[:300]}"
+        ) from exc
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32)
 _DEVICES = ("cpu", "cuda")
@@ -53,16 +145,25 @@ SNAPSHOTS = "_sync_snapshots"
 
 
 class SyncHandle:
-    """An all-reduce in flight. ``wait()`` waits for it, then records the synced
-    value (so a later sync knows what is new); also ``is_completed()`` and
-    ``get_future()`` of the underlying ``dist.Work``."""
+    """An all-reduce in flight. ``wait()`` waits for it (bounded by the sync's
+    timeout; ``DistributedSyncError`` when it fails or times out), then records
+    the synced value (so a later sync knows what is new); also
+    ``is_completed()`` and ``get_future()`` of the underlying ``dist.Work``."""
 
-    def __init__(self, work, on_done: Callable[[], None]):
+    def __init__(self, work, on_done: Callable[[], None], observer=None, collective: str = "all_reduce",
+                 timeout: Optional[float] = None):
         self._work = work
         self._on_done: Optional[Callable[[], None]] = on_done
+        self._observer = observer
+        self._collective = collective
+        self._timeout = timeout
 
     def wait(self, *args) -> bool:
-        self._work.wait(*args)
+        if args:  # an explicit dist.Work.wait(timeout) argument
+            timeout = args[0].total_seconds() if isinstance(args[0], datetime.timedelta) else args[0]
+        else:
+            timeout = self._timeout
+        _wait(self._work, timeout, self._observer, self._collective)
         if self._on_done is not None:
             done, self._on_done = self._on_done, None
             done()
@@ -117,16 +218,25 @@ def _identity(op, dtype: torch.dtype) -> float:
     return 0
 
 
+def _op_name(op) -> str:
+    for name in ("SUM", "MIN", "MAX", "AVG", "PRODUCT"):
+        if op == getattr(dist.ReduceOp, name, None):
+            return name
+    return str(op)
+
+
 def _comm_device() -> torch.device:
     if "nccl" in str(dist.get_backend()) and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
 
-def sync_statistics(observer, sync_dict) -> List[SyncHandle]:
+def sync_statistics(observer, sync_dict, timeout: Optional[float] = None) -> List[SyncHandle]:
     """All-reduce ``observer``'s statistics named in ``sync_dict`` (name -> ReduceOp)
     across the default process group; see the module docstring. Returns handles
-    to wait on before reading the statistics."""
+    to wait on before reading the statistics. ``timeout`` (seconds) bounds each
+    collective; None: ``get_sync_timeout()``."""
+    timeout = _check_timeout(timeout, "timeout") if timeout is not None else get_sync_timeout()
     names = list(sync_dict)
     world = dist.get_world_size()
     if not names or world == 1:
@@ -138,7 +248,8 @@ def sync_statistics(observer, sync_dict) -> List[SyncHandle]:
 
     device = _comm_device()
     gathered = [torch.empty_like(local, device=device) for _ in range(world)]
-    dist.all_gather(gathered, local.to(device))
+    work = dist.all_gather(gathered, local.to(device), async_op=True)
+    _wait(work, timeout, observer, f"all_gather of the statistic headers ({', '.join(names)})")
     headers = torch.stack([g.cpu() for g in gathered])  # (world, names, H)
 
     # decide everything from the headers first (every rank decides the same),
@@ -197,6 +308,8 @@ def sync_statistics(observer, sync_dict) -> List[SyncHandle]:
         def record(name=name, value=value):
             snaps[name] = (value, value.clone())
 
-        work = dist.all_reduce(value, op=dist.ReduceOp.SUM if split_avg else op, async_op=True)
-        handles.append(SyncHandle(work, record))
+        reduce_op = dist.ReduceOp.SUM if split_avg else op
+        work = dist.all_reduce(value, op=reduce_op, async_op=True)
+        handles.append(SyncHandle(work, record, observer, f"all_reduce({_op_name(reduce_op)}) of {name}",
+                                  timeout))
     return handles

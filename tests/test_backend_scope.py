@@ -1,0 +1,206 @@
+"""Backend choice per thread and per asyncio task.
+
+``use_backend`` blocks entered concurrently must not see or restore each
+other's choice. The tests force the interleaving that leaks with one
+process-global variable (every block entered before any computes, blocks
+left in a different order than entered), then check two things for each
+worker: which backend module ``obskernels.ops`` actually dispatched to (a spy
+on the dispatch, recording the calling thread / task), and that its qparams
+equal those of the same observation run serially under the same backend.
+
+Only one worker at a time runs the triton backend: triton's interpreter
+(TRITON_INTERPRET=1, how these tests run kernels on the CPU) keeps per-launch
+state in globals and is not itself thread-safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import threading
+
+import pytest
+import torch
+from compressed_tensors.quantization import QuantizationArgs
+
+from obskernels import Observer, backends, get_backend, ops, set_backend, use_backend
+
+# triton installed but unable to run is a failure (use_backend raises), not a skip
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+
+ARGS = QuantizationArgs(num_bits=4, symmetric=True, strategy="group", group_size=16)
+
+
+def _weight(seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(8, 64, generator=g)
+
+
+def _qparams(seed: int) -> dict:
+    obs = Observer.load_from_registry("memoryless_mse", base_name="weight", args=ARGS)
+    return obs(_weight(seed)).get_qparams()
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """(key, concrete backend) of every dispatched op; key: thread id or task name."""
+    calls: list[tuple[object, str]] = []
+    original = ops.backend_module
+
+    def key():
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:
+            task = None
+        return task.get_name() if task is not None else threading.get_ident()
+
+    def recording(name):
+        calls.append((key(), name))
+        return original(name)
+
+    monkeypatch.setattr(ops, "backend_module", recording)
+    # a clean process-wide choice, restored afterwards
+    monkeypatch.setattr(backends, "_process_choice", None)
+    monkeypatch.delenv(backends.ENV_VAR, raising=False)
+    return calls
+
+
+def _serial(choices: dict) -> dict:
+    out = {}
+    for seed, name in choices.items():
+        if name is None:
+            out[seed] = _qparams(seed)
+        else:
+            with use_backend(name):
+                out[seed] = _qparams(seed)
+    return out
+
+
+def _assert_same(got: dict, want: dict, what: str) -> None:
+    for key in ("scale", "zero_point"):
+        assert torch.equal(got[key], want[key]), f"{what} {key}: {got[key]} != {want[key]}"
+
+
+@needs_triton
+@pytest.mark.kernel
+def test_threads_each_see_their_own_block(spy):
+    set_backend("reference")  # process-wide: what a thread outside any block sees
+    # seed -> the block its thread enters (None: no block)
+    choices = {1: "triton", 2: "reference", 3: None, 4: "auto"}
+    concrete = {"triton": "triton", "reference": "reference", None: "reference", "auto": "triton"}
+    entered = threading.Barrier(len(choices))
+    # computations take turns: with a leaking choice a reference worker would
+    # run the triton interpreter, which is not thread-safe (a crash, not a
+    # clean failure); the blocks themselves are all open at once
+    turn = threading.Lock()
+    results, seen, idents, errors = {}, {}, {}, []
+    done = {s: threading.Event() for s in choices}
+
+    def compute(seed, phase):
+        with turn:
+            seen[(seed, phase)] = get_backend()
+            results[(seed, phase)] = _qparams(seed)
+
+    def worker(seed, name):
+        try:
+            idents[seed] = threading.get_ident()
+            block = use_backend(name) if name is not None else contextlib.nullcontext()
+            with block:
+                entered.wait(timeout=30)  # every block is open before anyone computes
+                compute(seed, "all open")
+                # leave in reverse seed order, computing again after every later
+                # block was left: a restore must not touch other threads' blocks
+                for s in choices:
+                    if s > seed and not done[s].wait(timeout=60):
+                        raise TimeoutError(f"worker {s} did not finish")
+                compute(seed, "others left")
+            done[seed].set()
+            seen[(seed, "after")] = get_backend()
+        except BaseException as exc:  # reported in the main thread
+            errors.append((seed, exc))
+            done[seed].set()
+            entered.abort()
+
+    threads = [threading.Thread(target=worker, args=(s, n)) for s, n in choices.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert get_backend() == "reference"
+
+    for seed, name in choices.items():
+        for phase in ("all open", "others left"):
+            assert seen[(seed, phase)] == (name or "reference"), (seed, phase, seen[(seed, phase)])
+        assert seen[(seed, "after")] == "reference", (seed, seen[(seed, "after")])
+        used = {b for k, b in spy if k == idents[seed]}
+        assert used == {concrete[name]}, f"thread {seed} ({name}) dispatched to {used}"
+
+    spy.clear()
+    want = _serial(choices)
+    for seed, name in choices.items():
+        for phase in ("all open", "others left"):
+            _assert_same(results[(seed, phase)], want[seed], f"thread {seed} ({name}), {phase}")
+
+
+@needs_triton
+@pytest.mark.kernel
+def test_asyncio_tasks_each_see_their_own_block(spy):
+    choices = {1: "reference", 2: "triton", 3: "reference"}
+
+    async def task(seed, name):
+        with use_backend(name):
+            await asyncio.sleep(0)  # every task enters its block before any computes
+            await asyncio.sleep(0)
+            assert get_backend() == name
+            result = _qparams(seed)
+            await asyncio.sleep(0)
+        return result
+
+    async def main():
+        tasks = [asyncio.create_task(task(s, n), name=f"task{s}") for s, n in choices.items()]
+        return dict(zip(choices, await asyncio.gather(*tasks)))
+
+    results = asyncio.run(main())
+    for seed, name in choices.items():
+        used = {b for k, b in spy if k == f"task{seed}"}
+        assert used == {name}, f"task {seed} ({name}) dispatched to {used}"
+    assert get_backend() == "auto"
+    want = _serial(choices)
+    for seed, name in choices.items():
+        _assert_same(results[seed], want[seed], f"task {seed} ({name})")
+
+
+@needs_triton
+def test_set_backend_is_process_wide_and_env_is_honoured(spy, monkeypatch):
+    seen = {}
+
+    def look(key):
+        seen[key] = get_backend()
+
+    def in_thread(key):
+        t = threading.Thread(target=look, args=(key,))
+        t.start()
+        t.join()
+
+    monkeypatch.setenv(backends.ENV_VAR, "reference")
+    in_thread("env")
+    set_backend("triton")
+    in_thread("set")
+    with use_backend("reference"):
+        in_thread("block elsewhere")  # a block in this thread is not another thread's
+        set_backend("auto")  # process-wide; the block still wins here until it exits
+        seen["inside after set"] = get_backend()
+    seen["after"] = get_backend()
+    assert seen == {
+        "env": "reference",
+        "set": "triton",
+        "block elsewhere": "triton",
+        "inside after set": "reference",
+        "after": "auto",
+    }
+    with pytest.raises(ValueError, match="backend must be one of"):
+        with use_backend("cuda"):
+            pass
+    assert get_backend() == "auto"
