@@ -23,6 +23,8 @@ from obskernels.kernels._layout import (
     LaunchConfig,
     choose_blocks,
     choose_split,
+    current_config,
+    device_guard,
     finish_blocks,
     group_coords,
     group_layout,
@@ -131,7 +133,7 @@ def min_max(value, base_name, args, g_idx=None):
         # Nothing to launch: the reference gives the empty result or its error.
         return _reference_min_max(value, base_name, args, g_idx=g_idx)
     layout = group_layout(value, base_name, args, g_idx)
-    config = CONFIG
+    config = current_config(CONFIG)
     Q, NR, E = layout.num_groups, layout.num_rows, layout.elems
     BQ, BR, BE = choose_blocks((Q, NR, E), layout.axis_strides(), config.tile)
     n_q = triton.cdiv(Q, BQ)
@@ -145,7 +147,17 @@ def min_max(value, base_name, args, g_idx=None):
         pmin = torch.empty((split, Q), dtype=value.dtype, device=value.device)
         pmax = torch.empty((split, Q), dtype=value.dtype, device=value.device)
     perm = layout.perm if layout.gather else value  # unread unless GATHER
-    _min_max_kernel[(n_q, split)](
+    with device_guard(value, g_idx=g_idx, perm=layout.perm):
+        _launch(value, perm, pmin, pmax, mins, maxs, layout, rows_per_split, split,
+                (n_q, split), (BQ, BR, BE), config)
+    return mins, maxs
+
+
+def _launch(value, perm, pmin, pmax, mins, maxs, layout, rows_per_split, split, grid, blocks,
+            config):
+    BQ, BR, BE = blocks
+    Q = layout.num_groups
+    _min_max_kernel[grid](
         value, perm, pmin, pmax, *layout.scalar_args(), rows_per_split,
         BLOCK_Q=BQ, BLOCK_R=BR, BLOCK_E=BE, PAD=layout.pad, GATHER=layout.gather,
         num_warps=num_warps_for(BQ * BR * BE),
@@ -154,5 +166,5 @@ def min_max(value, base_name, args, g_idx=None):
         FQ, FS = finish_blocks(Q, split, config)
         _min_max_finish_kernel[(triton.cdiv(Q, FQ),)](
             pmin, pmax, mins, maxs, Q, split, BLOCK_Q=FQ, BLOCK_S=FS,
+            num_warps=num_warps_for(FQ * FS),  # 4 warps at 4096 lanes: 155 registers
         )
-    return mins, maxs

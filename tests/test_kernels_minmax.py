@@ -283,7 +283,7 @@ def test_split_stays_within_the_cuda_grid():
 def test_launch_count_default_config(monkeypatch):
     grids = count_launches(monkeypatch)
     check_min_max(torch.randn(17, 33), "weight", qargs("tensor"))
-    assert len(grids) == 1  # the interpreter never splits
+    assert len(grids) == 1  # too little work to split (on any device)
 
 
 def test_no_flattened_copy(monkeypatch):
