@@ -34,6 +34,7 @@ TRITON_INTERPRET (the interpreter replaces the compiler).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib
 import json
@@ -56,6 +57,9 @@ __all__ = [
     "compile_variant",
     "probe",
     "issue_seconds",
+    "recording",
+    "launch_work",
+    "profile_launches",
     "main",
 ]
 
@@ -225,6 +229,27 @@ class _Recorder:
         return launch
 
 
+@contextlib.contextmanager
+def recording(kernels=None):
+    """Within the block every kernel of kernels/ is a recorder; yields the
+    list of (kernel, fn, grid, args, kwargs) launches (nothing runs), under
+    the GPU's launch configuration."""
+    from obskernels.kernels._layout import CUDA_LAUNCH, launch_config
+
+    kernels = kernels or discover_kernels()
+    sink: list = []
+    saved = []
+    for name, (module, attr) in kernels.items():
+        saved.append((module, attr, getattr(module, attr)))
+        setattr(module, attr, _Recorder(name, getattr(module, attr), sink))
+    try:
+        with launch_config(**CUDA_LAUNCH):
+            yield sink
+    finally:
+        for module, attr, fn in saved:
+            setattr(module, attr, fn)
+
+
 def record(calls, kernels=None) -> List[Launch]:
     """Runs each ``(case, tag, module name, config fields, call)`` of ``calls``
     with every kernel replaced by a recorder, under the GPU's launch
@@ -383,6 +408,61 @@ def compile_variant(launch: Launch) -> Dict:
         extern="extern_elementwise" in k.asm["ttir"],
     )
     return rec
+
+
+def _cdiv(a, b) -> int:
+    return -(-int(a) // max(int(b), 1))
+
+
+def launch_work(launch: Launch) -> float:
+    """Element-steps one launch issues the hot loop for: programs x elements per
+    iteration x iterations (trip counts from the launch's arguments; the
+    search's step loop runs every step). Multiply by ``sass_per_elem_step``
+    for the instructions the launch issues (its loop; the prologue is left out)."""
+    constexprs = _specialise(launch)[3]
+    from triton.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    fn = launch.fn
+    binder = create_function_from_signature(fn.signature, fn.params, make_backend(_target()))
+    a = binder(*launch.args, **launch.kwargs)[0]
+    attr = launch.kernel.split(".")[-1]
+    trips = {
+        "_search_kernel": lambda: _cdiv(a["n_steps"], a["BLOCK_S"]),
+        "_search_part_kernel": lambda: int(a["chunks_per_split"]) * _cdiv(a["n_steps"], a["BLOCK_SB"]),
+        "_minmax_part_kernel": lambda: int(a["chunks_per_split"]),
+        "_min_max_kernel": lambda: _cdiv(a["rows_per_split"], a["BLOCK_R"]) * _cdiv(a["E"], a["BLOCK_E"]),
+        "_sum_sq_kernel": lambda: _cdiv(a["tokens_per_split"], a["BLOCK_T"]),
+        "_min_max_finish_kernel": lambda: _cdiv(a["SPLIT"], a["BLOCK_S"]),
+        "_sum_sq_finish_kernel": lambda: _cdiv(a["SPLIT"], a["BLOCK_S"]),
+        "_choose_kernel": lambda: int(a["n_steps"]),
+        "_finalize_part_kernel": lambda: 2 * _cdiv(a["G"], a["BLOCK_G"]) * int(a["n_steps"]) * _cdiv(a["K"], a["BLOCK_K"]),
+    }.get(attr, lambda: 1)
+    try:
+        n = trips()
+    except (KeyError, TypeError):  # a kernel whose arguments changed: one iteration
+        n = 1
+    return math.prod(launch.grid) * _iter_elems(launch.kernel, constexprs) * max(n, 1)
+
+
+def profile_launches(launches: List[Launch], cache: Optional[Dict] = None) -> List[Dict]:
+    """Per launch: its variant's machine-code record (compiled once per key,
+    ``cache`` shared between calls), element-steps, and modelled issue seconds
+    on an H100 SXM."""
+    cache = {} if cache is None else cache
+    out = []
+    for launch in launches:
+        key = _specialise(launch)[0]
+        if key not in cache:
+            cache[key] = compile_variant(launch)
+        v = cache[key]
+        rec = {k: v.get(k) for k in ("kernel", "variant", "error", "registers", "spills",
+                                     "sass_per_elem_step", "pipes", "loop")}
+        if not v["error"]:
+            rec["elem_steps"] = launch_work(launch)
+            rec["issue_s"] = issue_seconds(v["pipes"], rec["elem_steps"])
+        out.append(rec)
+    return out
 
 
 def _variant_name(launch: Launch, constexprs: Dict) -> str:
