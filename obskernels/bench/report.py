@@ -188,6 +188,8 @@ def lead_speedups(records: Sequence[Dict]) -> List[Dict]:
             triton_launches=t.get("launches"), llmc_launches=l.get("launches"),
             triton_bound=t.get("bound"), sass_per_elem_step=t.get("sass_per_elem_step"),
             registers=t.get("registers"), spills=t.get("spills"),
+            triton_measured_us=t.get("measured_s") and t["measured_s"] * 1e6,
+            llmc_measured_us=l.get("measured_s") and l["measured_s"] * 1e6,
         ))
     return out
 
@@ -213,6 +215,11 @@ def lead_table(records: Sequence[Dict]) -> str:
                       f(r["reference_us"]), f(r["speedup_vs_reference"], "{:.1f}x"),
                       f(r["triton_launches"]), f(r["llmc_launches"]),
                       f(r["sass_per_elem_step"], "{:.1f}"), f(r["registers"])])
+    if any(r["triton_measured_us"] for r in rows):  # on a GPU: the measured figures beside
+        head += ["MEASURED tri us", "MEASURED llmc us", "MEASURED x"]
+        for line, r in zip(table[1:], rows):
+            t, l = r["triton_measured_us"], r["llmc_measured_us"]
+            line += [f(t), f(l), f((l / t) if t and l else None, "{:.1f}x")]
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     out = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip()
            for row in table]

@@ -403,8 +403,9 @@ def sass_worker(stdin: TextIO, stdout: TextIO) -> None:
         res: Dict = {"status": "ok"}
         try:
             prepared = prepare(case, target, job["backend"], shape=tuple(job["shape"]), device="cpu")
-            prepared.setup()
             with report.recording() as sink:
+                prepared.setup()  # e.g. the imatrix hook's statistics: not part of the call
+                sink.clear()
                 try:
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")
