@@ -124,6 +124,15 @@ def _min_max_finish_kernel(
     tl.store(max_ptr + qq, hi_q.to(max_ptr.dtype.element_ty), mask=qq < Q)
 
 
+def _warps(tile_elems: int) -> int:
+    """Warps of the main kernel: 8 elements per thread at most. Each lane keeps
+    a running min, max and NaN flag plus int64 offsets (and, padded, the block
+    bounds): at 16 per thread (8 warps for 4096) sm_90a needs 200-237
+    registers for padded and 3-D tiles, one block per SM; at 8 it needs
+    <= 122 and the SASS per element does not grow."""
+    return max(4, min(16, tile_elems // 256))
+
+
 def min_max(value, base_name, args, g_idx=None):
     """(min_vals, max_vals) per group, shaped like the qparams, in value's dtype.
 
@@ -160,7 +169,7 @@ def _launch(value, perm, pmin, pmax, mins, maxs, layout, rows_per_split, split, 
     _min_max_kernel[grid](
         value, perm, pmin, pmax, *layout.scalar_args(), rows_per_split,
         BLOCK_Q=BQ, BLOCK_R=BR, BLOCK_E=BE, PAD=layout.pad, GATHER=layout.gather,
-        num_warps=num_warps_for(BQ * BR * BE),
+        num_warps=_warps(BQ * BR * BE),
     )
     if split > 1:
         FQ, FS = finish_blocks(Q, split, config)

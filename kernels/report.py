@@ -144,6 +144,8 @@ def cases() -> List[Case]:
         C("weight channel fp16", "min_max", lambda m: m.min_max(w(*W, dtype=f16), "weight", QA(num_bits=8, strategy="channel"))),
         C("weight g_idx g128", "min_max", lambda m: m.min_max(w(*W), "weight", g128, g_idx=g_idx)),
         C("weight block 128 partial (pad)", "min_max", lambda m: m.min_max(w(4000, 4000), "weight", QA(num_bits=8, type="float", strategy="block", block_structure=[128, 128]))),
+        C("weight block 8x16 partial fp32 (pad)", "min_max", lambda m: m.min_max(w(4097, 4095, dtype=f32), "weight", QA(num_bits=8, strategy="block", block_structure=[8, 16]))),
+        C("weight block 128 transposed (pad)", "min_max", lambda m: m.min_max(w(4000, 4000).t(), "weight", QA(num_bits=8, type="float", strategy="block", block_structure=[128, 128]))),
         C("act token", "min_max", lambda m: m.min_max(w(4, 2048, 4096), "input", QA(num_bits=8, strategy="token", dynamic=True))),
         C("attn_head q", "min_max", lambda m: m.min_max(w(1, 2048, 32, 128).transpose(1, 2), "q", QA(num_bits=8, strategy="attn_head"))),
         C("block 128 partial (pad)", "flatten", lambda m: m.flatten_for_calibration(w(4000, 4000), "weight", QA(num_bits=8, type="float", strategy="block", block_structure=[128, 128]))),
