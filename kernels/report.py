@@ -361,6 +361,42 @@ def _run(cmd: List[str]) -> str:
     return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
 
 
+def _sass_cache_dir() -> str:
+    return os.environ.get("OBSKERNELS_SASS_CACHE",
+                          os.path.join(os.path.expanduser("~"), ".cache", "obskernels", "sass"))
+
+
+def _disassemble(cubin: bytes) -> tuple:
+    """(resource usage, SASS listing) of a cubin by the bundled cuobjdump, cached
+    on disk by the cubin's hash (the tool costs a second or more per call on a
+    loaded machine; a cubin's listing never changes)."""
+    import hashlib
+
+    key = hashlib.sha256(cubin).hexdigest()
+    path = os.path.join(_sass_cache_dir(), key + ".json")
+    try:
+        with open(path) as f:
+            cached = json.load(f)
+        return cached["usage"], cached["sass"]
+    except (OSError, ValueError, KeyError):
+        pass
+    with tempfile.TemporaryDirectory() as tmp:
+        cub = os.path.join(tmp, "k.cubin")
+        with open(cub, "wb") as f:
+            f.write(cubin)
+        text = _run([_bin("cuobjdump"), "-res-usage", "-sass", cub])
+    usage = "\n".join(line for line in text.splitlines() if "REG:" in line)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp_path = f"{path}.{os.getpid()}"
+        with open(tmp_path, "w") as f:
+            json.dump({"usage": usage, "sass": text}, f)
+        os.replace(tmp_path, path)
+    except OSError:  # a read-only home: no cache, same result
+        pass
+    return usage, text
+
+
 def compile_variant(launch: Launch) -> Dict:
     """Compiles the launch's variant for sm_90a and measures it (see the
     module docstring). Errors are returned in ``error``, not raised."""
@@ -376,12 +412,7 @@ def compile_variant(launch: Launch) -> Dict:
             exc = exc.__cause__
         rec["error"] = f"{type(exc).__name__}: {exc}"[:2000]
         return rec
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "k.cubin")
-        with open(path, "wb") as f:
-            f.write(k.asm["cubin"])
-        usage = _run([_bin("cuobjdump"), "-res-usage", path])
-        sass = _run([_bin("cuobjdump"), "-sass", path])
+    usage, sass = _disassemble(k.asm["cubin"])
     res = dict(re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", usage))
     instrs = parse_sass(sass)
     loop = hot_loop(instrs)

@@ -248,17 +248,18 @@ def _pinned_search_steps(target: Target):
 
     Its launcher evaluates 32 steps at a time under the interpreter (1 on a
     GPU), so with 20 steps 12 masked surplus steps would be counted as
-    arithmetic. Pinning the largest power of two that leaves (almost) no surplus,
-    through the kernel's documented ``CONFIG`` switch (kernels/_layout.py
-    LaunchConfig), counts the arithmetic a GPU does. Results do not change.
+    arithmetic. Pinning the largest power of two that leaves (almost) no surplus
+    counts the arithmetic a GPU does; results do not change. The configuration
+    is passed in through ``launch_config`` (kernels/_layout.py), not patched
+    into the kernel module.
     """
     steps = search_steps(target)
     try:
-        module = importlib.import_module("obskernels.kernels.mse_search")
+        layout = importlib.import_module("obskernels.kernels._layout")
+        config = importlib.import_module("obskernels.kernels.mse_search").CONFIG
     except Exception:
-        module = None
-    config = getattr(module, "CONFIG", None)
-    if not steps or config is None or getattr(config, "steps_per_iter", 0) is not None:
+        layout = config = None
+    if not steps or layout is None or getattr(config, "steps_per_iter", 0) is not None:
         yield None
         return
     per_iter = 1
@@ -266,15 +267,8 @@ def _pinned_search_steps(target: Target):
         if -(-steps // s) * s - steps <= steps // 32:
             per_iter = s
             break
-    try:
-        module.CONFIG = dataclasses.replace(config, steps_per_iter=per_iter)
-    except TypeError:
-        yield None
-        return
-    try:
+    with layout.launch_config(steps_per_iter=per_iter):
         yield f"MSE kernel pinned to {per_iter} steps per iteration (no surplus steps counted)"
-    finally:
-        module.CONFIG = config
 
 def _count_points(case, target, backend, shapes, points) -> Optional[Dict]:
     """Counts at each shape into ``points``; a status dict when it cannot."""
