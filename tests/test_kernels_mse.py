@@ -301,7 +301,7 @@ def test_large_groups(monkeypatch, base_name, strategy, shape, flavour):
     assert_search_parity(value, base_name, args, got, **kw)
 
 
-@pytest.mark.parametrize("launch", ("interpreter", "gpu"))
+@pytest.mark.parametrize("launch", ("interpreter", "cuda-launch-config"))
 def test_wide_channel_default_config(launch):
     """A 16k-wide channel with the default limits (split path, 2 KiB chunks,
     split as on any GPU: splits follow the work), in the interpreter's and
@@ -309,7 +309,7 @@ def test_wide_channel_default_config(launch):
     args = QuantizationArgs(num_bits=8, symmetric=True, strategy="channel")
     value = sample((2, 16400), torch.float32, seed=8)
     kw = dict(MSE, grid=25)
-    fields = layout_module.CUDA_LAUNCH if launch == "gpu" else {}
+    fields = layout_module.CUDA_LAUNCH if launch == "cuda-launch-config" else {}
     with layout_module.launch_config(**fields):
         got = kernel_search(value, "weight", args, **kw)
     assert_search_parity(value, "weight", args, got, **kw)
