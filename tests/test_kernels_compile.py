@@ -174,3 +174,22 @@ def test_issue_time_takes_the_slowest_pipe():
     assert t == pytest.approx(8 * 8 * 1e6 / rate)
     t = report.issue_seconds({"FP32": 100, "INT": 10, "MUFU": 1, "LSU": 0, "other": 0}, 1e6, rate)
     assert t == pytest.approx(111 * 1e6 / rate)
+
+
+def test_report_cli_json_lines():
+    """``python -m obskernels.kernels.report --json``: one object per variant
+    with the documented fields (flatten's cases only, to stay quick)."""
+    env = dict(os.environ, PYTHONSAFEPATH="1", TRITON_DEFAULT_FP_FUSION="1")
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "obskernels.kernels.report", "--json", "--module", "flatten"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert rows and all(r["kernel"] == "flatten._flatten_kernel" for r in rows)
+    for r in rows:
+        for key in ("kernel", "variant", "registers", "spills", "shared", "sass_per_elem_step", "pipes"):
+            assert key in r, f"{key} missing from {sorted(r)}"
+        assert set(r["pipes"]) == {"FP32", "INT", "MUFU", "LSU", "other"}
+        assert r["registers"] > 0 and r["sass_per_elem_step"] > 0
