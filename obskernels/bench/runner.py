@@ -550,6 +550,8 @@ def _fill_model(rec: Dict, counts: Dict, compulsory: Optional[int], gpu: GpuMode
             rec["spills"] = max(p["spills"] for p in ok)
         if result["compute"] == "sass":
             rec["model"] = MODEL
+    elif (sass or {}).get("status") == "ok" and not any(k == "triton" for k, *_ in per_launch):
+        rec["model"] = MODEL  # no Triton launch in the call: nothing for SASS to price
     rec["modelled_s"] = result["modelled_s"]
     rec["model_gpu_s"], rec["model_cpu_s"], rec["model_sync_s"] = result["gpu_s"], result["cpu_s"], result["sync_s"]
     rec["bound"] = result["bound"]
