@@ -257,25 +257,16 @@ def record(calls, kernels=None) -> List[Launch]:
     with every kernel replaced by a recorder, under the GPU's launch
     configuration plus the case's fields; returns the launches (nothing runs).
     The kernels are restored afterwards."""
-    from obskernels.kernels._layout import CUDA_LAUNCH, launch_config
+    from obskernels.kernels._layout import launch_config
 
-    kernels = kernels or discover_kernels()
-    sink: list = []
-    saved = []
-    for name, (module, attr) in kernels.items():
-        saved.append((module, attr, getattr(module, attr)))
-        setattr(module, attr, _Recorder(name, getattr(module, attr), sink))
     launches = []
-    try:
+    with recording(kernels) as sink:
         for case, tag, mname, fields, call in calls:
             sink.clear()
             module = importlib.import_module(f"{PACKAGE}.{mname}")
-            with launch_config(**{**CUDA_LAUNCH, **fields}):
+            with launch_config(**fields):
                 call(module)
             launches += [Launch(case, tag, n, f, g, a, k) for n, f, g, a, k in sink]
-    finally:
-        for module, attr, fn in saved:
-            setattr(module, attr, fn)
     return launches
 
 
