@@ -4,7 +4,7 @@ PYTHON ?= python3
 # Kernel tests run the Triton kernels on the CPU through triton's interpreter.
 TEST_ENV = TRITON_INTERPRET=1 OMP_NUM_THREADS=2 PYTHONSAFEPATH=1
 
-.PHONY: setup test test-fast bench bench-pytest example test-llmcompressor llmcompressor-env clean
+.PHONY: setup test test-fast bench bench-pytest example test-llmcompressor llmcompressor-env clean gpu-check kernel-report
 
 .setup.stamp: pyproject.toml scripts/setup.sh
 	PYTHON=$(PYTHON) bash scripts/setup.sh
@@ -44,5 +44,16 @@ llmcompressor-env:
 test-llmcompressor: llmcompressor-env
 	$(TEST_ENV) $(LLMC_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_llmcompressor.py
 
+# Registers, spills, shared memory and SASS per element (per step for the search)
+# of every kernel variant, compiled for sm_90a with triton's bundled ptxas (no GPU).
+kernel-report: .setup.stamp
+	PYTHONSAFEPATH=1 $(PYTHON) -m obskernels.kernels.report $(REPORT_ARGS)
+
+# On a machine with CUDA: the gpu-marked tests (parity on CUDA tensors against
+# torch on the same GPU), then the full bench; one summary in gpu-check/summary.md.
+# Fails at once, saying so, without CUDA.
+gpu-check: .setup.stamp
+	PYTHONSAFEPATH=1 $(PYTHON) scripts/gpu_check.py
+
 clean:
-	rm -rf .setup.stamp build *.egg-info bench-out
+	rm -rf .setup.stamp build *.egg-info bench-out gpu-check

@@ -39,8 +39,9 @@ below are the launchers' shared host-side policy.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
-import functools
 import math
 
 import torch
@@ -65,13 +66,15 @@ from obskernels.validation import (
 __all__ = [
     "GroupLayout",
     "LaunchConfig",
+    "launch_config",
+    "current_config",
+    "device_guard",
     "group_layout",
     "choose_blocks",
     "choose_split",
     "finish_blocks",
     "num_warps_for",
     "pow2_at_most",
-    "target_programs",
     "coalesce",
     "group_coords",
     "row_offsets",
@@ -87,15 +90,22 @@ _MAX_GRID_1 = 65535  # CUDA's limit on grid axes 1 and 2
 class LaunchConfig:
     """Host-side tuning of a launcher: fixed heuristics keyed on size, no autotuning.
 
-    The one switch that pins a configuration: each launcher module reads its
-    module-level ``CONFIG`` (a LaunchConfig) at every call, so a test pins one
-    with ``monkeypatch.setattr(module, "CONFIG", LaunchConfig(...))``. Fields
-    left None are chosen from the device at each call; pinning them makes a
-    test take the same path on the CPU interpreter and on a GPU.
+    Each launcher module holds its defaults in a module-level ``CONFIG`` (a
+    LaunchConfig) and reads it at every call through ``current_config``, which
+    applies the fields set by an enclosing ``launch_config(...)`` block: that
+    block is how a caller (a test, the compile check, the benchmark) passes a
+    configuration in without rewriting a module's globals. Fields left None
+    are chosen per call; pinning them makes a test take the same path on the
+    CPU interpreter and on a GPU.
 
     tile: elements loaded per step by one program (power of two).
     split: programs sharing one group (its rows, or its chunks in mse_search)
-        (None: enough to fill the device, see ``choose_split``).
+        (None: from the amount of work, see ``choose_split``).
+    fill_programs: how many programs a launch aims at when it splits. A
+        constant (4 per SM of a 132-SM H100 SXM), NOT the device's SM count:
+        the split decides the order of fp32 partial sums, so results stay the
+        same on an H100 SXM, a PCIe card, a MIG slice and the CPU interpreter
+        (a smaller GPU runs the same programs in more waves).
     min_elems_per_program: below this much work per program, do not split.
     max_reg_group (mse_search): largest group held whole in registers; larger
         groups take the split path.
@@ -111,6 +121,64 @@ class LaunchConfig:
     max_reg_group: int = 4096
     chunk: int = 2048
     steps_per_iter: int | None = None
+    fill_programs: int = 4 * 132
+
+
+_OVERRIDES: contextvars.ContextVar[dict] = contextvars.ContextVar("launch_config", default={})
+
+# The launch configuration a GPU runs: one grid step per iteration of the
+# search loop (the interpreter's default is 32). Splits need no pinning: they
+# follow the work, the same on every device.
+CUDA_LAUNCH = {"steps_per_iter": 1}
+
+
+@contextlib.contextmanager
+def launch_config(**fields):
+    """Within this block every launcher runs with ``fields`` (LaunchConfig
+    field names) replacing its module defaults, e.g.
+    ``with launch_config(**CUDA_LAUNCH): ...`` runs the GPU's configuration
+    under the interpreter. Unknown field names are a TypeError."""
+    names = {f.name for f in dataclasses.fields(LaunchConfig)}
+    unknown = sorted(set(fields) - names)
+    if unknown:
+        raise TypeError(f"launch_config: unknown LaunchConfig fields {unknown}")
+    token = _OVERRIDES.set({**_OVERRIDES.get(), **fields})
+    try:
+        yield
+    finally:
+        _OVERRIDES.reset(token)
+
+
+def current_config(default: LaunchConfig) -> LaunchConfig:
+    """A launcher's configuration for this call: its module default with the
+    fields of the enclosing ``launch_config`` blocks applied."""
+    fields = _OVERRIDES.get()
+    return dataclasses.replace(default, **fields) if fields else default
+
+
+def _device_context(device: torch.device):
+    """The context a launch runs in: the tensor's CUDA device (Triton launches
+    on the current device and its current stream), nothing on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
+
+
+def device_guard(value: torch.Tensor, **others):
+    """Context for launching kernels on ``value``'s device.
+
+    ``others`` (name=tensor or None) are the call's other tensors (importance,
+    g_idx, buffers): one on another device is a ValueError naming it, not a
+    kernel reading another GPU's memory. The launch itself then runs with
+    ``value.device`` current, whatever device the caller had current.
+    """
+    for name, t in others.items():
+        if isinstance(t, torch.Tensor) and t.device != value.device:
+            raise ValueError(
+                f"{name} is on {t.device} but the value is on {value.device}: "
+                "every tensor of a call must be on the value's device"
+            )
+    return _device_context(value.device)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -389,35 +457,25 @@ def num_warps_for(tile_elems: int) -> int:
     return 8 if tile_elems >= 2048 else 4
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def target_programs(device: torch.device) -> int:
-    """How many programs keep the device busy: 4 per SM on a GPU; 1 on the CPU
-    interpreter, which runs programs one after another and gains nothing from
-    splitting a reduction."""
-    if device.type == "cuda":
-        return 4 * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-    return 1
-
-
 def choose_split(work_rows: int, row_block: int, work_per_row: int, other_programs: int,
                  device: torch.device, config: LaunchConfig) -> tuple[int, int]:
     """(split, rows_per_split): how many programs share the rows of one group
     tile (1: no split), and the rows each takes, a multiple of ``row_block``.
 
-    Enough programs to fill the device next to ``other_programs``, but no
-    program with less than ``config.min_elems_per_program`` of work; the split
-    is recounted so no program is left without rows. Every launcher puts the
-    split on grid axis 1, which CUDA caps at 65535 programs.
+    Enough programs to reach ``config.fill_programs`` next to
+    ``other_programs``, but no program with less than
+    ``config.min_elems_per_program`` of work; the split is recounted so no
+    program is left without rows. Every launcher puts the split on grid axis
+    1, which CUDA caps at 65535 programs. The split follows the work only
+    (``device`` is accepted for callers but not read): the same call splits
+    the same way on every GPU and under the interpreter, so the interpreter
+    tests run the split and finish kernels a GPU runs.
     """
     row_tiles = -(-work_rows // row_block)
     if config.split is not None:
         split = max(1, min(config.split, row_tiles))
     else:
-        want = -(-target_programs(device) // max(other_programs, 1))
+        want = -(-config.fill_programs // max(other_programs, 1))
         worth = max(1, (work_rows * work_per_row) // config.min_elems_per_program)
         split = max(1, min(row_tiles, want, worth))
     split = min(split, _MAX_GRID_1)

@@ -23,6 +23,8 @@ from obskernels.kernels._layout import (
     choose_blocks,
     choose_split,
     coalesce,
+    current_config,
+    device_guard,
     finish_blocks,
     num_warps_for,
     pow2_at_most,
@@ -123,7 +125,7 @@ def accumulate_sq(x, sum_buf, count_buf):
     token_dims = [(1, 0)] * (3 - len(token_dims)) + token_dims
     (_, sr0), (R1, sr1), (R2, sr2) = token_dims
     NT = x.numel() // H
-    config = CONFIG
+    config = current_config(CONFIG)
 
     # Channels are the group axis, tokens the row axis (E = 1).
     BH, BT, _ = choose_blocks((H, NT, 1), (abs(sh), abs(sr2) if R2 > 1 else 1 << 62, 1 << 62),
@@ -136,6 +138,13 @@ def accumulate_sq(x, sum_buf, count_buf):
     split, tokens_per_split = choose_split(NT, BT, BH, n_h, x.device, config)
 
     rows = (H, sh, NT, R1, R2, sr0, sr1, sr2, tokens_per_split)
+    with device_guard(x, sum_buf=sum_buf, count_buf=count_buf):
+        _launch(x, sum_buf, count_buf, rows, n_h, split, BT, BH, config)
+    return None
+
+
+def _launch(x, sum_buf, count_buf, rows, n_h, split, BT, BH, config):
+    H, NT = rows[0], rows[2]
     if split == 1:
         _sum_sq_kernel[(n_h, 1)](
             x, sum_buf, count_buf, *rows, 0, sum_buf.stride(0),

@@ -19,6 +19,8 @@ from compressed_tensors.quantization import QuantizationStrategy
 from obskernels.kernels._layout import (
     LaunchConfig,
     choose_blocks,
+    current_config,
+    device_guard,
     group_coords,
     group_layout,
     load_tile,
@@ -72,11 +74,12 @@ def flatten_for_calibration(value, base_name, args, g_idx=None):
         return _reference_flatten(value, base_name, args, g_idx=g_idx)
     out = torch.empty(layout.flat_shape, dtype=value.dtype, device=value.device)
     Q, NR, E = layout.num_groups, layout.num_rows, layout.elems
-    BQ, BR, BE = choose_blocks((Q, NR, E), layout.axis_strides(), CONFIG.tile)
+    BQ, BR, BE = choose_blocks((Q, NR, E), layout.axis_strides(), current_config(CONFIG).tile)
     perm = layout.perm if layout.gather else value  # unread unless GATHER
-    _flatten_kernel[(triton.cdiv(Q, BQ), triton.cdiv(NR, BR))](
-        value, perm, out, *layout.scalar_args(),
-        BLOCK_Q=BQ, BLOCK_R=BR, BLOCK_E=BE, PAD=layout.pad, GATHER=layout.gather,
-        num_warps=num_warps_for(BQ * BR * BE),
-    )
+    with device_guard(value, g_idx=g_idx, perm=layout.perm):
+        _flatten_kernel[(triton.cdiv(Q, BQ), triton.cdiv(NR, BR))](
+            value, perm, out, *layout.scalar_args(),
+            BLOCK_Q=BQ, BLOCK_R=BR, BLOCK_E=BE, PAD=layout.pad, GATHER=layout.gather,
+            num_warps=num_warps_for(BQ * BR * BE),
+        )
     return out

@@ -23,6 +23,8 @@ from obskernels.kernels._layout import (
     LaunchConfig,
     choose_blocks,
     choose_split,
+    current_config,
+    device_guard,
     finish_blocks,
     group_coords,
     group_layout,
@@ -122,6 +124,15 @@ def _min_max_finish_kernel(
     tl.store(max_ptr + qq, hi_q.to(max_ptr.dtype.element_ty), mask=qq < Q)
 
 
+def _warps(tile_elems: int) -> int:
+    """Warps of the main kernel: 8 elements per thread at most. Each lane keeps
+    a running min, max and NaN flag plus int64 offsets (and, padded, the block
+    bounds): at 16 per thread (8 warps for 4096) sm_90a needs 200-237
+    registers for padded and 3-D tiles, one block per SM; at 8 it needs
+    <= 122 and the SASS per element does not grow."""
+    return max(4, min(16, tile_elems // 256))
+
+
 def min_max(value, base_name, args, g_idx=None):
     """(min_vals, max_vals) per group, shaped like the qparams, in value's dtype.
 
@@ -131,7 +142,7 @@ def min_max(value, base_name, args, g_idx=None):
         # Nothing to launch: the reference gives the empty result or its error.
         return _reference_min_max(value, base_name, args, g_idx=g_idx)
     layout = group_layout(value, base_name, args, g_idx)
-    config = CONFIG
+    config = current_config(CONFIG)
     Q, NR, E = layout.num_groups, layout.num_rows, layout.elems
     BQ, BR, BE = choose_blocks((Q, NR, E), layout.axis_strides(), config.tile)
     n_q = triton.cdiv(Q, BQ)
@@ -145,14 +156,24 @@ def min_max(value, base_name, args, g_idx=None):
         pmin = torch.empty((split, Q), dtype=value.dtype, device=value.device)
         pmax = torch.empty((split, Q), dtype=value.dtype, device=value.device)
     perm = layout.perm if layout.gather else value  # unread unless GATHER
-    _min_max_kernel[(n_q, split)](
+    with device_guard(value, g_idx=g_idx, perm=layout.perm):
+        _launch(value, perm, pmin, pmax, mins, maxs, layout, rows_per_split, split,
+                (n_q, split), (BQ, BR, BE), config)
+    return mins, maxs
+
+
+def _launch(value, perm, pmin, pmax, mins, maxs, layout, rows_per_split, split, grid, blocks,
+            config):
+    BQ, BR, BE = blocks
+    Q = layout.num_groups
+    _min_max_kernel[grid](
         value, perm, pmin, pmax, *layout.scalar_args(), rows_per_split,
         BLOCK_Q=BQ, BLOCK_R=BR, BLOCK_E=BE, PAD=layout.pad, GATHER=layout.gather,
-        num_warps=num_warps_for(BQ * BR * BE),
+        num_warps=_warps(BQ * BR * BE),
     )
     if split > 1:
         FQ, FS = finish_blocks(Q, split, config)
         _min_max_finish_kernel[(triton.cdiv(Q, FQ),)](
             pmin, pmax, mins, maxs, Q, split, BLOCK_Q=FQ, BLOCK_S=FS,
+            num_warps=num_warps_for(FQ * FS),  # 4 warps at 4096 lanes: 155 registers
         )
-    return mins, maxs

@@ -148,6 +148,27 @@ def test_model_formula():
     assert bound(1e3, 1e3, 10, gpu) == "launch"
 
 
+def test_overlap_model_hand_computed():
+    from obskernels.bench.model import overlap_model
+
+    gpu = GpuModel("test", bandwidth=1e12, fp32_flops=1e13, launch_s=5e-6, sync_s=20e-6)
+    # two memory-bound eager ops (1 ms, 2 ms) and one Triton launch: 4e6 bytes (4 us)
+    # against 3 ms of SASS issue time
+    per_launch = [["aten", "a", 1e9, 1e6], ["aten", "b", 2e9, 1e6], ["triton", "k", 4e6, 1e9]]
+    m = overlap_model(per_launch, 1, gpu, [3e-3])
+    assert m["gpu_s"] == pytest.approx(1e-3 + 2e-3 + 3e-3)
+    assert m["cpu_s"] == pytest.approx(15e-6)
+    assert m["modelled_s"] == pytest.approx(6e-3 + 20e-6)
+    assert m["compute"] == "sass" and m["bound"] == "memory"
+    # without SASS the Triton launch falls back to lanes: max(4 us, 100 us)
+    m = overlap_model(per_launch, 0, gpu)
+    assert m["gpu_s"] == pytest.approx(3e-3 + 1e-4) and m["compute"] == "lanes"
+    # many tiny launches: the CPU issue time wins, it does not add to the GPU time
+    tiny = [["aten", "t", 1e3, 1e3]] * 100
+    m = overlap_model(tiny, 0, gpu)
+    assert m["modelled_s"] == pytest.approx(100 * 5e-6) and m["bound"] == "launch"
+
+
 def test_compulsory_bytes():
     value = torch.zeros(8, 32, dtype=torch.bfloat16)
     mins, maxs = torch.zeros(8, 2, dtype=torch.bfloat16), torch.zeros(8, 2, dtype=torch.bfloat16)
@@ -266,6 +287,12 @@ def test_tiny_harness_run_writes_valid_records(tmp_path):
     tri = run_recs[("min_max", "triton")]
     assert tri["measured_s"] is None  # never timed on the CPU
     assert tri["status"].startswith(("modelled", "unsupported", "unavailable", "error"))
+    if tri["status"] == "modelled":
+        # the compute term comes from the kernel compiled for sm_90a
+        assert "SASS" in tri["model"] and tri["sass_per_elem_step"] > 0
+        assert 0 < tri["registers"] <= 128 and tri["spills"] == 0
+        assert tri["modelled_lanes_s"] > 0
+    assert "SASS" not in (ref["model"] or "") and ref["sass_per_elem_step"] is None
     llmc = run_recs[("min_max", "llmc-eager")]
     if importlib.util.find_spec("llmcompressor") is None:
         assert llmc["status"].startswith("unavailable") and llmc["measured_s"] is None
@@ -273,6 +300,10 @@ def test_tiny_harness_run_writes_valid_records(tmp_path):
         assert llmc["measured_s"] > 0
     proj = [r for r in parsed if r["scope"] == "full-size projection"]
     assert proj and all(r["measured_s"] is None and r["shape"] == [4096, 4096] for r in proj)
-    assert (tmp_path / "report.md").read_text().startswith("# obskernels benchmark report")
+    md = (tmp_path / "report.md").read_text()
+    assert md.startswith("# obskernels benchmark report")
+    # the full-size observer rows lead; the scaled run comes after, flagged
+    assert md.index("## Observers at the full size") < md.index("## This run")
+    assert "OVERSTATE" in md[md.index("## This run"):]
     if importlib.util.find_spec("matplotlib") is not None:
         assert any(p.endswith(".png") for p in paths.values())

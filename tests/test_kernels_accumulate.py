@@ -189,3 +189,18 @@ def test_no_tokens_adds_nothing():
     got_sum, got_count = run("triton", x, sum0, count0)
     assert torch.equal(got_sum, sum0)
     assert got_count.item() == 7
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", SHAPES + [(8, 2048, 4096)], ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_accumulate_matches_fp64_on_cuda(shape, dtype):
+    """The parity suite with CUDA tensors (SPEC §5: rtol 1e-5 against fp64,
+    bitwise identical on repeated runs, split path included at the big shape)."""
+    x = make_x(shape, dtype).cuda()
+    sum0, count0 = (t.cuda() for t in fresh_buffers(shape[-1]))
+    got_sum, got_count = run("triton", x, sum0, count0)
+    assert_close_fp64(got_sum, sum0, x, f"cuda {shape} {dtype}")
+    assert got_count.item() == 7 + x.numel() // shape[-1]
+    again_sum, _ = run("triton", x, sum0, count0)
+    assert torch.equal(again_sum, got_sum), "repeated runs differ"

@@ -27,6 +27,7 @@ from obskernels.reference.mse_search import mse_search as reference_search
 pytestmark = pytest.mark.kernel
 
 mse_module = importlib.import_module("obskernels.kernels.mse_search")
+layout_module = importlib.import_module("obskernels.kernels._layout")
 kernel_search = mse_module.mse_search
 
 
@@ -300,12 +301,40 @@ def test_large_groups(monkeypatch, base_name, strategy, shape, flavour):
     assert_search_parity(value, base_name, args, got, **kw)
 
 
-def test_wide_channel_default_config():
-    """A 16k-wide channel with the default limits (split path, 2 KiB chunks)."""
+@pytest.mark.parametrize("launch", ("interpreter", "cuda-launch-config"))
+def test_wide_channel_default_config(launch):
+    """A 16k-wide channel with the default limits (split path, 2 KiB chunks,
+    split as on any GPU: splits follow the work), in the interpreter's and
+    in the GPU's launch configuration (one grid step per iteration)."""
     args = QuantizationArgs(num_bits=8, symmetric=True, strategy="channel")
     value = sample((2, 16400), torch.float32, seed=8)
     kw = dict(MSE, grid=25)
-    got = kernel_search(value, "weight", args, **kw)
+    fields = layout_module.CUDA_LAUNCH if launch == "cuda-launch-config" else {}
+    with layout_module.launch_config(**fields):
+        got = kernel_search(value, "weight", args, **kw)
+    assert_search_parity(value, "weight", args, got, **kw)
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_parity_gpu_launch_config(case):
+    """Every format and layout of test_parity in the launch configuration a
+    GPU uses (one grid step per loop iteration, ``_layout.CUDA_LAUNCH``), so
+    the code path the GPU runs is the one tested here."""
+    value = sample(case.shape, torch.bfloat16, seed=3)
+    kw = dict(MSE, grid=40)
+    with layout_module.launch_config(**layout_module.CUDA_LAUNCH):
+        got = kernel_search(value, case.base_name, case.args, **kw)
+    assert_search_parity(value, case.base_name, case.args, got, **kw)
+
+
+@pytest.mark.parametrize("flavour", ("mse", "imatrix"))
+def test_split_path_gpu_launch_config(flavour):
+    """The split path (3 kernels) with one grid step per iteration."""
+    args = QuantizationArgs(num_bits=4, symmetric=False, strategy="tensor")
+    value = sample((9, 70), torch.bfloat16 if flavour == "mse" else torch.float32, seed=7)
+    kw = dict(MSE, grid=40) if flavour == "mse" else dict(IMATRIX, patience=2)
+    with layout_module.launch_config(**layout_module.CUDA_LAUNCH, max_reg_group=64, chunk=64):
+        got = kernel_search(value, "weight", args, **kw)
     assert_search_parity(value, "weight", args, got, **kw)
 
 
@@ -438,3 +467,30 @@ def test_empty_value_matches_reference():
     got = kernel_search(value, "weight", ARGS8, **MSE)
     want = reference_search(value, "weight", ARGS8, **MSE)
     assert got[0].shape == want[0].shape and got[0].dtype == want[0].dtype
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_parity_on_cuda(case, dtype):
+    """The parity suite with CUDA tensors: the search compiled for the GPU
+    against the reference computed by torch on the same GPU (SPEC §5: the
+    oracle is torch on the value's device)."""
+    value = sample(case.shape, dtype).cuda()
+    for kw in (dict(MSE, grid=40), dict(MSE), IMATRIX, NVFP4_EXPANDED):
+        if kw.get("flavour") == "imatrix" and case.base_name != "weight":
+            continue
+        got = kernel_search(value, case.base_name, case.args, **kw)
+        assert_search_parity(value, case.base_name, case.args, got, **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_large_weight_parity_on_cuda(dtype):
+    """A 4096 x 4096 weight in the formats the observers use, on the GPU."""
+    value = sample((4096, 4096), dtype).cuda()
+    for args in (QuantizationArgs(num_bits=4, strategy="group", group_size=128),
+                 QuantizationArgs(num_bits=8, strategy="channel"),
+                 QuantizationArgs(num_bits=8, type="float", strategy="block", block_structure=[128, 128])):
+        got = kernel_search(value, "weight", args, **MSE)
+        assert_search_parity(value, "weight", args, got, **MSE)

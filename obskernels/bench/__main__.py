@@ -50,7 +50,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--launch-us", type=float, default=4.0, help="model: us per launch (default 4)")
     p.add_argument("--gpu-name", default="H100 SXM", help="model: name printed with the parameters")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--cases", default=None,
+                   help="comma list of substrings of the full-size case labels to keep, "
+                        "e.g. 'w4096x4096' (default: the whole sweep)")
     p.add_argument("--count-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--sass-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--no-sass", action="store_true",
+                   help="model Triton compute from interpreter lanes only (skip the sm_90a compile)")
     args = p.parse_args(argv)
 
     def choose(value: str, every: List[str], aliases=None) -> List[str]:
@@ -80,6 +86,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         from obskernels.bench.runner import count_worker
 
         count_worker(sys.stdin, sys.stdout)
+        return 0
+    if "--sass-worker" in argv:
+        from obskernels.bench.runner import sass_worker
+
+        sass_worker(sys.stdin, sys.stdout)
         return 0
     import torch
 
@@ -117,8 +128,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         gpu=gpu,
         device=device,
         project_full=not args.no_projection,
+        sass=not args.no_sass,
         progress=None if args.quiet else sys.stderr,
     )
+    if args.cases:
+        from obskernels.bench.cases import sweep
+
+        keep = _split(args.cases)
+        opts.cases = [c for c in sweep(mode)
+                      if any(k in c.with_shape(c.full_shape or c.shape).label for k in keep)]
     if mode == "full":
         opts.min_reps, opts.max_reps, opts.min_time_s, opts.max_time_s = 5, 50, 1.0, 20.0
     if args.reps:
@@ -130,10 +148,17 @@ def main(argv: Optional[List[str]] = None) -> int:
           + f", device {device}, backends {', '.join(opts.backends)}", file=sys.stderr)
     records = run(opts)
     paths = report.write_all(records, args.out)
+    lead = report.lead_table(records)
+    if lead:
+        print()
+        print("Observers at the full size vs llm-compressor eager (modelled, one formula for every backend):")
+        print(lead)
     print()
     for line in report.legend(records):
         print(line)
     print()
+    if any(r.get("scaled") for r in records if r.get("scope", "run") == "run"):
+        print(report.SCALED_NOTE)
     print(report.console_table(records, "run"))
     proj = report.console_table(records, "full-size projection")
     if proj:

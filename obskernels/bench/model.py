@@ -1,5 +1,24 @@
-"""The roofline model of a call on a stated GPU, and the compulsory traffic.
+"""The model of a call on a stated GPU, and the compulsory traffic.
 
+The model every backend's ``modelled_s`` uses (``overlap_model``):
+
+    modelled_s = max(gpu_s, cpu_s) + syncs * sync_s
+    gpu_s      = sum over launches of max(bytes_i / bandwidth, compute_i)
+    cpu_s      = launches * launch_s
+
+The CPU issues an eager op while the GPU runs earlier ones, so launch cost and
+GPU time overlap instead of adding; a host sync (``.item()``) drains the queue
+and costs a round trip. ``compute_i``: for an aten op, one lane per element of
+its largest operand at the fp32 rate; for a Triton launch, the SASS its
+variant issues on sm_90a (``obskernels.kernels.report``: instructions per
+element and step by pipe x the launch's element-steps, at 132 SMs x 4
+schedulers x 32 lanes x 1.98 GHz, INT at 1/2, MUFU and conversions at 1/8,
+load/store and shuffles at 1/4), or, where no SASS profile is at hand, the
+interpreter's arithmetic lanes at the fp32 rate (a proxy: it counts index
+math and misses the emulation's real cost) -- the ``modelled_lanes_s``
+column always uses that proxy, so both are on record.
+
+The older single roofline (``predict``) is kept for reference:
 predicted_s = max(bytes / bandwidth, flops / fp32_rate) + launches * launch_s
 
 - bytes: what the traffic counters report (``traffic.Counts.bytes_moved``);
@@ -9,7 +28,8 @@ predicted_s = max(bytes / bandwidth, flops / fp32_rate) + launches * launch_s
 - launches: aten ops (one op = one launch) plus Triton grids.
 
 Default GPU: H100 SXM, 3.35 TB/s HBM3, 67 TFLOP/s fp32 (non-tensor-core),
-4 us per launch (a launch plus its share of the host work between launches).
+4 us per launch (a launch plus its share of the host work between launches),
+33.45e12 lane-instructions/s issued, 10 us per host sync (drain + round trip).
 """
 
 from __future__ import annotations
@@ -23,6 +43,7 @@ __all__ = [
     "GpuModel",
     "H100_SXM",
     "predict",
+    "overlap_model",
     "bound",
     "compulsory_bytes",
     "affine_extrapolate",
@@ -35,11 +56,14 @@ class GpuModel:
     bandwidth: float = 3.35e12  # bytes / s
     fp32_flops: float = 67e12  # lanes / s
     launch_s: float = 4e-6
+    issue_rate: float = 132 * 4 * 32 * 1.98e9  # lane-instructions / s (SASS)
+    sync_s: float = 10e-6
 
     def describe(self) -> str:
         return (
             f"{self.name}: {self.bandwidth / 1e12:g} TB/s, {self.fp32_flops / 1e12:g} "
-            f"TFLOP/s fp32, {self.launch_s * 1e6:g} us/launch"
+            f"TFLOP/s fp32, {self.issue_rate / 1e12:.1f}e12 SASS lane-instr/s, "
+            f"{self.launch_s * 1e6:g} us/launch, {self.sync_s * 1e6:g} us/sync"
         )
 
 
@@ -109,3 +133,41 @@ def affine_extrapolate(points: Dict[int, float], n: int) -> float:
     (n0, v0), (n1, v1) = sorted(points.items())[:2]
     slope = (v1 - v0) / (n1 - n0)
     return v0 + slope * (n - n0)
+
+
+def overlap_model(per_launch: Sequence, syncs: int, gpu: GpuModel = H100_SXM,
+                  triton_compute: Optional[Sequence[Optional[float]]] = None) -> Dict:
+    """The model above for one call.
+
+    per_launch: [kind ("aten" | "triton"), name, bytes, lanes] in issue order;
+    triton_compute: seconds of each Triton launch from its SASS (in order of
+    the Triton launches; None entries and missing ones fall back to lanes).
+    Returns modelled_s, gpu_s, cpu_s, sync_s, bound ("memory", "compute",
+    "launch" (CPU issue) or "sync") and the compute source.
+    """
+    sass = list(triton_compute or [])
+    gpu_s = mem_s = comp_s = 0.0
+    t_index = 0
+    used_sass = False
+    for kind, _name, nbytes, lanes in per_launch:
+        mem = nbytes / gpu.bandwidth
+        comp = lanes / gpu.fp32_flops
+        if kind == "triton":
+            if t_index < len(sass) and sass[t_index] is not None:
+                comp = sass[t_index]
+                used_sass = True
+            t_index += 1
+        gpu_s += max(mem, comp)
+        mem_s += mem if mem >= comp else 0.0
+        comp_s += comp if comp > mem else 0.0
+    cpu_s = len(per_launch) * gpu.launch_s
+    sync_s = syncs * gpu.sync_s
+    terms = {"memory": mem_s, "compute": comp_s, "launch": cpu_s if cpu_s > gpu_s else 0.0, "sync": sync_s}
+    return {
+        "modelled_s": max(gpu_s, cpu_s) + sync_s,
+        "gpu_s": gpu_s,
+        "cpu_s": cpu_s,
+        "sync_s": sync_s,
+        "bound": max(terms, key=terms.get),
+        "compute": "sass" if used_sass else "lanes",
+    }

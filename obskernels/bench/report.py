@@ -7,7 +7,16 @@ import os
 from collections import OrderedDict
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-__all__ = ["console_table", "write_jsonl", "write_report", "plot", "write_all", "legend"]
+__all__ = ["console_table", "lead_table", "SCALED_NOTE", "write_jsonl", "write_report", "plot",
+           "write_all", "legend"]
+
+SCALED_NOTE = (
+    "Scaled shapes (1/32 per side in quick mode): these OVERSTATE the search's speedup. "
+    "At small shapes an eager path is bound by its per-launch cost, which does not shrink "
+    "with the shape, while a fused kernel's compute does; at the real sizes the search "
+    "kernel is compute-bound and the eager path streams at full bandwidth. Read the "
+    "full-size table above for what a user will see."
+)
 
 
 def _ms(x: Optional[float]) -> str:
@@ -70,8 +79,12 @@ def legend(records: Sequence[Dict]) -> List[str]:
            else "No CUDA device: the Triton rows are MODELLED only (no time measured)."),
         "MODELLED: 'x' = bytes moved / compulsory bytes (input read once, outputs written once,"
         " 'view' when none is needed); 'L' = launches per call (aten ops + Triton grids);",
-        f"  'GPU us' = predicted time on {r0['model_gpu']}:"
-        " max(bytes/bandwidth, flops/rate) + launches x launch cost.",
+        f"  'GPU us' = modelled time on {r0['model_gpu']}, the same formula for every backend:"
+        " max(GPU time, CPU issue time) + syncs x drain cost; GPU time = sum over launches of"
+        " max(bytes/bandwidth, compute); CPU issue time = launches x launch cost.",
+        "  compute: aten ops one lane per element at the fp32 rate; Triton launches the sm_90a"
+        " SASS of their compiled variant (instructions per element and step, by pipe) --"
+        " 'lanes us' is the same model with interpreter lanes as the Triton compute (a proxy).",
         "  PyTorch paths: aten ops counted exactly (TorchDispatchMode). Triton paths: every unmasked"
         " load/store lane counted in triton's interpreter (see count_method in results.jsonl).",
     ]
@@ -148,6 +161,77 @@ def console_table(records: Sequence[Dict], scope: str = "run") -> str:
     return "\n".join(out)
 
 
+def _lead_records(records: Sequence[Dict]) -> List[Dict]:
+    """Observer rows at the full size: the projection of scaled cases, or the
+    run's own rows when they were not scaled (full mode)."""
+    return [r for r in records if r.get("target_kind") == "observer" and (
+        r.get("scope") == "full-size projection" or (r.get("scope", "run") == "run" and not r.get("scaled")))]
+
+
+def lead_speedups(records: Sequence[Dict]) -> List[Dict]:
+    """Per (case, observer) at the full size: modelled us of llm-compressor eager,
+    obskernels triton (SASS model and lanes model) and the reference, and the
+    speedups of triton over llm-compressor eager under both."""
+    rows: "OrderedDict[Tuple[str, str], Dict[str, Dict]]" = OrderedDict()
+    for r in _lead_records(records):
+        rows.setdefault((r["case"], r["op"]), {})[r["backend"]] = r
+    out = []
+    for (case, op), g in rows.items():
+        t, l, ref = g.get("triton") or {}, g.get("llmc-eager") or {}, g.get("reference") or {}
+        ts, tl_, ls, rs = t.get("modelled_s"), t.get("modelled_lanes_s"), l.get("modelled_s"), ref.get("modelled_s")
+        out.append(dict(
+            case=case, op=op, llmc_us=ls and ls * 1e6, triton_us=ts and ts * 1e6,
+            triton_lanes_us=tl_ and tl_ * 1e6, reference_us=rs and rs * 1e6,
+            speedup_vs_llmc=(ls / ts) if ls and ts else None,
+            speedup_vs_llmc_lanes=(ls / tl_) if ls and tl_ else None,
+            speedup_vs_reference=(rs / ts) if rs and ts else None,
+            triton_launches=t.get("launches"), llmc_launches=l.get("launches"),
+            triton_bound=t.get("bound"), sass_per_elem_step=t.get("sass_per_elem_step"),
+            registers=t.get("registers"), spills=t.get("spills"),
+            triton_measured_us=t.get("measured_s") and t["measured_s"] * 1e6,
+            llmc_measured_us=l.get("measured_s") and l["measured_s"] * 1e6,
+        ))
+    return out
+
+
+def lead_table(records: Sequence[Dict]) -> str:
+    """What a user will see first: each observer at the full size (4096 x 4096
+    and the other real shapes) vs llm-compressor eager, modelled with one
+    formula for every backend."""
+    rows = lead_speedups(records)
+    if not rows:
+        return ""
+
+    def f(x, fmt="{:.0f}"):
+        return "-" if x is None else fmt.format(x)
+
+    head = ["case (full size)", "observer", "llmc us", "triton us", "triton/llmc", "bound",
+            "lanes us", "lanes/llmc", "ref us", "triton/ref", "L tri", "L llmc", "SASS/el/step", "regs"]
+    table = [head]
+    for r in rows:
+        table.append([r["case"], r["op"], f(r["llmc_us"]), f(r["triton_us"]),
+                      f(r["speedup_vs_llmc"], "{:.1f}x"), r["triton_bound"] or "-",
+                      f(r["triton_lanes_us"]), f(r["speedup_vs_llmc_lanes"], "{:.1f}x"),
+                      f(r["reference_us"]), f(r["speedup_vs_reference"], "{:.1f}x"),
+                      f(r["triton_launches"]), f(r["llmc_launches"]),
+                      f(r["sass_per_elem_step"], "{:.1f}"), f(r["registers"])])
+    if any(r["triton_measured_us"] for r in rows):  # on a GPU: the measured figures beside
+        head += ["MEASURED tri us", "MEASURED llmc us", "MEASURED x"]
+        for line, r in zip(table[1:], rows):
+            t, l = r["triton_measured_us"], r["llmc_measured_us"]
+            line += [f(t), f(l), f((l / t) if t and l else None, "{:.1f}x")]
+    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+    out = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip()
+           for row in table]
+    out.insert(1, "  ".join("-" * w for w in widths))
+    if not any(r["llmc_us"] for r in rows):
+        out.append("(no llm-compressor rows: it is not importable here; run the bench from "
+                   ".venv-llmcompressor, built by `make llmcompressor-env`)")
+    out.append("modelled, not measured: 'us' on " + (records[0].get("model_gpu") or "the model GPU")
+               + "; 'lanes' = the same model with interpreter lanes as Triton compute (proxy)")
+    return "\n".join(out)
+
+
 def write_jsonl(records: Sequence[Dict], path: str) -> None:
     with open(path, "w") as f:
         for r in records:
@@ -168,6 +252,11 @@ def write_report(records: Sequence[Dict], path: str, plots: Sequence[str]) -> No
     if r0:
         lines += [f"- generated: {r0['timestamp']}", f"- versions: {json.dumps(r0['versions'])}",
                   f"- machine: {json.dumps(r0['machine'])}", ""]
+    lead = lead_table(records)
+    if lead:
+        lines += ["## Observers at the full size vs llm-compressor eager (modelled)", "",
+                  "One observer call (forward + get_qparams) per row, at the real shapes, every "
+                  "backend under the same model (see How to read it).", "", _md_table(lead)]
     lines += ["## How to read it", ""] + [f"- {x}" for x in legend(records)] + [""]
     lines += ["Record statuses: " + ", ".join(f"{k}: {v}" for k, v in sorted(statuses.items())), ""]
     problems = sorted({(r["backend"], r["status"]) for r in records
@@ -178,7 +267,8 @@ def write_report(records: Sequence[Dict], path: str, plots: Sequence[str]) -> No
         if len(problems) > 40:
             lines.append(f"- ... and {len(problems) - 40} more (see results.jsonl)")
         lines.append("")
-    lines += ["## This run", "", _md_table(console_table(records, "run"))]
+    scaled = any(r.get("scaled") for r in records if r.get("scope", "run") == "run")
+    lines += ["## This run", ""] + ([SCALED_NOTE, ""] if scaled else []) + [_md_table(console_table(records, "run"))]
     proj = console_table(records, "full-size projection")
     if proj:
         lines += ["## Modelled at the full sizes (no measurement)", "",
@@ -202,6 +292,30 @@ def plot(records: Sequence[Dict], out_dir: str) -> List[str]:
         print("matplotlib is not installed: no plots (pip install matplotlib)")
         return []
     paths = []
+    lead = [r for r in lead_speedups(records) if r["speedup_vs_llmc"] or r["speedup_vs_reference"]]
+    if lead:
+        fig, ax = plt.subplots(figsize=(14, 0.35 * len(lead) + 1.6))
+        labels = [f"{r['case']}  {r['op']}" for r in lead]
+        ys = range(len(lead))
+        base = "llmc" if any(r["speedup_vs_llmc"] for r in lead) else "reference"
+        sass_v = [(r["speedup_vs_llmc"] if base == "llmc" else r["speedup_vs_reference"]) or 0 for r in lead]
+        ax.barh([y - 0.2 for y in ys], sass_v, 0.4, label="triton, SASS model")
+        if base == "llmc":
+            ax.barh([y + 0.2 for y in ys], [r["speedup_vs_llmc_lanes"] or 0 for r in lead], 0.4,
+                    label="triton, interpreter-lanes model")
+        ax.set_yticks(list(ys))
+        ax.set_yticklabels(labels, fontsize=7)
+        ax.set_xscale("log")
+        ax.axvline(1.0, color="k", lw=0.8, ls="--")
+        ax.set_xlabel(f"modelled speedup vs {'llm-compressor eager' if base == 'llmc' else 'the reference'}")
+        ax.legend(fontsize=7)
+        fig.suptitle("Observers at the full size (modelled, " + (records[0]["model_gpu"] if records else "")
+                     + ")", fontsize=10)
+        fig.tight_layout()
+        path = os.path.join(out_dir, "lead.png")
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        paths.append(path)
     for scope, name in (("run", "traffic"), ("run", "speedup"), ("full-size projection", "projection")):
         rows = _group(records, scope)
         if not rows:
@@ -261,8 +375,9 @@ def plot(records: Sequence[Dict], out_dir: str) -> List[str]:
         titles = {
             "traffic": "Memory traffic per call / compulsory traffic (modelled counts; "
                        "dashed 1x, dotted 2x = the kernels' mse_search target)",
-            "speedup": "Speedup vs the reference: measured where both are measured, else the GPU "
-                       "model's ratio (" + (records[0]["model_gpu"] if records else "") + ")",
+            "speedup": "SCALED shapes (overstate the search's speedup). Speedup vs the reference: "
+                       "measured where both are measured, else the GPU model's ratio ("
+                       + (records[0]["model_gpu"] if records else "") + ")",
             "projection": "Full-size shapes: modelled GPU speedup vs the reference ("
                           + (records[0]["model_gpu"] if records else "") + ")",
         }

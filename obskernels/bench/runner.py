@@ -44,7 +44,7 @@ from obskernels.bench.backends import (
     prepare,
 )
 from obskernels.bench.cases import OBSERVERS, OPS, Case, Target, make_value, sweep, targets_for
-from obskernels.bench.model import H100_SXM, GpuModel, affine_extrapolate, bound, predict
+from obskernels.bench.model import H100_SXM, GpuModel, affine_extrapolate, overlap_model
 from obskernels.bench.traffic import Counts, count_traffic, peak_memory
 
 __all__ = ["Options", "run", "count_call", "model_counts", "machine_info", "REQUIRED_KEYS"]
@@ -62,6 +62,11 @@ REQUIRED_KEYS = (
     "compulsory_bytes",
     "launches",
     "modelled_s",
+    "modelled_lanes_s",
+    "model",
+    "sass_per_elem_step",
+    "registers",
+    "spills",
     "machine",
     "versions",
     "timestamp",
@@ -89,6 +94,7 @@ class Options:
     min_time_s: float = 0.2
     max_time_s: float = 1.5  # stop after this long even below min_reps (slow rows)
     project_full: bool = True  # quick mode: also model the full-size shapes
+    sass: bool = True  # compile the Triton calls for sm_90a: the model's compute term
     cases: Optional[List[Case]] = None  # overrides the sweep (tests)
     progress: Optional[TextIO] = field(default_factory=lambda: sys.stderr)
 
@@ -248,17 +254,18 @@ def _pinned_search_steps(target: Target):
 
     Its launcher evaluates 32 steps at a time under the interpreter (1 on a
     GPU), so with 20 steps 12 masked surplus steps would be counted as
-    arithmetic. Pinning the largest power of two that leaves (almost) no surplus,
-    through the kernel's documented ``CONFIG`` switch (kernels/_layout.py
-    LaunchConfig), counts the arithmetic a GPU does. Results do not change.
+    arithmetic. Pinning the largest power of two that leaves (almost) no surplus
+    counts the arithmetic a GPU does; results do not change. The configuration
+    is passed in through ``launch_config`` (kernels/_layout.py), not patched
+    into the kernel module.
     """
     steps = search_steps(target)
     try:
-        module = importlib.import_module("obskernels.kernels.mse_search")
+        layout = importlib.import_module("obskernels.kernels._layout")
+        config = importlib.import_module("obskernels.kernels.mse_search").CONFIG
     except Exception:
-        module = None
-    config = getattr(module, "CONFIG", None)
-    if not steps or config is None or getattr(config, "steps_per_iter", 0) is not None:
+        layout = config = None
+    if not steps or layout is None or getattr(config, "steps_per_iter", 0) is not None:
         yield None
         return
     per_iter = 1
@@ -266,15 +273,8 @@ def _pinned_search_steps(target: Target):
         if -(-steps // s) * s - steps <= steps // 32:
             per_iter = s
             break
-    try:
-        module.CONFIG = dataclasses.replace(config, steps_per_iter=per_iter)
-    except TypeError:
-        yield None
-        return
-    try:
+    with layout.launch_config(steps_per_iter=per_iter):
         yield f"MSE kernel pinned to {per_iter} steps per iteration (no surplus steps counted)"
-    finally:
-        module.CONFIG = config
 
 def _count_points(case, target, backend, shapes, points) -> Optional[Dict]:
     """Counts at each shape into ``points``; a status dict when it cannot."""
@@ -336,9 +336,90 @@ def _combine(points, shapes, n: int, t0: float, steps_note: Optional[str]) -> Di
     for c, _ in points.values():
         op_names = c.op_names  # the larger shape's (last) breakdown
     out["op_names"] = op_names
+    out["per_launch"] = _extrapolate_launches(points, n)
     # programs follow the launcher's block choice for each shape: not extrapolated
     out["triton_programs_at_counted_shape"] = points[max(points)][0].triton_programs
     return out
+
+def _extrapolate_launches(points, n: int) -> List[List]:
+    """Per-launch [kind, name, bytes, lanes] at ``n`` elements: launch by launch
+    (affine in the element count) when every counted shape issued the same
+    launches, else the largest shape's list scaled by the element count."""
+    lists = {k: c.per_launch for k, (c, _) in points.items()}
+    ref = lists[max(lists)]
+    same = all([(e[0], e[1]) for e in v] == [(e[0], e[1]) for e in ref] for v in lists.values())
+    if len(lists) == 1 or not same:
+        scale = n / max(lists)
+        return [[k, name, b * scale, f * scale] for k, name, b, f in ref]
+    out = []
+    for i, (kind, name, _, _) in enumerate(ref):
+        b = affine_extrapolate({k: v[i][2] for k, v in lists.items()}, n)
+        f = affine_extrapolate({k: v[i][3] for k, v in lists.items()}, n)
+        out.append([kind, name, max(b, 0.0), max(f, 0.0)])
+    return out
+
+
+def _sass_in_subprocess(jobs: List[Tuple[Case, Target, str, Tuple[int, int]]], progress) -> List[Dict]:
+    """Runs ``sass_worker`` in a child process WITHOUT the interpreter: each
+    Triton call is recorded at its shape with the GPU's launch configuration
+    and its kernels compiled to sm_90a (obskernels.kernels.report)."""
+    payload = [
+        {"case": dataclasses.asdict(c), "target": t.label if t.kind == "op" else t.name,
+         "target_kind": t.kind, "backend": b, "shape": list(s)}
+        for c, t, b, s in jobs
+    ]
+    env = dict(os.environ, PYTHONSAFEPATH="1", TRITON_DEFAULT_FP_FUSION="1")
+    env.pop("TRITON_INTERPRET", None)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "obskernels.bench", "--sass-worker"],
+            input=json.dumps(payload), stdout=subprocess.PIPE, text=True, env=env,
+            stderr=subprocess.DEVNULL if progress is None else None, timeout=1800,
+        )
+    except subprocess.TimeoutExpired:
+        return [{"status": "error: the SASS worker timed out"} for _ in jobs]
+    if proc.returncode != 0:
+        return [{"status": f"error: the SASS worker exited with {proc.returncode}"} for _ in jobs]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def sass_worker(stdin: TextIO, stdout: TextIO) -> None:
+    """Entry of the ``--sass-worker`` child: JSON jobs in, per-launch SASS profiles out."""
+    import importlib
+
+    from obskernels import backends as obk_backends
+
+    report = importlib.import_module("obskernels.kernels.report")
+    # nothing runs (every kernel is a recorder): let the triton backend accept CPU tensors
+    obk_backends._interpreter_on = lambda: True
+    jobs = json.loads(stdin.read())
+    cache: Dict = {}
+    results = []
+    for job in jobs:
+        c = job["case"]
+        case = Case(c["kind"], tuple(c["shape"]), c["dtype"], c["scheme"],
+                    tuple(c["full_shape"]) if c.get("full_shape") else None)
+        target = OPS[job["target"]] if job["target_kind"] == "op" else OBSERVERS[job["target"]]
+        res: Dict = {"status": "ok"}
+        try:
+            prepared = prepare(case, target, job["backend"], shape=tuple(job["shape"]), device="cpu")
+            with report.recording() as sink:
+                prepared.setup()  # e.g. the imatrix hook's statistics: not part of the call
+                sink.clear()
+                try:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        prepared.fn()
+                except Exception as exc:  # outputs are not computed: later host code may object
+                    res["note"] = f"call stopped after {len(sink)} launches: {type(exc).__name__}"
+                launches = [report.Launch(case.label, "", n, f, g, a, k) for n, f, g, a, k in sink]
+            res["launches"] = report.profile_launches(launches, cache)
+        except Exception as exc:
+            res = {"status": f"error: {type(exc).__name__}: {str(exc)[:200]}"}
+        results.append(res)
+        sys.stderr.write(f"  [sass {len(results)}/{len(jobs)}] {case.label} {target.label}: {res['status'][:60]}\n")
+    stdout.write(json.dumps(results) + "\n")
+
 
 def _model_in_subprocess(jobs: List[Tuple[Case, Target, str, Tuple[int, int]]], progress) -> List[Dict]:
     """Runs ``model_counts`` for each job in a child process with the interpreter on.
@@ -407,6 +488,11 @@ def _base_record(case: Case, target: Target, backend: str, shape, ctx: Dict) -> 
         "launches": None,
         "flops": None,
         "modelled_s": None,
+        "modelled_lanes_s": None,
+        "model": None,
+        "sass_per_elem_step": None,
+        "registers": None,
+        "spills": None,
         "bound": None,
         "model_gpu": ctx["gpu"].describe(),
         "count_method": None,
@@ -419,7 +505,13 @@ def _base_record(case: Case, target: Target, backend: str, shape, ctx: Dict) -> 
         "timestamp": None,
     }
 
-def _fill_model(rec: Dict, counts: Dict, compulsory: Optional[int], gpu: GpuModel) -> None:
+MODEL = ("max(GPU, CPU issue) + syncs x drain; GPU = sum per launch of max(bytes/bandwidth, "
+         "compute); Triton compute from sm_90a SASS")
+MODEL_LANES = MODEL.replace("from sm_90a SASS", "from interpreter lanes (proxy)")
+
+
+def _fill_model(rec: Dict, counts: Dict, compulsory: Optional[int], gpu: GpuModel,
+                sass: Optional[Dict] = None) -> None:
     for k in ("bytes_moved", "bytes_read", "bytes_written", "launches", "flops"):
         rec[k] = counts.get(k)
     for k in ("aten_ops", "triton_launches", "syncs", "triton_unique_bytes", "atomics", "op_names",
@@ -429,8 +521,46 @@ def _fill_model(rec: Dict, counts: Dict, compulsory: Optional[int], gpu: GpuMode
     rec["compulsory_bytes"] = compulsory
     if compulsory:
         rec["traffic_ratio"] = round(rec["bytes_moved"] / compulsory, 3)
-    rec["modelled_s"] = predict(rec["bytes_moved"], rec["flops"], rec["launches"], gpu)
-    rec["bound"] = bound(rec["bytes_moved"], rec["flops"], rec["launches"], gpu)
+    per_launch = counts.get("per_launch")
+    if per_launch is None:  # counts without a per-launch breakdown: one launch per op
+        per_launch = [["aten", "op", rec["bytes_moved"] / max(rec["launches"], 1),
+                       rec["flops"] / max(rec["launches"], 1)]] * int(rec["launches"] or 0)
+    syncs = int(counts.get("syncs") or 0)
+    lanes = overlap_model(per_launch, syncs, gpu)
+    rec["modelled_lanes_s"] = lanes["modelled_s"]
+    rec["model"] = MODEL_LANES
+    result = lanes
+    profiled = (sass or {}).get("launches") or []
+    if profiled:
+        # match the interpreter's Triton launches to the GPU configuration's by
+        # kernel name, in order; a launch only the GPU configuration makes (a
+        # split's finish pass) joins with its compute and no counted bytes
+        pending = list(profiled)
+        compute = []
+        for kind, name, _, _ in per_launch:
+            if kind != "triton":
+                continue
+            hit = next((p for p in pending if p["kernel"].split(".")[-1] == name), None)
+            if hit is not None:
+                pending.remove(hit)
+            compute.append(hit.get("issue_s") if hit else None)
+        per_launch = list(per_launch) + [["triton", p["kernel"], 0, 0] for p in pending]
+        compute += [p.get("issue_s") for p in pending]
+        result = overlap_model(per_launch, syncs, gpu, compute)
+        ok = [p for p in profiled if not p.get("error")]
+        if ok:
+            heavy = max(ok, key=lambda p: p.get("issue_s") or 0.0)
+            rec["sass_per_elem_step"] = round(heavy["sass_per_elem_step"], 1)
+            rec["sass_kernel"] = heavy["kernel"]
+            rec["registers"] = max(p["registers"] for p in ok)
+            rec["spills"] = max(p["spills"] for p in ok)
+        if result["compute"] == "sass":
+            rec["model"] = MODEL
+    elif (sass or {}).get("status") == "ok" and not any(k == "triton" for k, *_ in per_launch):
+        rec["model"] = MODEL  # no Triton launch in the call: nothing for SASS to price
+    rec["modelled_s"] = result["modelled_s"]
+    rec["model_gpu_s"], rec["model_cpu_s"], rec["model_sync_s"] = result["gpu_s"], result["cpu_s"], result["sync_s"]
+    rec["bound"] = result["bound"]
     rec["count_method"] = counts.get("count_method")
 
 _OBSERVER_SEARCH = {  # (maxshrink, grid, flavour) of each searching observer's defaults
@@ -489,6 +619,7 @@ def _torch_path(case, target, backend, value, device, opts, rec) -> None:
     d = counts.to_dict()
     d["count_method"] = "exact: aten ops counted at this shape"
     _fill_model(rec, d, comp, opts.gpu)
+    rec["_per_launch"] = d["per_launch"]  # for the full-size projection; not written
     rec["measured_s"], rec["measured_reps"], rec["measured_min_s"] = time_calls(prepared, device, opts)
     rec["timer"] = "cuda events, median" if device == "cuda" else "perf_counter, median"
     if device == "cuda":
@@ -498,9 +629,10 @@ def _torch_path(case, target, backend, value, device, opts, rec) -> None:
         rec["peak_method"] = "live storage of aten outputs during the call (TorchDispatchMode)"
     rec["status"] = "measured"
 
-def _triton_path(case, target, backend, value, device, opts, rec, modelled: Dict) -> None:
+def _triton_path(case, target, backend, value, device, opts, rec, modelled: Dict,
+                 sass: Optional[Dict] = None) -> None:
     if modelled.get("status") == "ok":
-        _fill_model(rec, modelled, modelled.get("compulsory_bytes"), opts.gpu)
+        _fill_model(rec, modelled, modelled.get("compulsory_bytes"), opts.gpu, sass)
         rec["status"] = "modelled"
     else:
         rec["status"] = modelled.get("status", "not modelled")
@@ -584,6 +716,14 @@ def run(opts: Options) -> List[Dict]:
                     )
         for (c, t, b, s), r in zip(jobs, results):
             modelled[(c, t, b, tuple(s))] = r
+    # 1b. the same Triton calls recorded with the GPU's launch configuration and
+    # compiled to sm_90a: the compute term of the model
+    sass: Dict[Tuple, Dict] = {}
+    if jobs and opts.sass:
+        if opts.progress:
+            opts.progress.write(f"compiling the kernels of {len(jobs)} Triton calls for sm_90a...\n")
+        for (c, t, b, s), r in zip(jobs, _sass_in_subprocess(jobs, opts.progress)):
+            sass[(c, t, b, tuple(s))] = r
 
     # 2. measure (and count the PyTorch paths exactly)
     records: List[Dict] = []
@@ -600,7 +740,8 @@ def run(opts: Options) -> List[Dict]:
                 rec["status"] = f"unavailable: {unavailable[backend]}"
             elif backend in ("triton", "llmc-triton"):
                 m = modelled.get((case, target, backend, tuple(case.shape)), {})
-                _triton_path(case, target, backend, value, device, opts, rec, m)
+                _triton_path(case, target, backend, value, device, opts, rec, m,
+                             sass.get((case, target, backend, tuple(case.shape))))
             else:
                 _torch_path(case, target, backend, value, device, opts, rec)
         except NotApplicable as exc:
@@ -631,7 +772,8 @@ def run(opts: Options) -> List[Dict]:
             if m.get("status") != "ok":
                 rec["status"] = m.get("status", "not modelled")
             else:
-                _fill_model(rec, m, m.get("compulsory_bytes"), opts.gpu)
+                _fill_model(rec, m, m.get("compulsory_bytes"), opts.gpu,
+                            sass.get((case, target, backend, tuple(full))))
                 rec["status"] = "modelled"
         elif src and src["bytes_moved"] is not None:
             scale = n_full / n
@@ -641,6 +783,8 @@ def run(opts: Options) -> List[Dict]:
                 "bytes_written": int(src["bytes_written"] * scale),
                 "launches": src["launches"],
                 "flops": int(src["flops"] * scale),
+                "syncs": src.get("syncs") or 0,
+                "per_launch": [[k, nm, b * scale, f * scale] for k, nm, b, f in src.get("_per_launch") or []],
                 "count_method": (
                     f"aten counts at {case.shape[0]}x{case.shape[1]} scaled by the element "
                     "count (approximate: the search's early stop depends on the data)"
@@ -655,5 +799,6 @@ def run(opts: Options) -> List[Dict]:
         records.append(rec)
     end_machine = machine_info(device)
     for r in records:
+        r.pop("_per_launch", None)
         r["machine"] = dict(r["machine"], loadavg_end=end_machine["loadavg"])
     return records

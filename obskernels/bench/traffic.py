@@ -70,6 +70,9 @@ class Counts:
     atomics: int = 0
     peak_bytes: int = 0
     op_names: Dict[str, int] = dataclasses.field(default_factory=dict)
+    # one [kind ("aten" | "triton"), name, bytes moved, arithmetic lanes] per launch,
+    # in issue order: the GPU model takes max(memory, compute) launch by launch
+    per_launch: List[List] = dataclasses.field(default_factory=list)
 
     @property
     def bytes_moved(self) -> int:
@@ -205,7 +208,9 @@ class AtenTraffic(TorchDispatchMode):
         c.aten_ops += 1
         c.launches += 1
         # one arithmetic lane per element of the largest operand
-        c.flops += max([t.numel() for t in ins + outs] or [0])
+        lanes = max([t.numel() for t in ins + outs] or [0])
+        c.flops += lanes
+        c.per_launch.append(["aten", name, read + written, lanes])
         if name in _SYNC_OPS:
             c.syncs += 1
         c.op_names[name] = c.op_names.get(name, 0) + 1
@@ -349,12 +354,18 @@ class TritonTraffic:
                 counter.counts.op_names[name] = counter.counts.op_names.get(name, 0) + 1
                 counter._depth_kernel += 1
                 _state.in_kernel = getattr(_state, "in_kernel", 0) + 1
+                c = counter.counts
+                b0, f0 = c.bytes_moved, c.flops
                 try:
                     return orig(executor, *args, **kwargs)
                 finally:
                     _state.in_kernel -= 1
                     counter._depth_kernel -= 1
                     counter._close_launch()
+                    c.per_launch.append([
+                        "triton", getattr(executor.fn, "__name__", "kernel"),
+                        c.bytes_moved - b0, c.flops - f0,
+                    ])
 
             return __call__
 

@@ -1,0 +1,575 @@
+"""The kernels as an sm_90a GPU runs them, measured without a GPU.
+
+    python -m obskernels.kernels.report            # a table per compiled variant
+    python -m obskernels.kernels.report --json     # one JSON object per line
+
+Every launcher is called on CPU tensors of representative shapes (SPEC §2-§4:
+a 4096 x 4096 weight in the formats the observers use, activations, attention)
+with the launch configuration a GPU uses (``_layout.CUDA_LAUNCH``: one grid
+step per iteration of the search loop; splits follow the work, the same on
+every device). Every kernel is replaced by a recorder, so nothing runs: each
+launch is bound and specialised as triton's runtime does it, and each distinct
+specialisation (a *variant*) is compiled by triton to a cubin for sm_90a with
+its bundled ptxas. From the cubin (``cuobjdump``):
+
+- registers per thread, stack and local memory (spills land there), static
+  shared memory;
+- the SASS: instructions of the hottest innermost loop (the search kernels'
+  step loop; the tile loop of single-pass kernels; the whole kernel when it
+  has no loop) divided by the elements each thread handles per iteration:
+  ``sass_per_elem_step`` (per element and grid step for the search kernels,
+  per element for single-pass kernels), split by the pipe that issues them;
+- the approximate PTX instructions (``*.approx``, ``div.full``) and libdevice
+  functions (``__nv_*`` in the LLVM IR) each variant uses.
+
+The compile check (tests/test_kernels_compile.py) runs ``probe()`` in a
+subprocess and asserts on the same records; the benchmark's GPU model takes
+its compute term from ``issue_seconds``. Compiled kernels land in triton's
+cache, so a second run recompiles nothing that did not change.
+
+Importing this module needs triton, never a GPU. ``probe()`` must run without
+TRITON_INTERPRET (the interpreter replaces the compiler).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import importlib
+import json
+import math
+import os
+import pkgutil
+import re
+import subprocess
+import sys
+import tempfile
+from typing import Callable, Dict, List, Optional
+
+__all__ = [
+    "PIPES",
+    "H100_SXM_ISSUE",
+    "Case",
+    "cases",
+    "discover_kernels",
+    "record",
+    "compile_variant",
+    "probe",
+    "issue_seconds",
+    "recording",
+    "launch_work",
+    "profile_launches",
+    "main",
+]
+
+PACKAGE = "obskernels.kernels"
+# modules of kernels/ that hold no kernel of their own
+_NOT_KERNEL_MODULES = {"report", "_layout", "quant"}
+
+PIPES = ("FP32", "INT", "MUFU", "LSU", "other")
+
+# H100 SXM: 132 SMs x 4 schedulers x 32 lanes x 1.98 GHz (boost) lane-instructions
+# per second issued; per pipe, the share of that rate it sustains (sm_90's
+# throughput table: FP32 128 lanes/clk/SM, INT 64, MUFU and conversions 16,
+# load/store and shuffle 32).
+H100_SXM_ISSUE = 132 * 4 * 32 * 1.98e9
+PIPE_RATE = {"FP32": 1.0, "INT": 0.5, "MUFU": 1 / 8, "LSU": 1 / 4, "other": 1.0}
+
+_FP32 = ("FADD", "FMUL", "FFMA", "FMNMX", "FSEL", "FSETP", "FSET", "FCHK", "FSWZADD",
+         "F2FP", "HADD2", "HMUL2", "HFMA2", "HMNMX2", "HSETP2")
+# the XU unit: special functions and the conversions that go through it
+_MUFU = ("MUFU", "F2F", "F2I", "I2F", "FRND", "I2FP", "F2IP")
+_INT = ("IMAD", "IADD3", "IADD", "LOP3", "LOP", "SHF", "SHL", "SHR", "ISETP", "IMNMX", "LEA",
+        "SEL", "PRMT", "IABS", "POPC", "FLO", "BREV", "BMSK", "IDP", "VIADD", "VIMNMX", "ISCADD",
+        "UIADD3", "ULOP3", "USHF", "UIMAD", "ULEA", "USEL", "UISETP", "UPRMT", "UMOV")
+_LSU = ("LD", "LDG", "LDS", "LDL", "LDC", "ULDC", "ST", "STG", "STS", "STL", "ATOM", "ATOMG",
+        "ATOMS", "RED", "REDG", "SHFL", "LDSM", "LDGSTS", "MATCH")
+
+
+def pipe_of(opcode: str) -> str:
+    """The pipe an SASS opcode (``FFMA``, ``LDG.E.64``...) issues to."""
+    base = opcode.split(".")[0]
+    if base in _FP32:
+        return "FP32"
+    if base in _MUFU:
+        return "MUFU"
+    if base in _INT:
+        return "INT"
+    if base in _LSU:
+        return "LSU"
+    return "other"
+
+
+# --------------------------------------------------------------------------- #
+# cases: every launcher on representative shapes
+# --------------------------------------------------------------------------- #
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One launcher call. ``call(module)`` runs it (tensors on the CPU);
+    ``config``: LaunchConfig fields on top of the GPU's launch configuration;
+    ``tag`` groups calls whose launches must share one variant per kernel."""
+
+    name: str
+    module: str
+    call: Callable
+    config: Dict = dataclasses.field(default_factory=dict)
+    tag: str = ""
+
+
+def cases() -> List[Case]:
+    """The probe's calls: each kernel and each value of its mode switches at
+    least once, at the shapes observers see (weights 4096 x 4096; the small
+    shapes only where a mode needs them, e.g. the no-recompile sweeps)."""
+    import torch
+    from compressed_tensors.quantization import QuantizationArgs as QA
+
+    bf, f16, f32 = torch.bfloat16, torch.float16, torch.float32
+
+    def w(*shape, dtype=bf):  # nothing reads the values: no launch runs
+        return torch.empty(*shape, dtype=dtype)
+
+    W = (4096, 4096)
+    mse = dict(maxshrink=0.2, patience=5, grid=100, norm=2.4)
+    imx = dict(maxshrink=0.95, patience=5, grid=20, norm=3.0, flavour="imatrix")
+    nvx = dict(maxshrink=1 - 0.8 / 1.8, patience=1000, grid=200, norm=2.4, expand=1.8)
+    nvfp4 = dict(num_bits=4, type="float", symmetric=True, scale_dtype=torch.float8_e4m3fn)
+    g128 = QA(num_bits=4, strategy="group", group_size=128)
+    g_idx = (torch.arange(4096) // 128)[torch.randperm(4096, generator=torch.Generator().manual_seed(0))]
+    imp = torch.rand(4096, generator=torch.Generator().manual_seed(0)) + 0.5
+    C = lambda *a, **k: Case(*a, **k)  # noqa: E731
+    out = [
+        C("weight int4 g128", "min_max", lambda m: m.min_max(w(*W), "weight", g128)),
+        C("weight tensor (split)", "min_max", lambda m: m.min_max(w(*W), "weight", QA(num_bits=8, strategy="tensor"))),
+        C("weight channel fp16", "min_max", lambda m: m.min_max(w(*W, dtype=f16), "weight", QA(num_bits=8, strategy="channel"))),
+        C("weight g_idx g128", "min_max", lambda m: m.min_max(w(*W), "weight", g128, g_idx=g_idx)),
+        C("weight block 128 partial (pad)", "min_max", lambda m: m.min_max(w(4000, 4000), "weight", QA(num_bits=8, type="float", strategy="block", block_structure=[128, 128]))),
+        C("weight block 8x16 partial fp32 (pad)", "min_max", lambda m: m.min_max(w(4097, 4095, dtype=f32), "weight", QA(num_bits=8, strategy="block", block_structure=[8, 16]))),
+        C("weight block 128 transposed (pad)", "min_max", lambda m: m.min_max(w(4000, 4000).t(), "weight", QA(num_bits=8, type="float", strategy="block", block_structure=[128, 128]))),
+        C("act token", "min_max", lambda m: m.min_max(w(4, 2048, 4096), "input", QA(num_bits=8, strategy="token", dynamic=True))),
+        C("attn_head q", "min_max", lambda m: m.min_max(w(1, 2048, 32, 128).transpose(1, 2), "q", QA(num_bits=8, strategy="attn_head"))),
+        C("block 128 partial (pad)", "flatten", lambda m: m.flatten_for_calibration(w(4000, 4000), "weight", QA(num_bits=8, type="float", strategy="block", block_structure=[128, 128]))),
+        C("g_idx g128", "flatten", lambda m: m.flatten_for_calibration(w(*W), "weight", g128, g_idx=g_idx)),
+        C("act (1, 7, 4096) add", "accumulate_sq", lambda m: m.accumulate_sq(w(1, 7, 4096), torch.zeros(4096), torch.zeros(1, dtype=torch.int64))),
+        C("act (8, 2048, 4096) split", "accumulate_sq", lambda m: m.accumulate_sq(w(8, 2048, 4096), torch.zeros(4096), torch.zeros(1, dtype=torch.int64))),
+        C("int4 g128 sym norm 2.4", "mse_search", lambda m: m.mse_search(w(*W), "weight", g128, **mse)),
+        C("int4 g128 asym norm 2.4", "mse_search", lambda m: m.mse_search(w(*W), "weight", QA(num_bits=4, symmetric=False, strategy="group", group_size=128), **mse)),
+        C("int4 g128 norm 2", "mse_search", lambda m: m.mse_search(w(*W), "weight", g128, **dict(mse, norm=2.0))),
+        C("nvfp4 g16 (expanded)", "mse_search", lambda m: m.mse_search(w(*W), "weight", QA(strategy="tensor_group", group_size=16, **nvfp4), **nvx)),
+        C("imatrix int4 g128", "mse_search", lambda m: m.mse_search(w(*W), "weight", g128, importance=imp, **imx)),
+        C("int8 channel norm 2.4", "mse_search", lambda m: m.mse_search(w(*W), "weight", QA(num_bits=8, strategy="channel"), **mse)),
+        C("fp8 block 128 (split)", "mse_search", lambda m: m.mse_search(w(*W), "weight", QA(num_bits=8, type="float", strategy="block", block_structure=[128, 128]), **mse)),
+        C("fp8 block 128 partial (split, pad)", "mse_search", lambda m: m.mse_search(w(4000, 4000), "weight", QA(num_bits=8, type="float", strategy="block", block_structure=[128, 128]), **mse)),
+        C("int8 block 4 partial (pad)", "mse_search", lambda m: m.mse_search(w(10, 10), "weight", QA(num_bits=8, strategy="block", block_structure=[4, 4]), **mse)),
+        C("fp8 asym channel fp16 norm 2", "mse_search", lambda m: m.mse_search(w(*W, dtype=f16), "weight", QA(num_bits=8, type="float", symmetric=False, strategy="channel"), **dict(mse, norm=2.0))),
+        C("mxfp4 g32 fp32 norm 0.5", "mse_search", lambda m: m.mse_search(w(*W, dtype=f32), "weight", QA(num_bits=4, type="float", symmetric=True, strategy="group", group_size=32, scale_dtype=torch.uint8), **dict(mse, norm=0.5))),
+        C("imatrix int8 channel 16384 (split)", "mse_search", lambda m: m.mse_search(w(512, 16384, dtype=f16), "weight", QA(num_bits=8, strategy="channel"), importance=torch.rand(16384) + 0.5, **imx)),
+    ]
+    # Search parameters only: same format, shape and mode switches each time.
+    r = lambda *s: w(*s)  # noqa: E731
+    for grid, patience, maxshrink, expand, norm in [
+        (100, 5, 0.2, 1.0, 2.4), (80, 1, 0.2, 1.0, 2.4), (200, 1000, 1 - 0.8 / 1.8, 1.8, 1.7),
+        (40, 0, 0.5, 1.2, 2.4), (32, 16, 0.5, 1.0, 7.3),
+    ]:
+        kw = dict(grid=grid, patience=patience, maxshrink=maxshrink, expand=expand, norm=norm)
+        out.append(C("nvfp4 params", "mse_search", lambda m, kw=kw: m.mse_search(
+            r(8, 64), "weight", QA(strategy="tensor_group", group_size=16, **nvfp4), **kw), tag="params-small"))
+    # the split path's step buffers are sized by a power of two of the steps: stay in one
+    split = dict(max_reg_group=64, chunk=64, split=2)
+    for grid, patience, maxshrink in [(100, 5, 0.2), (90, 1, 0.2), (125, 16, 0.2), (17, 0, 1.0)]:
+        kw = dict(grid=grid, patience=patience, maxshrink=maxshrink, norm=2.4)
+        out.append(C("tensor params (split)", "mse_search", lambda m, kw=kw: m.mse_search(
+            r(9, 70), "weight", QA(num_bits=8, strategy="tensor"), **kw), config=split, tag="params-split"))
+    return out
+
+
+# --------------------------------------------------------------------------- #
+# recording launches
+# --------------------------------------------------------------------------- #
+def _kernel_modules() -> Dict[str, object]:
+    pkg = importlib.import_module(PACKAGE)
+    names = sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if m.name not in _NOT_KERNEL_MODULES)
+    return {n: importlib.import_module(f"{PACKAGE}.{n}") for n in names}
+
+
+def discover_kernels(modules=None) -> Dict[str, tuple]:
+    """Every launched @triton.jit kernel of kernels/: a JIT function of a
+    module that the module's source launches as ``name[grid](...)``.
+    Returns {"module.name": (module, attribute)}."""
+    import inspect
+
+    from triton.runtime.jit import JITFunction
+
+    found = {}
+    for mname, module in (modules or _kernel_modules()).items():
+        src = inspect.getsource(module)
+        for attr, fn in vars(module).items():
+            if isinstance(fn, JITFunction) and re.search(rf"\b{re.escape(attr)}\s*\[", src):
+                found[f"{mname}.{attr}"] = (module, attr)
+    return found
+
+
+@dataclasses.dataclass
+class Launch:
+    case: str
+    tag: str
+    kernel: str
+    fn: object
+    grid: tuple
+    args: tuple
+    kwargs: dict
+
+
+class _Recorder:
+    def __init__(self, name, fn, sink):
+        self.name, self.fn, self.sink = name, fn, sink
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            g = grid(kwargs) if callable(grid) else grid
+            self.sink.append((self.name, self.fn, tuple(int(v) for v in g), args, kwargs))
+        return launch
+
+
+@contextlib.contextmanager
+def recording(kernels=None):
+    """Within the block every kernel of kernels/ is a recorder; yields the
+    list of (kernel, fn, grid, args, kwargs) launches (nothing runs), under
+    the GPU's launch configuration."""
+    from obskernels.kernels._layout import CUDA_LAUNCH, launch_config
+
+    kernels = kernels or discover_kernels()
+    sink: list = []
+    saved = []
+    for name, (module, attr) in kernels.items():
+        saved.append((module, attr, getattr(module, attr)))
+        setattr(module, attr, _Recorder(name, getattr(module, attr), sink))
+    try:
+        with launch_config(**CUDA_LAUNCH):
+            yield sink
+    finally:
+        for module, attr, fn in saved:
+            setattr(module, attr, fn)
+
+
+def record(calls, kernels=None) -> List[Launch]:
+    """Runs each ``(case, tag, module name, config fields, call)`` of ``calls``
+    with every kernel replaced by a recorder, under the GPU's launch
+    configuration plus the case's fields; returns the launches (nothing runs).
+    The kernels are restored afterwards."""
+    from obskernels.kernels._layout import launch_config
+
+    launches = []
+    with recording(kernels) as sink:
+        for case, tag, mname, fields, call in calls:
+            sink.clear()
+            module = importlib.import_module(f"{PACKAGE}.{mname}")
+            with launch_config(**fields):
+                call(module)
+            launches += [Launch(case, tag, n, f, g, a, k) for n, f, g, a, k in sink]
+    return launches
+
+
+# --------------------------------------------------------------------------- #
+# compiling and reading the machine code
+# --------------------------------------------------------------------------- #
+def _target():
+    from triton.backends.compiler import GPUTarget
+
+    return GPUTarget("cuda", 90, 32)
+
+
+def _bin(tool: str) -> str:
+    import triton
+
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", tool)
+
+
+def _specialise(launch: Launch):
+    """(variant key, ASTSource, options, constexprs by name) as JITFunction.run
+    builds them for an sm_90 target."""
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    backend = make_backend(_target())
+    fn = launch.fn
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    bound, spec, options = binder(*launch.args, **launch.kwargs)
+    key = repr((launch.kernel, spec, sorted(options.items())))
+    opts, signature, constexprs, attrs = fn._pack_args(backend, launch.kwargs, bound, spec, options)
+    src = ASTSource(fn, signature, constexprs, attrs)
+    names = {p.name: bound.get(p.name) for p in fn.params if p.is_constexpr}
+    return key, src, opts, names
+
+
+_INSTR = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
+_APPROX = re.compile(r"\b([a-z0-9]+(?:\.[a-z0-9]+)*\.(?:approx|full)(?:\.[a-z0-9]+)*)\b")
+
+
+def parse_sass(sass: str) -> List[tuple]:
+    """[(address, opcode, operands)] of the instructions of a cuobjdump listing."""
+    out = []
+    for line in sass.splitlines():
+        m = _INSTR.match(line)
+        if m:
+            out.append((int(m.group(1), 16), m.group(3), m.group(4)))
+    return out
+
+
+def hot_loop(instrs: List[tuple]) -> Optional[tuple]:
+    """(first, last) index of the largest innermost loop: a backward branch and
+    its target, with no other backward branch inside. None without loops."""
+    index = {addr: i for i, (addr, _, _) in enumerate(instrs)}
+    loops = []
+    for i, (addr, op, rest) in enumerate(instrs):
+        if op.split(".")[0] != "BRA":
+            continue
+        m = re.search(r"0x([0-9a-f]+)\s*$", rest.strip())
+        if m and int(m.group(1), 16) <= addr and int(m.group(1), 16) in index:
+            loops.append((index[int(m.group(1), 16)], i))
+    inner = [(a, b) for a, b in loops if not any(a <= c and d <= b and (c, d) != (a, b) for c, d in loops)]
+    return max(inner, key=lambda ab: ab[1] - ab[0], default=None)
+
+
+# elements one iteration of the hot loop handles, by kernel (constexpr names
+# multiplied); default: the product of every BLOCK_* constexpr
+_ITER_ELEMS = {
+    "_search_part_kernel": ("BLOCK_E", "BLOCK_SB"),
+    "_finalize_part_kernel": ("BLOCK_G", "BLOCK_K"),
+    "_choose_kernel": ("BLOCK_G",),
+}
+# kernels whose hot loop is the search's step loop: counts are per element AND step
+_SEARCH = ("_search_kernel", "_search_part_kernel")
+
+
+def _iter_elems(kernel: str, constexprs: Dict) -> int:
+    attr = kernel.split(".")[-1]
+    names = _ITER_ELEMS.get(attr) or [n for n in constexprs if n.startswith("BLOCK_")]
+    return math.prod(int(constexprs[n]) for n in names) if names else 1
+
+
+def _run(cmd: List[str]) -> str:
+    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+
+
+def _sass_cache_dir() -> str:
+    return os.environ.get("OBSKERNELS_SASS_CACHE",
+                          os.path.join(os.path.expanduser("~"), ".cache", "obskernels", "sass"))
+
+
+def _disassemble(cubin: bytes) -> tuple:
+    """(resource usage, SASS listing) of a cubin by the bundled cuobjdump, cached
+    on disk by the cubin's hash (the tool costs a second or more per call on a
+    loaded machine; a cubin's listing never changes)."""
+    import hashlib
+
+    key = hashlib.sha256(cubin).hexdigest()
+    path = os.path.join(_sass_cache_dir(), key + ".json")
+    try:
+        with open(path) as f:
+            cached = json.load(f)
+        return cached["usage"], cached["sass"]
+    except (OSError, ValueError, KeyError):
+        pass
+    with tempfile.TemporaryDirectory() as tmp:
+        cub = os.path.join(tmp, "k.cubin")
+        with open(cub, "wb") as f:
+            f.write(cubin)
+        text = _run([_bin("cuobjdump"), "-res-usage", "-sass", cub])
+    usage = "\n".join(line for line in text.splitlines() if "REG:" in line)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp_path = f"{path}.{os.getpid()}"
+        with open(tmp_path, "w") as f:
+            json.dump({"usage": usage, "sass": text}, f)
+        os.replace(tmp_path, path)
+    except OSError:  # a read-only home: no cache, same result
+        pass
+    return usage, text
+
+
+def compile_variant(launch: Launch) -> Dict:
+    """Compiles the launch's variant for sm_90a and measures it (see the
+    module docstring). Errors are returned in ``error``, not raised."""
+    import triton
+
+    key, src, opts, constexprs = _specialise(launch)
+    rec = dict(kernel=launch.kernel, variant=_variant_name(launch, constexprs), case=launch.case,
+               key=key, error=None, num_warps=int(opts.num_warps))
+    try:
+        k = triton.compile(src, target=_target(), options=opts.__dict__)
+    except Exception as exc:  # noqa: BLE001 - reported by the test and the report
+        while exc.__cause__ is not None:  # the compiler's root cause names the line
+            exc = exc.__cause__
+        rec["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+        return rec
+    usage, sass = _disassemble(k.asm["cubin"])
+    res = dict(re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", usage))
+    instrs = parse_sass(sass)
+    loop = hot_loop(instrs)
+    body = instrs[loop[0]:loop[1] + 1] if loop else instrs
+    threads = 32 * rec["num_warps"]
+    per_thread = max(_iter_elems(launch.kernel, constexprs) / threads, 1e-9)
+    pipes = dict.fromkeys(PIPES, 0)
+    for _, op, _ in body:
+        pipes[pipe_of(op)] += 1
+    spill_ops = sum(op.split(".")[0] in ("LDL", "STL") for _, op, _ in instrs)
+    rec.update(
+        registers=int(res.get("REG", 0)),
+        stack=int(res.get("STACK", 0)),
+        local=int(res.get("LOCAL", 0)),
+        spills=int(res.get("STACK", 0)) + int(res.get("LOCAL", 0)) + spill_ops,
+        shared=max(int(res.get("SHARED", 0)), int(k.metadata.shared)),
+        sass_total=len(instrs),
+        loop_sass=len(body),
+        loop="step" if loop and launch.kernel.split(".")[-1] in _SEARCH else ("tile" if loop else "none"),
+        elems_per_thread=per_thread,
+        sass_per_elem_step=len(body) / per_thread,
+        pipes={p: n / per_thread for p, n in pipes.items()},
+        approx=sorted(set(_APPROX.findall(k.asm["ptx"]))),
+        # linked and inlined: the names survive in the labels (%__nv_exp2f.exit12)
+        libdevice=sorted(set(re.findall(r"__nv_([a-z0-9_]+?)(?:\.|\b)", k.asm["llir"]))),
+        extern="extern_elementwise" in k.asm["ttir"],
+    )
+    return rec
+
+
+def _cdiv(a, b) -> int:
+    return -(-int(a) // max(int(b), 1))
+
+
+def launch_work(launch: Launch) -> float:
+    """Element-steps one launch issues the hot loop for: programs x elements per
+    iteration x iterations (trip counts from the launch's arguments; the
+    search's step loop runs every step). Multiply by ``sass_per_elem_step``
+    for the instructions the launch issues (its loop; the prologue is left out)."""
+    constexprs = _specialise(launch)[3]
+    from triton.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    fn = launch.fn
+    binder = create_function_from_signature(fn.signature, fn.params, make_backend(_target()))
+    a = binder(*launch.args, **launch.kwargs)[0]
+    attr = launch.kernel.split(".")[-1]
+    trips = {
+        "_search_kernel": lambda: _cdiv(a["n_steps"], a["BLOCK_S"]),
+        "_search_part_kernel": lambda: int(a["chunks_per_split"]) * _cdiv(a["n_steps"], a["BLOCK_SB"]),
+        "_minmax_part_kernel": lambda: int(a["chunks_per_split"]),
+        "_min_max_kernel": lambda: _cdiv(a["rows_per_split"], a["BLOCK_R"]) * _cdiv(a["E"], a["BLOCK_E"]),
+        "_sum_sq_kernel": lambda: _cdiv(a["tokens_per_split"], a["BLOCK_T"]),
+        "_min_max_finish_kernel": lambda: _cdiv(a["SPLIT"], a["BLOCK_S"]),
+        "_sum_sq_finish_kernel": lambda: _cdiv(a["SPLIT"], a["BLOCK_S"]),
+        "_choose_kernel": lambda: int(a["n_steps"]),
+        "_finalize_part_kernel": lambda: 2 * _cdiv(a["G"], a["BLOCK_G"]) * int(a["n_steps"]) * _cdiv(a["K"], a["BLOCK_K"]),
+    }.get(attr, lambda: 1)
+    try:
+        n = trips()
+    except (KeyError, TypeError):  # a kernel whose arguments changed: one iteration
+        n = 1
+    return math.prod(launch.grid) * _iter_elems(launch.kernel, constexprs) * max(n, 1)
+
+
+def profile_launches(launches: List[Launch], cache: Optional[Dict] = None) -> List[Dict]:
+    """Per launch: its variant's machine-code record (compiled once per key,
+    ``cache`` shared between calls), element-steps, and modelled issue seconds
+    on an H100 SXM."""
+    cache = {} if cache is None else cache
+    out = []
+    for launch in launches:
+        key = _specialise(launch)[0]
+        if key not in cache:
+            cache[key] = compile_variant(launch)
+        v = cache[key]
+        rec = {k: v.get(k) for k in ("kernel", "variant", "error", "registers", "spills",
+                                     "sass_per_elem_step", "pipes", "loop")}
+        if not v["error"]:
+            rec["elem_steps"] = launch_work(launch)
+            rec["issue_s"] = issue_seconds(v["pipes"], rec["elem_steps"])
+        out.append(rec)
+    return out
+
+
+def _variant_name(launch: Launch, constexprs: Dict) -> str:
+    shown = ", ".join(f"{n}={int(v) if isinstance(v, bool) else v}" for n, v in constexprs.items()
+                      if v is not None and not n.startswith("num_"))
+    return f"{shown}, warps={launch.kwargs.get('num_warps', 4)}"
+
+
+def probe(selected: Optional[str] = None) -> Dict:
+    """Records every case's launches, compiles each distinct variant once.
+    Returns {"kernels": [...discovered], "variants": [...records],
+    "launches": [{"case", "tag", "kernel", "key"}]}."""
+    if os.environ.get("TRITON_INTERPRET"):
+        raise RuntimeError("the compile probe must run without TRITON_INTERPRET")
+    kernels = discover_kernels()
+    calls = [(c.name, c.tag, c.module, c.config, c.call) for c in cases()
+             if selected is None or selected in c.module]
+    launches = record(calls, kernels)
+    variants: Dict[str, Dict] = {}
+    rows = []
+    for launch in launches:
+        key = _specialise(launch)[0]
+        rows.append(dict(case=launch.case, tag=launch.tag, kernel=launch.kernel, key=key))
+        if key not in variants:
+            variants[key] = compile_variant(launch)
+            variants[key]["case"] = f"{launch.kernel.split('.')[0]} {launch.case}"
+    return dict(kernels=sorted(kernels), variants=list(variants.values()), launches=rows)
+
+
+# --------------------------------------------------------------------------- #
+# the compute term of the GPU model
+# --------------------------------------------------------------------------- #
+def issue_seconds(pipes_per_elem: Dict[str, float], elem_steps: float,
+                  issue_rate: float = H100_SXM_ISSUE) -> float:
+    """Seconds a GPU needs to issue ``elem_steps`` x the per-element counts:
+    the larger of all instructions at the issue rate and each pipe's count at
+    that pipe's rate (INT half, MUFU and conversions an eighth, LSU a quarter)."""
+    total = sum(pipes_per_elem.values()) * elem_steps / issue_rate
+    per_pipe = max(n * elem_steps / (issue_rate * PIPE_RATE[p]) for p, n in pipes_per_elem.items())
+    return max(total, per_pipe)
+
+
+# --------------------------------------------------------------------------- #
+# command line
+# --------------------------------------------------------------------------- #
+def _table(variants: List[Dict]) -> str:
+    head = f"{'kernel':34} {'case':40} {'regs':>4} {'spill':>5} {'smem':>6} {'loop':>4} {'sass/el':>8} " + \
+        " ".join(f"{p:>6}" for p in PIPES) + "  approx / libdevice"
+    lines = [head, "-" * len(head)]
+    for v in variants:
+        if v["error"]:
+            lines.append(f"{v['kernel']:34} {v['case'][:40]:40} ERROR {v['error'][:120]}")
+            continue
+        lines.append(
+            f"{v['kernel']:34} {v['case'][:40]:40} {v['registers']:>4} {v['spills']:>5} {v['shared']:>6} "
+            f"{v['loop']:>4} {v['sass_per_elem_step']:8.1f} "
+            + " ".join(f"{v['pipes'][p]:6.1f}" for p in PIPES)
+            + "  " + " ".join(v["approx"] + v["libdevice"])
+        )
+    lines.append("sass/el: SASS instructions of the hot loop per element (per element and grid "
+                 "step for the search's step loop), sm_90a, triton's bundled ptxas; by pipe after it.")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m obskernels.kernels.report", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", action="store_true", help="one JSON object per variant per line")
+    ap.add_argument("--probe", action="store_true", help="one JSON document: kernels, variants, launches")
+    ap.add_argument("--module", default=None, help="only the cases of this kernel module")
+    a = ap.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET"):
+        os.environ.pop("TRITON_INTERPRET")  # too late for this process: rerun without it
+        return subprocess.call([sys.executable, "-m", "obskernels.kernels.report", *(argv or sys.argv[1:])])
+    result = probe(a.module)
+    if a.probe:
+        print(json.dumps(result))
+    elif a.json:
+        for v in result["variants"]:
+            print(json.dumps(v))
+    else:
+        print(_table(result["variants"]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

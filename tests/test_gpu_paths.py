@@ -1,0 +1,195 @@
+"""The paths a GPU takes, exercised on the CPU: device guard and work-based splits.
+
+- Every launcher enters a device context for ``value.device`` around its
+  launches (Triton launches on the current CUDA device and stream, which may
+  not be the value's device in a model spread over GPUs); tensors of one call
+  on different devices are a ValueError.
+- The work split (programs sharing one group) follows the amount of work, not
+  the device's SM count, so a call splits the same way on every GPU and under
+  the interpreter: the split and finish kernels a GPU runs at a given shape
+  run here at that shape, with the default configuration.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+
+import pytest
+import torch
+from compressed_tensors.quantization import QuantizationArgs
+
+from obskernels.reference.accumulate_sq import accumulate_sq as reference_accumulate
+from obskernels.reference.min_max import min_max as reference_min_max
+
+pytestmark = pytest.mark.kernel
+
+layout_module = importlib.import_module("obskernels.kernels._layout")
+min_max_module = importlib.import_module("obskernels.kernels.min_max")
+flatten_module = importlib.import_module("obskernels.kernels.flatten")
+accumulate_module = importlib.import_module("obskernels.kernels.accumulate_sq")
+mse_module = importlib.import_module("obskernels.kernels.mse_search")
+
+KERNELS = {
+    min_max_module: ("_min_max_kernel", "_min_max_finish_kernel"),
+    flatten_module: ("_flatten_kernel",),
+    accumulate_module: ("_sum_sq_kernel", "_sum_sq_finish_kernel"),
+    mse_module: ("_search_kernel", "_choose_kernel", "_minmax_part_kernel",
+                 "_search_part_kernel", "_finalize_part_kernel"),
+}
+
+
+class GuardProbe:
+    """Stands in for ``_layout._device_context``: records the device entered
+    and whether a context is active; kernels wrapped by ``watch`` record
+    whether each launch happened inside one."""
+
+    def __init__(self):
+        self.entered, self.depth, self.launches = [], 0, []
+
+    @contextlib.contextmanager
+    def __call__(self, device):
+        self.entered.append(device)
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+
+    def watch(self, module, name, monkeypatch):
+        kernel = getattr(module, name, None)
+        if kernel is None:  # a kernel this revision does not have
+            return
+        probe = self
+
+        class Watched:
+            def __getitem__(self, grid):
+                probe.launches.append((name, probe.depth > 0))
+                return kernel[grid]
+
+        monkeypatch.setattr(module, name, Watched())
+
+
+def _calls():
+    qa = QuantizationArgs
+    x = torch.randn(19, 40)
+    imp = torch.rand(40) + 0.5
+    return {
+        "min_max": lambda: min_max_module.min_max(x, "weight", qa(num_bits=8, strategy="channel")),
+        "min_max split": lambda: min_max_module.min_max(
+            torch.randn(300, 512), "weight", qa(num_bits=8, strategy="tensor")),
+        "flatten": lambda: flatten_module.flatten_for_calibration(
+            x, "weight", qa(num_bits=8, strategy="block", block_structure=[8, 16])),
+        "accumulate_sq": lambda: accumulate_module.accumulate_sq(
+            torch.randn(2, 5, 40), torch.zeros(40), torch.zeros(1, dtype=torch.int64)),
+        "mse_search": lambda: mse_module.mse_search(
+            x, "weight", qa(num_bits=4, strategy="group", group_size=8),
+            maxshrink=0.2, patience=5, grid=20, norm=2.4),
+        "mse_search imatrix split": lambda: _split_search(x, imp),
+    }
+
+
+def _split_search(x, imp):
+    with layout_module.launch_config(max_reg_group=16, chunk=16, split=2):
+        return mse_module.mse_search(
+            x, "weight", QuantizationArgs(num_bits=8, strategy="channel"), importance=imp,
+            maxshrink=0.95, patience=5, grid=4, norm=3.0, flavour="imatrix")
+
+
+@pytest.mark.parametrize("call", list(_calls()))
+def test_every_launch_runs_inside_the_device_guard(call, monkeypatch):
+    probe = GuardProbe()
+    monkeypatch.setattr(layout_module, "_device_context", probe)
+    for module, names in KERNELS.items():
+        for name in names:
+            probe.watch(module, name, monkeypatch)
+    _calls()[call]()
+    assert probe.entered and all(d == torch.device("cpu") for d in probe.entered), probe.entered
+    assert probe.launches, f"{call}: no kernel launched"
+    outside = [name for name, inside in probe.launches if not inside]
+    assert not outside, f"{call}: launched outside the device guard: {outside}"
+
+
+@pytest.mark.parametrize("name", ("importance", "sum_buf", "g_idx"))
+def test_guard_rejects_tensors_on_another_device(name):
+    value = torch.zeros(4)
+    other = torch.zeros(4, device="meta")
+    with pytest.raises(ValueError, match=rf"{name} is on meta but the value is on cpu"):
+        layout_module.device_guard(value, **{name: other})
+    with layout_module.device_guard(value, **{name: torch.ones(2), "perm": None}):
+        pass
+
+
+def test_device_context_is_the_values_cuda_device():
+    ctx = layout_module._device_context(torch.device("cuda", 1))
+    assert isinstance(ctx, torch.cuda.device) and ctx.idx == 1  # built without entering
+    assert isinstance(layout_module._device_context(torch.device("cpu")), contextlib.nullcontext)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_launches_on_the_values_gpu_not_the_current_one():
+    with torch.cuda.device(0):
+        x = torch.randn(64, 256, device="cuda:1")
+        mins, maxs = min_max_module.min_max(x, "weight", QuantizationArgs(num_bits=8, strategy="channel"))
+        torch.cuda.synchronize(1)
+    assert mins.device == x.device
+    assert torch.equal(mins.squeeze(1), x.amin(dim=1)) and torch.equal(maxs.squeeze(1), x.amax(dim=1))
+
+
+# --------------------------------------------------------------------------- #
+# splits follow the work
+# --------------------------------------------------------------------------- #
+@pytest.mark.parametrize("work_rows,row_block,work_per_row,others", [
+    (4096, 1, 4096, 1), (10**6, 4, 64, 3), (300, 1, 512, 1), (17, 1, 33, 1), (4096, 8, 4096, 600),
+])
+def test_split_does_not_depend_on_the_device(work_rows, row_block, work_per_row, others):
+    config = layout_module.LaunchConfig()
+    got = {
+        dev: layout_module.choose_split(work_rows, row_block, work_per_row, others, torch.device(dev), config)
+        for dev in ("cpu", "cuda:0", "cuda:3")
+    }
+    assert len(set(got.values())) == 1, got
+    split, per = got["cpu"]
+    assert split * per >= work_rows and (split - 1) * per < work_rows
+    # at least min_elems_per_program of work per program, no more programs than the fill target needs
+    assert split == 1 or per * work_per_row >= config.min_elems_per_program
+    assert split <= max(1, -(-config.fill_programs // others))
+
+
+def test_default_split_runs_here_min_max():
+    """A whole-tensor min/max big enough to split by default: 2 launches, as on a GPU."""
+    grids = []
+
+    class Counting:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return self.kernel[grid]
+
+    x = torch.randn(300, 512, dtype=torch.bfloat16)
+    args = QuantizationArgs(num_bits=8, strategy="tensor")
+    mp = pytest.MonkeyPatch()
+    try:
+        for name in ("_min_max_kernel", "_min_max_finish_kernel"):
+            mp.setattr(min_max_module, name, Counting(getattr(min_max_module, name)))
+        got = min_max_module.min_max(x, "weight", args)
+    finally:
+        mp.undo()
+    want = reference_min_max(x, "weight", args)
+    assert len(grids) == 2 and grids[0][1] > 1, grids
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_default_split_runs_here_accumulate_sq():
+    x = torch.randn(4, 160, 256)
+    s, c = torch.zeros(256), torch.zeros(1, dtype=torch.int64)
+    accumulate_module.accumulate_sq(x, s, c)
+    want = x.double().pow(2).sum(dim=(0, 1))
+    torch.testing.assert_close(s.double(), want, rtol=1e-5, atol=0)
+    assert int(c) == 640
+    s2, c2 = torch.zeros(256), torch.zeros(1, dtype=torch.int64)
+    reference_accumulate(x, s2, c2)
+    assert int(c2) == int(c)
