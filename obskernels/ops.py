@@ -18,7 +18,7 @@ from obskernels.backends import (
     resolve_backend,
 )
 
-__all__ = ["flatten_for_calibration", "min_max", "mse_search", "accumulate_sq"]
+__all__ = ["flatten_for_calibration", "min_max", "mse_search", "accumulate_sq", "calculate_qparams"]
 
 _fallbacks_logged: set[str] = set()
 
@@ -84,3 +84,16 @@ def mse_search(
 def accumulate_sq(x, sum_buf, count_buf):
     """sum_buf += sum over tokens of x**2 (fp32); count_buf += tokens. In place."""
     return _dispatch("accumulate_sq", x, sum_buf, count_buf)
+
+
+def calculate_qparams(min_vals, max_vals, args, global_scale=None, *, fused=None, widen=False,
+                      carry=None):
+    """(scale, zero_point, global_scale, status): compressed-tensors'
+    ``calculate_qparams`` on the statistics (SPEC §3), with an observer's
+    global scale from ``fused`` statistics, the float64 redo of overflowed
+    groups (``widen``) and the non-finite record (``carry``) on request;
+    ``status`` is read once by the caller (see ``reference.qparams``)."""
+    return _dispatch(
+        "calculate_qparams", min_vals, max_vals, args, global_scale,
+        fused=fused, widen=widen, carry=carry,
+    )
