@@ -46,6 +46,8 @@ __all__ = [
     "STATUS_BAD_STATS",
     "STATUS_FIRST_BAD",
     "check_qparams_args",
+    "check_combine_args",
+    "HeldStatisticsError",
 ]
 
 #: dtypes the triton kernels read
@@ -302,3 +304,58 @@ def check_qparams_args(min_vals, max_vals, args, global_scale=None, fused=None, 
         or carry.shape != (len(STATUS_INIT),)
     ):
         raise TypeError(f"carry must be an int64 tensor of shape ({len(STATUS_INIT)},)")
+
+
+class HeldStatisticsError(ValueError):
+    """Held statistics that cannot merge with a new value's: ``new_shape`` is
+    the shape the value's statistics have (the observer words the message)."""
+
+    def __init__(self, message: str, new_shape: tuple):
+        super().__init__(message)
+        self.new_shape = tuple(new_shape)
+
+
+def check_held(held, qshape, dtype, device) -> None:
+    """Held (min_vals, max_vals) must match the new statistics' shape, dtype, device."""
+    if not (isinstance(held, tuple) and len(held) == 2
+            and all(isinstance(t, torch.Tensor) for t in held)):
+        raise TypeError("held must be a (min_vals, max_vals) pair of tensors")
+    for t in held:
+        if tuple(t.shape) != tuple(qshape):
+            raise HeldStatisticsError(
+                f"held statistics of shape {tuple(t.shape)} do not match the new statistics' "
+                f"shape {tuple(qshape)}", qshape,
+            )
+        if t.dtype != dtype or t.device != device:
+            raise ValueError(
+                f"held statistics ({t.dtype} on {t.device}) must have the new statistics' "
+                f"dtype and device ({dtype} on {device})"
+            )
+
+
+def check_averaging(averaging_constant) -> None:
+    if averaging_constant is not None and (
+        isinstance(averaging_constant, bool) or not isinstance(averaging_constant, (int, float))
+        or not 0 <= averaging_constant <= 1
+    ):
+        raise ValueError(f"averaging_constant must be a number in [0, 1], got {averaging_constant!r}")
+
+
+def check_status(status) -> None:
+    if status is not None and (
+        not isinstance(status, torch.Tensor) or status.dtype != torch.int64
+        or tuple(status.shape) != (len(STATUS_INIT),)
+    ):
+        raise TypeError(f"status must be an int64 tensor of shape ({len(STATUS_INIT)},)")
+
+
+def check_combine_args(new_min, new_max, held, averaging_constant, status) -> None:
+    for name, t in (("new_min", new_min), ("new_max", new_max)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if new_min.shape != new_max.shape:
+        raise ValueError("new_min and new_max must have the same shape")
+    if held is not None:
+        check_held(held, new_min.shape, new_min.dtype, new_min.device)
+    check_averaging(averaging_constant)
+    check_status(status)
