@@ -31,7 +31,7 @@ import pytest
 
 pytestmark = pytest.mark.kernel
 
-KERNEL_MODULES = ("min_max", "flatten", "accumulate_sq", "mse_search")
+KERNEL_MODULES = ("min_max", "flatten", "accumulate_sq", "mse_search", "qparams", "stats")
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +109,34 @@ def _cases():
         ("steps-4", "", "mse_search", dict(steps_per_iter=4), lambda m: m.mse_search(r(8, 64, dtype=bf), "weight", QA(num_bits=4, strategy="group", group_size=16), **mse)),
         ("split-block-pad", "", "mse_search", dict(split, **gpu), lambda m: m.mse_search(r(20, 20), "weight", QA(num_bits=4, symmetric=False, strategy="block", block_structure=[16, 16]), **imx)),
         ("split-importance", "", "mse_search", dict(split, **gpu), lambda m: m.mse_search(r(3, 300, dtype=f16), "weight", QA(num_bits=8, strategy="channel"), importance=torch.rand(300), **imx)),
+    ]
+    # qparams (every mode switch: formats, scale_dtype, global scale, widen, carry)
+    # and the statistics epilogues (min_max's and combine_statistics')
+    from obskernels.validation import STATUS_INIT
+
+    def rec():
+        return torch.tensor(STATUS_INIT, dtype=torch.int64)
+
+    def stats(n, dtype=torch.float32):
+        mn = r(n, 4, dtype=dtype)
+        return mn, mn + 1
+
+    int4a = QA(num_bits=4, symmetric=False, strategy="group", group_size=16)
+    nvfp4_tg = QA(strategy="tensor_group", group_size=16, **nvfp4)
+    def held84():
+        return torch.zeros(8, 4, dtype=bf), torch.ones(8, 4, dtype=bf)
+
+    cases += [
+        ("int4-asym-widen", "", "qparams", {}, lambda m: m.calculate_qparams(*stats(8, bf), int4a, widen=True)),
+        ("nvfp4-fused", "", "qparams", {}, lambda m: m.calculate_qparams(*stats(8, bf), nvfp4_tg, fused=[stats(8, bf), stats(3, bf)], widen=True, carry=rec())),
+        ("mxfp4", "", "qparams", {}, lambda m: m.calculate_qparams(*stats(8, f16), QA(num_bits=4, type="float", symmetric=True, strategy="group", group_size=32, scale_dtype=torch.uint8), widen=True)),
+        ("fp8-given", "", "qparams", {}, lambda m: m.calculate_qparams(*stats(8), QA(num_bits=8, type="float", symmetric=False), torch.ones(1), widen=True)),
+        ("bf16-scale", "", "qparams", {}, lambda m: m.calculate_qparams(*stats(8), QA(num_bits=8, symmetric=True, scale_dtype=torch.bfloat16))),
+        ("average-record", "", "stats", {}, lambda m: m.combine_statistics(r(8, 64, dtype=bf), "weight", int4a, *held84(), held=held84(), averaging_constant=0.01, status=rec(), observation=1)),
+        ("running-block-pad", "", "stats", {}, lambda m: m.combine_statistics(r(10, 10), "weight", QA(num_bits=8, strategy="block", block_structure=[4, 4]), torch.zeros(3, 3), torch.ones(3, 3), held=(torch.zeros(3, 3), torch.ones(3, 3)), status=rec())),
+        ("average-record", "", "min_max", {}, lambda m: m.min_max(r(8, 64, dtype=bf), "weight", int4a, held=held84(), averaging_constant=0.01, status=rec(), observation=2)),
+        ("running-g_idx", "", "min_max", {}, lambda m: m.min_max(r(5, 64), "weight", QA(num_bits=8, strategy="group", group_size=16), g_idx=g_idx, held=(torch.zeros(5, 4), torch.ones(5, 4)), status=rec())),
+        ("split-average", "", "min_max", dict(tile=16, split=3), lambda m: m.min_max(r(19, 40, dtype=bf), "input", QA(num_bits=8, strategy="tensor"), held=(torch.zeros(1, dtype=bf), torch.ones(1, dtype=bf)), averaging_constant=0.5, status=rec())),
     ]
     # Search parameters only: same format, shape and mode switches each time.
     for grid, patience, maxshrink, expand, norm in [
