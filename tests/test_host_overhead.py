@@ -422,6 +422,10 @@ def test_no_sync_on_cuda():
         lambda: ops.mse_search(value, "weight", args, **IMATRIX),
         lambda: ops.accumulate_sq(x, sum_buf, count),
     ]
+    # an observer's forward is kernels only too (its get_qparams reads once)
+    observers = [Observer.load_from_registry(name, base_name="input", args=args)
+                 for name in ("static_minmax", "minmax", "mse")]
+    calls += [lambda obs=obs: obs(x) for obs in observers]
     with use_backend("triton"):
         for call in calls:
             call()  # compile first
