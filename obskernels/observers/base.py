@@ -29,13 +29,13 @@ import torch
 import torch.distributed as dist
 from compressed_tensors import InternalModule
 from compressed_tensors.quantization import QuantizationArgs, QuantizationStrategy
-from compressed_tensors.quantization.utils import calculate_qparams, generate_gparam
+from compressed_tensors.quantization.utils import generate_gparam
 from compressed_tensors.registry.registry import RegistryMixin
 
 from obskernels import ops
 from obskernels.backends import resolve_backend
 from obskernels.observers.sync import SNAPSHOTS, SyncHandle, sync_statistics
-from obskernels.reference.stats import moving_average
+from obskernels.reference.stats import moving_average  # noqa: F401 (re-exported: minmax, tests)
 from obskernels.validation import (
     ACTIVATIONS,
     ATTENTION,
