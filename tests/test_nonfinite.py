@@ -282,3 +282,35 @@ def test_qparams_backstop(backend):
     assert obs.has_statistics  # kept
     obs.nonfinite = "propagate"
     assert torch.isnan(obs.get_qparams()["scale"][1])
+
+
+@pytest.mark.parametrize("name", ("static_minmax", "minmax", "mse"))
+def test_refused_values_recorded_by_the_kernels(name):
+    """Triton backend, several observations before get_qparams: the error
+    names the FIRST refused value's shape and counts every refused value's
+    non-finite elements (counted here with torch); the observations after it
+    are dropped with it, and the observer starts afresh."""
+    from obskernels.backends import use_backend
+
+    good, first, second = torch.randn(2, 3, 32), torch.randn(5, 32), torch.randn(1, 2, 32)
+    first[0, 1], first[3, 7] = float("nan"), float("inf")
+    second[0, 1, 2] = float("-inf")
+    values = (good, first, torch.randn(3, 32), second)
+    nan = sum(int(torch.isnan(v).sum()) for v in values)
+    pos = sum(int(torch.isposinf(v).sum()) for v in values)
+    neg = sum(int(torch.isneginf(v).sum()) for v in values)
+    with use_backend("triton"):
+        obs = make(name, "input")
+        for v in values:
+            obs(v)  # nothing read back: no error yet
+        with pytest.raises(ValueError, match=re.escape(
+            f"the observed input tensor (shape (5, 32), torch.float32) holds {nan + pos + neg} "
+            f"non-finite ({nan} NaN, {pos} +inf, {neg} -inf) of 160 values"
+        )):
+            obs.get_qparams()
+        assert not obs.has_statistics and obs._num_observed_tokens == 0
+        obs(good)
+        qp = obs.get_qparams()
+    with use_backend("reference"):
+        want = make(name, "input")(good).get_qparams()
+    assert torch.equal(qp["scale"], want["scale"]) and torch.equal(qp["zero_point"], want["zero_point"])
