@@ -99,9 +99,10 @@ def combine(new_lo, new_hi, held_min_ptr, held_max_ptr, offs, mask, a, c,
 @triton.jit
 def count_nonfinite(x, valid):
     """(NaN, +inf, -inf) counts (int64 scalars) of x where valid."""
-    nan = tl.sum((valid & (x != x)).to(tl.int64))
-    pos = tl.sum((valid & (x == float("inf"))).to(tl.int64))
-    neg = tl.sum((valid & (x == float("-inf"))).to(tl.int64))
+    # int32 within a tile (fewer registers), int64 across tiles
+    nan = tl.sum((valid & (x != x)).to(tl.int32)).to(tl.int64)
+    pos = tl.sum((valid & (x == float("inf"))).to(tl.int32)).to(tl.int64)
+    neg = tl.sum((valid & (x == float("-inf"))).to(tl.int32)).to(tl.int64)
     return nan, pos, neg
 
 
