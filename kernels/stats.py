@@ -126,7 +126,7 @@ def _combine_kernel(
     status_ptr, a, c, observation,
     Q_, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e,
     MODE: tl.constexpr, DTYPE: tl.constexpr, BITS16: tl.constexpr, RECORD: tl.constexpr,
-    PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_E: tl.constexpr,
+    PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
 ):
     """One program: BLOCK_Q groups. Combine, store; with RECORD, groups whose
     new statistics are not finite are re-read from the value to count (the
@@ -140,28 +140,37 @@ def _combine_kernel(
     store_stat(out_min_ptr, q, olo, qm, BITS16)
     store_stat(out_max_ptr, q, ohi, qm, BITS16)
     if RECORD:
-        bad_q = qm & ((lo != lo) | (hi != hi) | (tl.abs(lo) == float("inf"))
-                      | (tl.abs(hi) == float("inf")))
-        n_bad = tl.sum(bad_q.to(tl.int32))
+        bad = qm & ((lo != lo) | (hi != hi) | (tl.abs(lo) == float("inf"))
+                    | (tl.abs(hi) == float("inf")))
+        n_bad = tl.sum(bad.to(tl.int32))
         nan = n_bad.to(tl.int64) * 0
         pos = n_bad.to(tl.int64) * 0
         neg = n_bad.to(tl.int64) * 0
         if n_bad > 0:
-            qq = q[:, None, None].to(tl.int32)
-            qa, qb = group_coords(qq, QB)
-            gbase = qa.to(tl.int64) * sqa + qb.to(tl.int64) * sqb
-            for r0 in range(0, NR):
-                r = r0 + tl.arange(0, 1)[None, :, None]
-                base = gbase + row_offsets(r, R1, R2, sr0, sr1, sr2)
-                for e0 in range(0, E, BLOCK_E):
-                    e = e0 + tl.arange(0, BLOCK_E)[None, None, :]
-                    inside = bad_q[:, None, None] & (e < E)
-                    x = load_tile(x_ptr, x_ptr, base, qa, qb, r, e, inside,
-                                  NR, E, se, lim_r, lim_e, PAD, False).to(tl.float32)
-                    n1, p1, m1 = count_nonfinite(x, inside)
-                    nan += n1
-                    pos += p1
-                    neg += m1
+            # the error path: 16 groups x 16 elements at a time (a small tile
+            # keeps this branch from raising the kernel's register count)
+            for q0 in range(0, BLOCK_Q, 16):
+                qs = pid.to(tl.int64) * BLOCK_Q + q0 + tl.arange(0, 16)
+                qsm = qs < Q_
+                slo = load_stat(new_min_ptr, qs, qsm, BITS16)
+                shi = load_stat(new_max_ptr, qs, qsm, BITS16)
+                sbad = qsm & ((slo != slo) | (shi != shi) | (tl.abs(slo) == float("inf"))
+                              | (tl.abs(shi) == float("inf")))
+                qq = qs[:, None, None].to(tl.int32)
+                qa, qb = group_coords(qq, QB)
+                gbase = qa.to(tl.int64) * sqa + qb.to(tl.int64) * sqb
+                for r0 in range(0, NR):
+                    r = r0 + tl.arange(0, 1)[None, :, None]
+                    base = gbase + row_offsets(r, R1, R2, sr0, sr1, sr2)
+                    for e0 in range(0, E, 16):
+                        e = e0 + tl.arange(0, 16)[None, None, :]
+                        inside = sbad[:, None, None] & (e < E)
+                        x = load_tile(x_ptr, x_ptr, base, qa, qb, r, e, inside,
+                                      NR, E, se, lim_r, lim_e, PAD, False).to(tl.float32)
+                        n1, p1, m1 = count_nonfinite(x, inside)
+                        nan += n1
+                        pos += p1
+                        neg += m1
         record(status_ptr, nan, pos, neg, n_bad > 0, observation)
 
 
@@ -188,13 +197,12 @@ def combine_statistics(value, base_name, args, new_min, new_max, *, held=None,
     if Q_ == 0:
         return out_min, out_max
     held_min, held_max = held if held is not None else (new_min, new_max)
-    block_q = min(triton.next_power_of_2(Q_), 1024)
-    block_e = min(triton.next_power_of_2(layout.elems), 256)
+    block_q = max(min(triton.next_power_of_2(Q_), 1024), 16)
     _combine_kernel[(triton.cdiv(Q_, block_q),)](
         value, v(new_min), v(new_max), v(held_min), v(held_max), v(out_min), v(out_max),
         status if status is not None else out_min, a, c, observation,
         *layout.scalar_args(),
         MODE=mode, DTYPE=Q.DTYPE_CODE[dtype], BITS16=bits16, RECORD=status is not None,
-        PAD=layout.pad, BLOCK_Q=block_q, BLOCK_E=block_e,
+        PAD=layout.pad, BLOCK_Q=block_q,
     )
     return out_min, out_max
