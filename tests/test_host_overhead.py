@@ -194,7 +194,7 @@ OBSERVER_FORWARD = {
     # (aminmax, stack, one read)
     "imatrix_mse": (3, 10, 2),
 }
-# one observation + get_qparams, in kernel launches (SPEC targets of the issue:
+# one observation + get_qparams, in kernel launches (the targets:
 # minmax family <= 3, MSE family <= 5, imatrix <= 6)
 FAMILY_LAUNCHES = {"memoryless_minmax": 3, "static_minmax": 3, "minmax": 3,
                    "memoryless_mse": 5, "mse": 5, "nvfp4_expanded_mse": 5, "imatrix_mse": 6}
