@@ -9,5 +9,7 @@ from obskernels.kernels.accumulate_sq import accumulate_sq
 from obskernels.kernels.flatten import flatten_for_calibration
 from obskernels.kernels.min_max import min_max
 from obskernels.kernels.mse_search import mse_search
+from obskernels.kernels.qparams import calculate_qparams
+from obskernels.kernels.stats import combine_statistics
 
-__all__ = ["flatten_for_calibration", "min_max", "mse_search", "accumulate_sq"]
+__all__ = ["flatten_for_calibration", "min_max", "mse_search", "accumulate_sq", "calculate_qparams", "combine_statistics"]

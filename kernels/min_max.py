@@ -32,7 +32,10 @@ from obskernels.kernels._layout import (
     num_warps_for,
     row_offsets,
 )
+from obskernels.kernels import stats as ST
+from obskernels.kernels.quant import DTYPE_CODE
 from obskernels.reference.min_max import min_max as _reference_min_max
+from obskernels.validation import check_averaging, check_held, check_status
 
 __all__ = ["min_max", "CONFIG"]
 
@@ -42,13 +45,14 @@ CONFIG = LaunchConfig()
 # Sizes that vary per call are not specialised on (one compiled variant per
 # block shape and mode, not per tensor size); strides stay specialised so a
 # unit stride is known at compile time and loads vectorise.
-@triton.jit(do_not_specialize=["Q", "NR", "lim_r", "lim_e", "rows_per_split"])
+@triton.jit(do_not_specialize=["Q", "NR", "lim_r", "lim_e", "rows_per_split", "observation"])
 def _min_max_kernel(
     x_ptr, perm_ptr, min_ptr, max_ptr,
     Q, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e,
-    rows_per_split,
+    rows_per_split, held_min_ptr, held_max_ptr, status_ptr, avg_a, avg_c, observation,
     BLOCK_Q: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr,
     PAD: tl.constexpr, GATHER: tl.constexpr,
+    MODE: tl.constexpr, DTYPE: tl.constexpr, BITS16: tl.constexpr, RECORD: tl.constexpr,
 ):
     """Program (i, s): groups [i*BLOCK_Q, (i+1)*BLOCK_Q), rows
     [s*rows_per_split, (s+1)*rows_per_split), every element of those rows.
@@ -58,6 +62,11 @@ def _min_max_kernel(
     Lanes keep running min/max in fp32 (exact for fp16/bf16/fp32 values) and
     reduce once at the end; NaN is tracked as a flag because min/max on a GPU
     drop NaN operands.
+
+    Epilogue (kernels/stats.py), without a split only: MODE combines the
+    results with the held statistics before they are stored (BITS16: bf16
+    statistics addressed as their bits); RECORD adds this slice's NaN / +-inf
+    counts to the observer's non-finite record.
     """
     pid_q = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -92,17 +101,52 @@ def _min_max_kernel(
     hi_q = tl.where(has_nan, float("nan"), hi_q)
     qq = pid_q * BLOCK_Q + tl.arange(0, BLOCK_Q)
     out = pid_s.to(tl.int64) * Q + qq
-    tl.store(min_ptr + out, lo_q.to(min_ptr.dtype.element_ty), mask=qq < Q)
-    tl.store(max_ptr + out, hi_q.to(max_ptr.dtype.element_ty), mask=qq < Q)
+    if RECORD:
+        # nothing extra in the hot loop: a NaN sets its lane's flag, +-inf
+        # shows as a lane's max / min; counting re-reads this program's slice
+        # only when it held a non-finite element (the error path)
+        bad_lane = nan | (hi == float("inf")) | (lo == float("-inf"))
+        any_bad = tl.max(tl.max(tl.max(bad_lane.to(tl.int32), axis=2), axis=1), axis=0)
+        c_nan = any_bad.to(tl.int64) * 0
+        c_pos = any_bad.to(tl.int64) * 0
+        c_neg = any_bad.to(tl.int64) * 0
+        if any_bad > 0:
+            # one row and 16 elements at a time: a small tile keeps this
+            # rarely taken branch from raising the kernel's register count
+            for r0 in range(r_lo, r_hi):
+                r = r0 + tl.arange(0, 1)[None, :, None]
+                base = gbase + row_offsets(r, R1, R2, sr0, sr1, sr2)
+                qr_ok = q_ok & (r < r_hi)
+                for e0 in range(0, E, 16):
+                    e = e0 + tl.arange(0, 16)[None, None, :]
+                    in_group = qr_ok & (e < E)
+                    x = load_tile(x_ptr, perm_ptr, base, qa, qb, r, e, in_group,
+                                  NR, E, se, lim_r, lim_e, PAD, GATHER).to(tl.float32)
+                    n1, p1, m1 = ST.count_nonfinite(x, in_group)
+                    c_nan += n1
+                    c_pos += p1
+                    c_neg += m1
+        ST.record(status_ptr, c_nan, c_pos, c_neg, any_bad > 0, observation)
+    if MODE != ST.MODE_REPLACE or BITS16:
+        lo_q, hi_q = ST.combine(lo_q, hi_q, held_min_ptr, held_max_ptr, qq, qq < Q, avg_a, avg_c,
+                                MODE, DTYPE, BITS16)
+        ST.store_stat(min_ptr, out, lo_q, qq < Q, BITS16)
+        ST.store_stat(max_ptr, out, hi_q, qq < Q, BITS16)
+    else:
+        tl.store(min_ptr + out, lo_q.to(min_ptr.dtype.element_ty), mask=qq < Q)
+        tl.store(max_ptr + out, hi_q.to(max_ptr.dtype.element_ty), mask=qq < Q)
 
 
 @triton.jit(do_not_specialize=["Q", "SPLIT"])
 def _min_max_finish_kernel(
     pmin_ptr, pmax_ptr, min_ptr, max_ptr, Q, SPLIT,
+    held_min_ptr, held_max_ptr, avg_a, avg_c,
     BLOCK_Q: tl.constexpr, BLOCK_S: tl.constexpr,
+    MODE: tl.constexpr, DTYPE: tl.constexpr, BITS16: tl.constexpr,
 ):
     """min_vals[q] = min over s of pmin[s, q] (NaN if any partial is NaN); max alike.
-    One program reduces BLOCK_Q groups over all SPLIT partials."""
+    One program reduces BLOCK_Q groups over all SPLIT partials; the MODE
+    epilogue as in _min_max_kernel."""
     q = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)[None, :]
     lo = tl.full([BLOCK_S, BLOCK_Q], float("inf"), tl.float32)
     hi = tl.full([BLOCK_S, BLOCK_Q], float("-inf"), tl.float32)
@@ -120,8 +164,14 @@ def _min_max_finish_kernel(
     lo_q = tl.where(has_nan, float("nan"), tl.min(lo, axis=0))
     hi_q = tl.where(has_nan, float("nan"), tl.max(hi, axis=0))
     qq = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
-    tl.store(min_ptr + qq, lo_q.to(min_ptr.dtype.element_ty), mask=qq < Q)
-    tl.store(max_ptr + qq, hi_q.to(max_ptr.dtype.element_ty), mask=qq < Q)
+    if MODE != ST.MODE_REPLACE or BITS16:
+        lo_q, hi_q = ST.combine(lo_q, hi_q, held_min_ptr, held_max_ptr, qq, qq < Q, avg_a, avg_c,
+                                MODE, DTYPE, BITS16)
+        ST.store_stat(min_ptr, qq, lo_q, qq < Q, BITS16)
+        ST.store_stat(max_ptr, qq, hi_q, qq < Q, BITS16)
+    else:
+        tl.store(min_ptr + qq, lo_q.to(min_ptr.dtype.element_ty), mask=qq < Q)
+        tl.store(max_ptr + qq, hi_q.to(max_ptr.dtype.element_ty), mask=qq < Q)
 
 
 def _warps(tile_elems: int) -> int:
@@ -133,15 +183,26 @@ def _warps(tile_elems: int) -> int:
     return max(4, min(16, tile_elems // 256))
 
 
-def min_max(value, base_name, args, g_idx=None):
+def min_max(value, base_name, args, g_idx=None, *, held=None, averaging_constant=None,
+            status=None, observation=0):
     """(min_vals, max_vals) per group, shaped like the qparams, in value's dtype.
 
-    Same signature, checks and results as ``obskernels.reference.min_max``.
+    Same signature, checks and results as ``obskernels.reference.min_max``;
+    ``held`` / ``averaging_constant`` / ``status`` run the epilogue of
+    kernels/stats.py in the same launch.
     """
     if isinstance(value, torch.Tensor) and value.numel() == 0:
         # Nothing to launch: the reference gives the empty result or its error.
-        return _reference_min_max(value, base_name, args, g_idx=g_idx)
+        return _reference_min_max(value, base_name, args, g_idx=g_idx, held=held,
+                                  averaging_constant=averaging_constant, status=status,
+                                  observation=observation)
     layout = group_layout(value, base_name, args, g_idx)
+    check_averaging(averaging_constant)
+    check_status(status)
+    if held is not None:
+        check_held(held, layout.qshape, value.dtype, value.device)
+    mode, avg_a, avg_c = ST.combine_modes(held, averaging_constant)
+    bits16 = held is not None and value.dtype == torch.bfloat16
     config = current_config(CONFIG)
     Q, NR, E = layout.num_groups, layout.num_rows, layout.elems
     BQ, BR, BE = choose_blocks((Q, NR, E), layout.axis_strides(), config.tile)
@@ -156,24 +217,29 @@ def min_max(value, base_name, args, g_idx=None):
         pmin = torch.empty((split, Q), dtype=value.dtype, device=value.device)
         pmax = torch.empty((split, Q), dtype=value.dtype, device=value.device)
     perm = layout.perm if layout.gather else value  # unread unless GATHER
-    with device_guard(value, g_idx=g_idx, perm=layout.perm):
-        _launch(value, perm, pmin, pmax, mins, maxs, layout, rows_per_split, split,
-                (n_q, split), (BQ, BR, BE), config)
-    return mins, maxs
 
+    def bits(t):  # bf16 statistics as their bits in the epilogue (kernels/stats.py)
+        return t.view(torch.uint16) if bits16 else t
 
-def _launch(value, perm, pmin, pmax, mins, maxs, layout, rows_per_split, split, grid, blocks,
-            config):
-    BQ, BR, BE = blocks
-    Q = layout.num_groups
-    _min_max_kernel[grid](
-        value, perm, pmin, pmax, *layout.scalar_args(), rows_per_split,
-        BLOCK_Q=BQ, BLOCK_R=BR, BLOCK_E=BE, PAD=layout.pad, GATHER=layout.gather,
-        num_warps=_warps(BQ * BR * BE),
-    )
-    if split > 1:
-        FQ, FS = finish_blocks(Q, split, config)
-        _min_max_finish_kernel[(triton.cdiv(Q, FQ),)](
-            pmin, pmax, mins, maxs, Q, split, BLOCK_Q=FQ, BLOCK_S=FS,
-            num_warps=num_warps_for(FQ * FS),  # 4 warps at 4096 lanes: 155 registers
+    held_min, held_max = held if held is not None else (mins, maxs)  # unread without held
+    epilogue = dict(MODE=mode, DTYPE=DTYPE_CODE[value.dtype], BITS16=bits16)
+    with device_guard(value, g_idx=g_idx, perm=layout.perm, held_min=held_min,
+                      held_max=held_max, status=status):
+        _min_max_kernel[(n_q, split)](
+            value, perm, bits(pmin) if split == 1 else pmin, bits(pmax) if split == 1 else pmax,
+            *layout.scalar_args(), rows_per_split,
+            bits(held_min), bits(held_max), status if status is not None else pmin,
+            avg_a, avg_c, observation,
+            BLOCK_Q=BQ, BLOCK_R=BR, BLOCK_E=BE, PAD=layout.pad, GATHER=layout.gather,
+            RECORD=status is not None, num_warps=_warps(BQ * BR * BE),
+            **(epilogue if split == 1 else dict(MODE=ST.MODE_REPLACE.value,
+                                                DTYPE=epilogue["DTYPE"], BITS16=False)),
         )
+        if split > 1:
+            FQ, FS = finish_blocks(Q, split, config)
+            _min_max_finish_kernel[(triton.cdiv(Q, FQ),)](
+                pmin, pmax, bits(mins), bits(maxs), Q, split, bits(held_min), bits(held_max),
+                avg_a, avg_c, BLOCK_Q=FQ, BLOCK_S=FS, **epilogue,
+                num_warps=num_warps_for(FQ * FS),  # 4 warps at 4096 lanes: 155 registers
+            )
+    return mins, maxs

@@ -165,6 +165,37 @@ def cases() -> List[Case]:
         C("mxfp4 g32 fp32 norm 0.5", "mse_search", lambda m: m.mse_search(w(*W, dtype=f32), "weight", QA(num_bits=4, type="float", symmetric=True, strategy="group", group_size=32, scale_dtype=torch.uint8), **dict(mse, norm=0.5))),
         C("imatrix int8 channel 16384 (split)", "mse_search", lambda m: m.mse_search(w(512, 16384, dtype=f16), "weight", QA(num_bits=8, strategy="channel"), importance=torch.rand(16384) + 0.5, **imx)),
     ]
+    # qparams (every mode switch: formats, scale_dtype, global scale, widen,
+    # carry) and the statistics epilogues (min_max's and combine_statistics')
+    from obskernels.validation import STATUS_INIT
+
+    rn = torch.randn
+    int4a = QA(num_bits=4, symmetric=False, strategy="group", group_size=16)
+    nvfp4_tg = QA(strategy="tensor_group", group_size=16, **nvfp4)
+    g_idx64 = (torch.arange(64) // 16)[torch.randperm(64, generator=torch.Generator().manual_seed(0))]
+
+    def rec():
+        return torch.tensor(STATUS_INIT, dtype=torch.int64)
+
+    def stats(n, dtype=f32):
+        mn = rn(n, 4, dtype=dtype)
+        return mn, mn + 1
+
+    def held84():
+        return torch.zeros(8, 4, dtype=bf), torch.ones(8, 4, dtype=bf)
+
+    out += [
+        C("int4 asym widen", "qparams", lambda m: m.calculate_qparams(*stats(8, bf), int4a, widen=True)),
+        C("nvfp4 fused", "qparams", lambda m: m.calculate_qparams(*stats(8, bf), nvfp4_tg, fused=[stats(8, bf), stats(3, bf)], widen=True, carry=rec())),
+        C("mxfp4", "qparams", lambda m: m.calculate_qparams(*stats(8, f16), QA(num_bits=4, type="float", symmetric=True, strategy="group", group_size=32, scale_dtype=torch.uint8), widen=True)),
+        C("fp8 given global scale", "qparams", lambda m: m.calculate_qparams(*stats(8), QA(num_bits=8, type="float", symmetric=False), torch.ones(1), widen=True)),
+        C("bf16 scale_dtype", "qparams", lambda m: m.calculate_qparams(*stats(8), QA(num_bits=8, symmetric=True, scale_dtype=torch.bfloat16))),
+        C("average record", "stats", lambda m: m.combine_statistics(rn(8, 64, dtype=bf), "weight", int4a, *held84(), held=held84(), averaging_constant=0.01, status=rec(), observation=1)),
+        C("running block pad", "stats", lambda m: m.combine_statistics(rn(10, 10), "weight", QA(num_bits=8, strategy="block", block_structure=[4, 4]), torch.zeros(3, 3), torch.ones(3, 3), held=(torch.zeros(3, 3), torch.ones(3, 3)), status=rec())),
+        C("average record", "min_max", lambda m: m.min_max(rn(8, 64, dtype=bf), "weight", int4a, held=held84(), averaging_constant=0.01, status=rec(), observation=2)),
+        C("running g_idx", "min_max", lambda m: m.min_max(rn(5, 64), "weight", QA(num_bits=8, strategy="group", group_size=16), g_idx=g_idx64, held=(torch.zeros(5, 4), torch.ones(5, 4)), status=rec())),
+        C("split average", "min_max", lambda m: m.min_max(rn(19, 40, dtype=bf), "input", QA(num_bits=8, strategy="tensor"), held=(torch.zeros(1, dtype=bf), torch.ones(1, dtype=bf)), averaging_constant=0.5, status=rec()), config=dict(tile=16, split=3)),
+    ]
     # Search parameters only: same format, shape and mode switches each time.
     r = lambda *s: w(*s)  # noqa: E731
     for grid, patience, maxshrink, expand, norm in [
@@ -198,13 +229,16 @@ def discover_kernels(modules=None) -> Dict[str, tuple]:
     Returns {"module.name": (module, attribute)}."""
     import inspect
 
+    from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
+    # under TRITON_INTERPRET=1 a @triton.jit function is an InterpretedFunction
+    kinds = (JITFunction, InterpretedFunction)
     found = {}
     for mname, module in (modules or _kernel_modules()).items():
         src = inspect.getsource(module)
         for attr, fn in vars(module).items():
-            if isinstance(fn, JITFunction) and re.search(rf"\b{re.escape(attr)}\s*\[", src):
+            if isinstance(fn, kinds) and re.search(rf"\b{re.escape(attr)}\s*\[", src):
                 found[f"{mname}.{attr}"] = (module, attr)
     return found
 

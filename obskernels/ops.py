@@ -18,7 +18,8 @@ from obskernels.backends import (
     resolve_backend,
 )
 
-__all__ = ["flatten_for_calibration", "min_max", "mse_search", "accumulate_sq"]
+__all__ = ["flatten_for_calibration", "min_max", "mse_search", "accumulate_sq", "calculate_qparams",
+           "combine_statistics"]
 
 _fallbacks_logged: set[str] = set()
 
@@ -47,9 +48,19 @@ def flatten_for_calibration(value, base_name, args, g_idx=None):
     return _dispatch("flatten_for_calibration", value, base_name, args, g_idx=g_idx)
 
 
-def min_max(value, base_name, args, g_idx=None):
-    """(min_vals, max_vals) per group, with the qparam shape (SPEC §2)."""
-    return _dispatch("min_max", value, base_name, args, g_idx=g_idx)
+def min_max(value, base_name, args, g_idx=None, *, held=None, averaging_constant=None,
+            status=None, observation=0):
+    """(min_vals, max_vals) per group, with the qparam shape (SPEC §2).
+
+    ``held``: statistics held from earlier values, combined in: running min /
+    max, or the moving average ``held * (1 - c) + new * c`` when
+    ``averaging_constant`` c is given. ``status``: an observer's non-finite
+    record (``validation.STATUS_INIT`` layout) that the value's NaN / +-inf
+    counts are added to, as observation number ``observation``.
+    """
+    return _dispatch("min_max", value, base_name, args, g_idx=g_idx, held=held,
+                     averaging_constant=averaging_constant, status=status,
+                     observation=observation)
 
 
 def mse_search(
@@ -84,3 +95,26 @@ def mse_search(
 def accumulate_sq(x, sum_buf, count_buf):
     """sum_buf += sum over tokens of x**2 (fp32); count_buf += tokens. In place."""
     return _dispatch("accumulate_sq", x, sum_buf, count_buf)
+
+
+def calculate_qparams(min_vals, max_vals, args, global_scale=None, *, fused=None, widen=False,
+                      carry=None):
+    """(scale, zero_point, global_scale, status): compressed-tensors'
+    ``calculate_qparams`` on the statistics (SPEC §3), with an observer's
+    global scale from ``fused`` statistics, the float64 redo of overflowed
+    groups (``widen``) and the non-finite record (``carry``) on request;
+    ``status`` is read once by the caller (see ``reference.qparams``)."""
+    return _dispatch(
+        "calculate_qparams", min_vals, max_vals, args, global_scale,
+        fused=fused, widen=widen, carry=carry,
+    )
+
+
+def combine_statistics(value, base_name, args, new_min, new_max, *, held=None,
+                       averaging_constant=None, status=None, observation=0):
+    """``min_max``'s epilogue for statistics another operation computed from
+    ``value`` (the MSE search): combine with ``held``, record non-finite input."""
+    return _dispatch(
+        "combine_statistics", value, base_name, args, new_min, new_max, held=held,
+        averaging_constant=averaging_constant, status=status, observation=observation,
+    )

@@ -39,6 +39,15 @@ __all__ = [
     "all_finite",
     "count_nonfinite",
     "strategy_of",
+    "STATUS_INIT",
+    "STATUS_NAN",
+    "STATUS_POSINF",
+    "STATUS_NEGINF",
+    "STATUS_BAD_STATS",
+    "STATUS_FIRST_BAD",
+    "check_qparams_args",
+    "check_combine_args",
+    "HeldStatisticsError",
 ]
 
 #: dtypes the triton kernels read
@@ -232,3 +241,121 @@ def count_nonfinite(t: torch.Tensor) -> tuple[int, str]:
     neg = int(torch.isneginf(t).sum())
     total = nan + pos + neg
     return total, f"{total} non-finite ({nan} NaN, {pos} +inf, {neg} -inf) of {t.numel()} values"
+
+
+# --------------------------------------------------------------------------- #
+# an observer's non-finite record, written by the kernels (no host read while
+# observing) and read once by get_qparams: int64 [5]
+# --------------------------------------------------------------------------- #
+#: NaN, +inf and -inf elements counted in refused observations
+STATUS_NAN, STATUS_POSINF, STATUS_NEGINF = 0, 1, 2
+#: observations whose statistics came out non-finite
+STATUS_BAD_STATS = 3
+#: index of the first such observation (STATUS_INIT's value while there is none)
+STATUS_FIRST_BAD = 4
+STATUS_INIT = (0, 0, 0, 0, 1 << 62)
+
+
+def check_qparams_args(min_vals, max_vals, args, global_scale=None, fused=None, carry=None) -> None:
+    """Statistics and options of ``calculate_qparams``: the same checks on every backend."""
+    for name, t in (("min_vals", min_vals), ("max_vals", max_vals)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in VALUE_DTYPES:
+            raise TypeError(
+                f"{name} dtype must be one of float32, float16, bfloat16 or float64, got {t.dtype}"
+            )
+    if min_vals.shape != max_vals.shape:
+        raise ValueError(
+            f"min_vals and max_vals must have the same shape, got {tuple(min_vals.shape)} "
+            f"and {tuple(max_vals.shape)}"
+        )
+    if min_vals.dtype != max_vals.dtype:
+        raise TypeError(
+            f"min_vals and max_vals must have the same dtype, got {min_vals.dtype} and {max_vals.dtype}"
+        )
+    if min_vals.device != max_vals.device:
+        raise ValueError(
+            f"min_vals is on {min_vals.device} but max_vals is on {max_vals.device}; "
+            "expected the same device"
+        )
+    if not isinstance(args, QuantizationArgs):
+        raise TypeError(f"args must be a QuantizationArgs, got {type(args).__name__}")
+    if global_scale is not None and fused is not None:
+        raise ValueError("pass either global_scale or fused statistics, not both")
+    if global_scale is not None and not isinstance(global_scale, torch.Tensor):
+        raise TypeError(f"global_scale must be a torch.Tensor, got {type(global_scale).__name__}")
+    if fused is not None:
+        pairs = list(fused)
+        if not pairs:
+            raise ValueError("fused must hold at least one (min_vals, max_vals) pair")
+        for mn, mx in pairs:
+            if not (isinstance(mn, torch.Tensor) and isinstance(mx, torch.Tensor)):
+                raise TypeError("fused must hold (min_vals, max_vals) pairs of tensors")
+            if mn.numel() == 0 or mn.shape != mx.shape:
+                raise ValueError(
+                    f"fused statistics must be non-empty pairs of one shape, got "
+                    f"{tuple(mn.shape)} and {tuple(mx.shape)}"
+                )
+            if mn.device != min_vals.device or mx.device != min_vals.device:
+                raise ValueError("fused statistics must be on the device of min_vals")
+    if carry is not None and (
+        not isinstance(carry, torch.Tensor) or carry.dtype != torch.int64
+        or carry.shape != (len(STATUS_INIT),)
+    ):
+        raise TypeError(f"carry must be an int64 tensor of shape ({len(STATUS_INIT)},)")
+
+
+class HeldStatisticsError(ValueError):
+    """Held statistics that cannot merge with a new value's: ``new_shape`` is
+    the shape the value's statistics have (the observer words the message)."""
+
+    def __init__(self, message: str, new_shape: tuple):
+        super().__init__(message)
+        self.new_shape = tuple(new_shape)
+
+
+def check_held(held, qshape, dtype, device) -> None:
+    """Held (min_vals, max_vals) must match the new statistics' shape, dtype, device."""
+    if not (isinstance(held, tuple) and len(held) == 2
+            and all(isinstance(t, torch.Tensor) for t in held)):
+        raise TypeError("held must be a (min_vals, max_vals) pair of tensors")
+    for t in held:
+        if tuple(t.shape) != tuple(qshape):
+            raise HeldStatisticsError(
+                f"held statistics of shape {tuple(t.shape)} do not match the new statistics' "
+                f"shape {tuple(qshape)}", qshape,
+            )
+        if t.dtype != dtype or t.device != device:
+            raise ValueError(
+                f"held statistics ({t.dtype} on {t.device}) must have the new statistics' "
+                f"dtype and device ({dtype} on {device})"
+            )
+
+
+def check_averaging(averaging_constant) -> None:
+    if averaging_constant is not None and (
+        isinstance(averaging_constant, bool) or not isinstance(averaging_constant, (int, float))
+        or not 0 <= averaging_constant <= 1
+    ):
+        raise ValueError(f"averaging_constant must be a number in [0, 1], got {averaging_constant!r}")
+
+
+def check_status(status) -> None:
+    if status is not None and (
+        not isinstance(status, torch.Tensor) or status.dtype != torch.int64
+        or tuple(status.shape) != (len(STATUS_INIT),)
+    ):
+        raise TypeError(f"status must be an int64 tensor of shape ({len(STATUS_INIT)},)")
+
+
+def check_combine_args(new_min, new_max, held, averaging_constant, status) -> None:
+    for name, t in (("new_min", new_min), ("new_max", new_max)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if new_min.shape != new_max.shape:
+        raise ValueError("new_min and new_max must have the same shape")
+    if held is not None:
+        check_held(held, new_min.shape, new_min.dtype, new_min.device)
+    check_averaging(averaging_constant)
+    check_status(status)

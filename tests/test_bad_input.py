@@ -555,6 +555,20 @@ def test_observer_that_rejected_a_value_keeps_its_statistics(backend, name, row)
     obs = make(name)
     obs(good[0])
     before = state(obs)
+    if backend == "triton" and row[0] == "nan":
+        # the triton backend reads nothing back while observing: the kernels
+        # record the non-finite value, get_qparams raises and drops the
+        # statistics since the last get_qparams (their tokens too)
+        obs(bad())
+        with pytest.raises(error, match=match):
+            obs.get_qparams()
+        assert not obs.has_statistics and obs._num_observed_tokens == 0
+        obs(good[1])
+        fresh = make(name)
+        fresh(good[1])
+        for a in obs._stats_attrs:
+            assert torch.equal(getattr(obs, a), getattr(fresh, a)), a
+        return
     with pytest.raises(error, match=match):
         obs(bad())
     after = state(obs)

@@ -29,14 +29,14 @@ min_max_module = importlib.import_module("obskernels.kernels.min_max")
 flatten_module = importlib.import_module("obskernels.kernels.flatten")
 accumulate_module = importlib.import_module("obskernels.kernels.accumulate_sq")
 mse_module = importlib.import_module("obskernels.kernels.mse_search")
+qparams_module = importlib.import_module("obskernels.kernels.qparams")
+stats_module = importlib.import_module("obskernels.kernels.stats")
 
-KERNELS = {
-    min_max_module: ("_min_max_kernel", "_min_max_finish_kernel"),
-    flatten_module: ("_flatten_kernel",),
-    accumulate_module: ("_sum_sq_kernel", "_sum_sq_finish_kernel"),
-    mse_module: ("_search_kernel", "_choose_kernel", "_minmax_part_kernel",
-                 "_search_part_kernel", "_finalize_part_kernel"),
-}
+# every launched kernel of kernels/ (the report's discovery: a new kernel is
+# watched without editing this file)
+KERNELS = {}
+for _module, _name in importlib.import_module("obskernels.kernels.report").discover_kernels().values():
+    KERNELS.setdefault(_module, []).append(_name)
 
 
 class GuardProbe:
@@ -74,6 +74,8 @@ def _calls():
     qa = QuantizationArgs
     x = torch.randn(19, 40)
     imp = torch.rand(40) + 0.5
+    nvfp4 = qa(num_bits=4, type="float", symmetric=True, strategy="tensor_group", group_size=16,
+               scale_dtype=torch.float8_e4m3fn)
     return {
         "min_max": lambda: min_max_module.min_max(x, "weight", qa(num_bits=8, strategy="channel")),
         "min_max split": lambda: min_max_module.min_max(
@@ -86,6 +88,11 @@ def _calls():
             x, "weight", qa(num_bits=4, strategy="group", group_size=8),
             maxshrink=0.2, patience=5, grid=20, norm=2.4),
         "mse_search imatrix split": lambda: _split_search(x, imp),
+        "calculate_qparams fused": lambda: qparams_module.calculate_qparams(
+            torch.zeros(4, 2), torch.ones(4, 2), nvfp4, fused=[(torch.zeros(4, 2), torch.ones(4, 2))]),
+        "combine_statistics": lambda: stats_module.combine_statistics(
+            x, "weight", qa(num_bits=8, strategy="channel"), torch.zeros(19, 1), torch.ones(19, 1),
+            held=(torch.zeros(19, 1), torch.ones(19, 1))),
     }
 
 

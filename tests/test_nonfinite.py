@@ -2,7 +2,10 @@
 
 - NaN / +-inf in an observed value: by default a ValueError naming the
   observer (class, base_name), the tensor and how many values are not finite;
-  the statistics are left as they were. ``nonfinite="propagate"`` keeps
+  the statistics are left as they were. On the triton backend nothing is read
+  back while observing: the kernels record the non-finite input and the same
+  error is raised by get_qparams, which drops the statistics of the
+  observations since the last get_qparams (``refuse`` below). ``nonfinite="propagate"`` keeps
   llm-compressor's behaviour (NaN / inf in the statistics and the scales).
 - All-zero tensors and groups: finite, positive scales (the eps rule of
   SPEC §3) and a zero point that represents 0 exactly.
@@ -67,6 +70,18 @@ def poisoned(kind, shape=(4, 32), dtype=torch.float32):
     return x, plan
 
 
+def refuse(backend, obs, x, match):
+    """A refused value raises in forward on the reference backend; on the
+    triton backend (no host read while observing) get_qparams raises it."""
+    if backend == "reference":
+        with pytest.raises(ValueError, match=match):
+            obs(x)
+    else:
+        obs(x)
+        with pytest.raises(ValueError, match=match):
+            obs.get_qparams()
+
+
 # --------------------------------------------------------------------------- #
 # the default: a clear error, statistics untouched
 # --------------------------------------------------------------------------- #
@@ -81,12 +96,12 @@ def test_nonfinite_value_is_a_clear_error(backend, name, base_name, kind):
     want = (
         rf"{cls}\(base_name='{base_name}'\): the observed {base_name} tensor \(shape \(4, 32\), "
         rf"torch.float32\) holds {nan + pos + neg} non-finite \({nan} NaN, {pos} \+inf, {neg} -inf\) "
-        rf"of 128 values; expected finite values \(statistics not updated\)\. "
+        rf"of 128 values; expected finite values \(statistics "
+        rf"{'not updated' if backend == 'reference' else 'dropped'}\)\. "
         rf"Pass the observer kwarg nonfinite='propagate'"
     )
     with pytest.warns() if name == "imatrix_mse" else _no_warning():
-        with pytest.raises(ValueError, match=want):
-            obs(x)
+        refuse(backend, obs, x, want)
     assert not obs.has_statistics and obs._num_observed_tokens == 0
 
 
@@ -106,8 +121,11 @@ def test_nonfinite_after_finite_values_keeps_the_statistics(backend, name):
     held = (obs.min_vals.clone(), obs.max_vals.clone())
     bad = torch.randn(1, 32)
     bad[0, 7] = float("-inf")
-    with pytest.raises(ValueError, match=r"holds 1 non-finite \(0 NaN, 0 \+inf, 1 -inf\) of 32 values"):
-        obs(bad)
+    refuse(backend, obs, bad, r"holds 1 non-finite \(0 NaN, 0 \+inf, 1 -inf\) of 32 values")
+    if backend == "triton":
+        # raised by get_qparams: the statistics since the last one are dropped
+        assert not obs.has_statistics and obs._num_observed_tokens == 0
+        obs(good)
     assert torch.equal(obs.min_vals, held[0]) and torch.equal(obs.max_vals, held[1])
     assert obs._num_observed_tokens == 3
     assert torch.isfinite(obs.get_qparams()["scale"]).all()
@@ -129,9 +147,9 @@ def test_counting_happens_only_on_the_error_path(backend, monkeypatch):
         obs(torch.randn(3, 32))
         obs.get_qparams()
     assert calls == []
-    with pytest.raises(ValueError, match="non-finite"):
-        make("static_minmax", "input")(poisoned("nan")[0])
-    assert calls == [(4, 32)]
+    refuse(backend, make("static_minmax", "input"), poisoned("nan")[0], "non-finite")
+    # the triton kernels count while they read the value: nothing to rescan
+    assert calls == ([(4, 32)] if backend == "reference" else [])
 
 
 # --------------------------------------------------------------------------- #
@@ -243,11 +261,10 @@ def test_expanded_search_overflow_is_a_clear_error(backend, dtype):
     of the dtype that range is not representable."""
     x = near_top(dtype)
     obs = make("nvfp4_expanded_mse", "weight", "int8-sym")
-    with pytest.raises(ValueError, match=re.escape(
+    refuse(backend, obs, x, re.escape(
         f"NVFP4ExpandedMSEObserver(base_name='weight'): the observed weight tensor (shape (4, 32), "
         f"{dtype}) is finite but its statistics are not: the range times expand=1.8 overflows {dtype}"
-    )):
-        obs(x)
+    ))
     assert not obs.has_statistics
     if dtype == torch.float16:  # in a wider dtype it is fine
         obs(x.float())
@@ -265,3 +282,35 @@ def test_qparams_backstop(backend):
     assert obs.has_statistics  # kept
     obs.nonfinite = "propagate"
     assert torch.isnan(obs.get_qparams()["scale"][1])
+
+
+@pytest.mark.parametrize("name", ("static_minmax", "minmax", "mse"))
+def test_refused_values_recorded_by_the_kernels(name):
+    """Triton backend, several observations before get_qparams: the error
+    names the FIRST refused value's shape and counts every refused value's
+    non-finite elements (counted here with torch); the observations after it
+    are dropped with it, and the observer starts afresh."""
+    from obskernels.backends import use_backend
+
+    good, first, second = torch.randn(2, 3, 32), torch.randn(5, 32), torch.randn(1, 2, 32)
+    first[0, 1], first[3, 7] = float("nan"), float("inf")
+    second[0, 1, 2] = float("-inf")
+    values = (good, first, torch.randn(3, 32), second)
+    nan = sum(int(torch.isnan(v).sum()) for v in values)
+    pos = sum(int(torch.isposinf(v).sum()) for v in values)
+    neg = sum(int(torch.isneginf(v).sum()) for v in values)
+    with use_backend("triton"):
+        obs = make(name, "input")
+        for v in values:
+            obs(v)  # nothing read back: no error yet
+        with pytest.raises(ValueError, match=re.escape(
+            f"the observed input tensor (shape (5, 32), torch.float32) holds {nan + pos + neg} "
+            f"non-finite ({nan} NaN, {pos} +inf, {neg} -inf) of 160 values"
+        )):
+            obs.get_qparams()
+        assert not obs.has_statistics and obs._num_observed_tokens == 0
+        obs(good)
+        qp = obs.get_qparams()
+    with use_backend("reference"):
+        want = make(name, "input")(good).get_qparams()
+    assert torch.equal(qp["scale"], want["scale"]) and torch.equal(qp["zero_point"], want["zero_point"])

@@ -8,7 +8,15 @@ Subclasses decide two things only:
 - ``_measure(value)``: the (min_vals, max_vals) of one value, computed by an
   ``obskernels.ops`` operation (min/max or the MSE shrink-grid search);
 - ``_accumulate(min_vals, max_vals)``: how those merge into what is held
-  (replace, running min/max, moving average).
+  (replace, running min/max, moving average), stated once more as
+  ``_combine_rule()`` for the kernels.
+
+On the triton backend an observation is kernels only: the operation combines
+the new statistics with the held ones in its epilogue and records non-finite
+input into a small device array (the "record", ``validation.STATUS_INIT``);
+nothing is read back while observing. ``get_qparams`` computes scale, zero
+point and global scale with ``ops.calculate_qparams`` (one kernel) and reads
+the record and the scale flags once: a refused observation raises there.
 """
 
 from __future__ import annotations
@@ -21,14 +29,22 @@ import torch
 import torch.distributed as dist
 from compressed_tensors import InternalModule
 from compressed_tensors.quantization import QuantizationArgs, QuantizationStrategy
-from compressed_tensors.quantization.utils import calculate_qparams, generate_gparam
+from compressed_tensors.quantization.utils import generate_gparam
 from compressed_tensors.registry.registry import RegistryMixin
 
+from obskernels import ops
+from obskernels.backends import resolve_backend
 from obskernels.observers.sync import SNAPSHOTS, SyncHandle, sync_statistics
+from obskernels.reference.stats import moving_average  # noqa: F401 (re-exported: minmax, tests)
 from obskernels.validation import (
     ACTIVATIONS,
     ATTENTION,
+    STATUS_BAD_STATS,
+    STATUS_FIRST_BAD,
+    STATUS_INIT,
+    STATUS_NAN,
     WEIGHT,
+    HeldStatisticsError,
     all_finite,
     check_base_name,
     count_nonfinite,
@@ -64,12 +80,6 @@ def check_averaging_constant(c) -> float:
     if not math.isfinite(c) or not 0 <= c <= 1:
         raise ValueError(f"observer kwarg 'averaging_constant' must be in [0, 1], got {c!r}")
     return c
-
-
-def moving_average(old: torch.Tensor, new: torch.Tensor, c: float) -> torch.Tensor:
-    """``old * (1 - c) + new * c`` in the statistics' dtype (not torch.lerp:
-    its rounding differs, and llm-compressor writes it out this way)."""
-    return old * (1.0 - c) + new * c
 
 
 class Observer(InternalModule, RegistryMixin):
@@ -116,6 +126,10 @@ class Observer(InternalModule, RegistryMixin):
         self._fused_with: List["Observer"] = []
         self._fused_module: Optional[weakref.ref] = None
         self._qparams_taken = False
+        # the kernels' non-finite record and, per observation since it was
+        # last read, (shape, dtype, tokens) to word an error with
+        self._status = torch.tensor(STATUS_INIT, dtype=torch.int64)
+        self._observations: List[Tuple[tuple, torch.dtype, int]] = []
 
     # ------------------------------------------------------------------ state
 
@@ -165,10 +179,12 @@ class Observer(InternalModule, RegistryMixin):
         # register it as one of the observer's parameters)
         object.__setattr__(self, "_g_idx", g_idx)
         try:
-            stats = self._compute_statistics(value)
+            if value.device.type != "meta" and resolve_backend(value) == "triton":
+                self._observe_in_kernels(value)
+            else:
+                self._accumulate(*self._compute_statistics(value))
         finally:
             object.__setattr__(self, "_g_idx", None)
-        self._accumulate(*stats)
         self._count_tokens(value)
         # like llm-compressor: observing one fused weight also observes the
         # weights of the modules fused with it, while they are at hand
@@ -202,8 +218,57 @@ class Observer(InternalModule, RegistryMixin):
                 self._raise_nonfinite(value, min_vals, max_vals)
         return min_vals, max_vals
 
+    def _observe_in_kernels(self, value: torch.Tensor) -> None:
+        """One observation with no host read: the operation measures, combines
+        with the held statistics (``_combine_rule``) and, under
+        nonfinite="error", adds the value's non-finite elements to the record,
+        which get_qparams reads. Shape and device mismatches with the held
+        statistics still raise here (host metadata only), statistics kept."""
+        held, c = self._combine_rule()
+        if held is not None and held[0].device != value.device:
+            self._check_mergeable(value, held[0].new_empty(held[0].shape, device=value.device))
+        status = None
+        if self.nonfinite == "error":
+            if self._status.device != value.device:
+                self._status = self._status.to(value.device)
+            status = self._status
+        try:
+            min_vals, max_vals = self._measure_combined(
+                value, held, c, status, len(self._observations)
+            )
+        except HeldStatisticsError as exc:
+            self._raise_mismatch(value, exc.new_shape, held[0].shape)
+        if status is not None:
+            self._observations.append((tuple(value.shape), value.dtype, self._tokens_of(value)))
+        self.min_vals, self.max_vals = min_vals, max_vals
+
+    def _combine_rule(self):
+        """(held, averaging_constant): the held (min_vals, max_vals) to combine
+        the next value's with (None: replace), and the moving average's
+        constant (None: running min / max). Mirrors ``_accumulate``."""
+        return None, None
+
+    def _measure_combined(self, value, held, c, status, observation) -> MinMaxTuple:
+        """``_measure`` with the combination and the record done by the
+        operation's kernels (default: a second operation, combine_statistics)."""
+        min_vals, max_vals = self._measure(value)
+        if held is None and status is None:
+            return min_vals, max_vals
+        return ops.combine_statistics(
+            value, self.base_name, self.args, min_vals, max_vals, held=held,
+            averaging_constant=c, status=status, observation=observation,
+        )
+
     def _describe(self) -> str:
         return f"{type(self).__name__}(base_name={self.base_name!r})"
+
+    def _raise_mismatch(self, value, new_shape, held_shape) -> None:
+        raise ValueError(
+            f"{self._describe()}: this value of shape {tuple(value.shape)} gives "
+            f"statistics of shape {tuple(new_shape)}, but the observer holds "
+            f"statistics of shape {tuple(held_shape)} from earlier values; expected "
+            "the same hidden size on every observation (statistics kept)"
+        )
 
     def _check_mergeable(self, value: torch.Tensor, min_vals: torch.Tensor) -> None:
         # only observers that combine old and new statistics care: a memoryless
@@ -212,12 +277,7 @@ class Observer(InternalModule, RegistryMixin):
             return
         held = self.min_vals
         if min_vals.shape != held.shape:
-            raise ValueError(
-                f"{self._describe()}: this value of shape {tuple(value.shape)} gives "
-                f"statistics of shape {tuple(min_vals.shape)}, but the observer holds "
-                f"statistics of shape {tuple(held.shape)} from earlier values; expected "
-                "the same hidden size on every observation (statistics kept)"
-            )
+            self._raise_mismatch(value, min_vals.shape, held.shape)
         if min_vals.device != held.device:
             raise ValueError(
                 f"{self._describe()}: this value is on {value.device} but the observer "
@@ -251,16 +311,17 @@ class Observer(InternalModule, RegistryMixin):
         """Default: keep the latest value's statistics."""
         self.min_vals, self.max_vals = min_vals, max_vals
 
-    def _count_tokens(self, value: torch.Tensor) -> None:
+    def _tokens_of(self, value: torch.Tensor) -> int:
         if self.base_name in ACTIVATIONS:
             # (tokens, hidden) or (batch, seq, hidden)
-            tokens = value.numel() // value.shape[-1]
-        elif self.base_name in ATTENTION:
+            return int(value.numel() // value.shape[-1])
+        if self.base_name in ATTENTION:
             # (batch, heads, seq, head_dim): a token spans every head
-            tokens = value.shape[0] * value.shape[2]
-        else:
-            return
-        self._num_observed_tokens += int(tokens)
+            return int(value.shape[0] * value.shape[2])
+        return 0
+
+    def _count_tokens(self, value: torch.Tensor) -> None:
+        self._num_observed_tokens += self._tokens_of(value)
 
     # -------------------------------------------------------------- qparams
 
@@ -268,57 +329,93 @@ class Observer(InternalModule, RegistryMixin):
     def get_qparams(self) -> QParamsDict:
         """Scale, zero point and global scale from the statistics, which are then dropped.
 
-        ``calculate_qparams(min_vals, max_vals, args, global_scale)``; for
-        TENSOR_GROUP ``global_scale = generate_gparam(-a, a)`` with ``a`` the
-        absolute max over this observer and every observer fused with it.
+        ``ops.calculate_qparams``: compressed-tensors' ``calculate_qparams(
+        min_vals, max_vals, args, global_scale)``, for TENSOR_GROUP with
+        ``global_scale = generate_gparam(-a, a)``, ``a`` the absolute max over
+        this observer and every observer fused with it; one kernel on the
+        triton backend. Groups whose finite statistics overflow the
+        statistics' dtype are redone in float64 (see ``_check_qparams``).
+        Then ONE host read: the non-finite record of the observations (a
+        refused value raises here on the triton backend) and the scale flags.
         """
         self._require_statistics()
-        global_scale = self.get_global_scale()
-        scale, zero_point = self._calculate_qparams(global_scale)
+        fused = None
+        if self.args.strategy == QuantizationStrategy.TENSOR_GROUP:
+            fused = [(st["min_vals"], st["max_vals"]) for st in self._fused_statistics()]
+        carry = None
+        if self._observations:
+            if self._status.device != self.min_vals.device:
+                self._status = self._status.to(self.min_vals.device)
+            carry = self._status
+        scale, zero_point, global_scale, status = ops.calculate_qparams(
+            self.min_vals, self.max_vals, self.args, fused=fused, widen=True, carry=carry
+        )
+        self._check_qparams(scale, status)
         self.delete_statistics()
         return {"scale": scale, "zero_point": zero_point, "global_scale": global_scale}
 
-    def _calculate_qparams(self, global_scale: Optional[torch.Tensor]):
-        """compressed-tensors' ``calculate_qparams`` on the statistics, never
-        silently non-finite from finite statistics.
+    def _check_qparams(self, scale: torch.Tensor, status: torch.Tensor) -> None:
+        """Never silently non-finite: the errors of ``nonfinite="error"``.
 
-        Its arithmetic runs in the statistics' dtype, so an asymmetric range
-        wider than that dtype (bf16 near +-3.3e38, fp16 near +-65504: max - min
-        overflows) gives an infinite scale from finite statistics. For those
-        groups only, the qparams are recomputed from float64 statistics and
-        cast back to the dtypes compressed-tensors returned; every other group
-        keeps compressed-tensors' answer bit for bit. Under
-        ``nonfinite="error"`` a scale that is still not finite is a ValueError
-        (statistics kept).
+        compressed-tensors' arithmetic runs in the statistics' dtype, so an
+        asymmetric range wider than that dtype (bf16 near +-3.3e38, fp16 near
+        +-65504: max - min overflows) gives an infinite scale from finite
+        statistics; ``calculate_qparams(widen=True)`` recomputes those groups
+        (and only those: every other group keeps compressed-tensors' answer
+        bit for bit) from float64 statistics, cast back. A scale that is still
+        not finite is a ValueError (statistics kept). Before that, an
+        observation the kernels recorded as non-finite is the ValueError
+        forward raises on the reference backend; its statistics are dropped.
         """
-        mn, mx = self.min_vals, self.max_vals
-        scale, zero_point = calculate_qparams(
-            min_vals=mn, max_vals=mx, quantization_args=self.args, global_scale=global_scale
-        )
-        if scale.device.type == "meta" or all_finite(scale):
-            return scale, zero_point
-        if all_finite(mn, mx) and mn.dtype != torch.float64:
-            wide_scale, wide_zp = calculate_qparams(
-                min_vals=mn.double(), max_vals=mx.double(), quantization_args=self.args,
-                global_scale=None if global_scale is None else global_scale.double(),
-            )
-            keep = torch.isfinite(scale)
-            # select in fp32 (exact for every scale / zero-point dtype, fp8 included,
-            # which torch.where does not take): each side is cast once into its dtype
-            scale = torch.where(keep, scale.float(), wide_scale.to(scale.dtype).float()).to(scale.dtype)
-            zero_point = torch.where(
-                keep, zero_point.float(), wide_zp.to(zero_point.dtype).float()
-            ).to(zero_point.dtype)
-            if all_finite(scale):
-                return scale, zero_point
-        if self.nonfinite == "error":
+        observations, self._observations = self._observations, []
+        if scale.device.type == "meta":
+            return
+        flags = status.tolist()  # the one read
+        record, scale_bad = flags[: len(STATUS_INIT)], any(flags[len(STATUS_INIT):])
+        if self.nonfinite != "error":
+            return
+        if observations and record[STATUS_BAD_STATS]:
+            self._raise_recorded(observations, record)
+        if scale_bad:
+            mn, mx = self.min_vals, self.max_vals
             _, counts = count_nonfinite(scale)
             raise ValueError(
                 f"{self._describe()}: the scale holds {counts} (statistics "
                 f"[{float(mn.min())}, {float(mx.max())}], {mn.dtype}); expected finite "
                 "scales (statistics kept). Pass nonfinite='propagate' to accept them"
             )
-        return scale, zero_point
+
+    def _raise_recorded(self, observations, record) -> None:
+        """The error of a non-finite observation, raised at get_qparams (the
+        triton backend reads nothing while observing): the first refused
+        value's shape and dtype, the NaN / +-inf counts of every refused one.
+        The statistics (and the tokens) of the observations since the last
+        get_qparams are dropped: the observer starts afresh."""
+        shape, dtype, _ = observations[min(record[STATUS_FIRST_BAD], len(observations) - 1)]
+        # the statistics of every observation since the last read go, and their tokens
+        self._num_observed_tokens -= sum(t for _, _, t in observations)
+        nan, pos, neg = record[STATUS_NAN:STATUS_NAN + 3]
+        total = nan + pos + neg
+        numel = math.prod(shape)
+        what = f"the observed {self.base_name} tensor (shape {shape}, {dtype})"
+        mn, mx = self.min_vals, self.max_vals
+        low, high = float(mn.min()), float(mx.max())
+        self._drop_statistics()
+        if total == 0:
+            expand = getattr(self, "expand", 1.0)
+            raise ValueError(
+                f"{self._describe()}: {what} is finite but its statistics are not: the "
+                f"range times expand={expand} overflows {dtype} (statistics "
+                f"[{low}, {high}]); observe it in a "
+                "wider dtype, or pass nonfinite='propagate' to keep the non-finite statistics "
+                "(statistics dropped)"
+            )
+        counts = f"{total} non-finite ({nan} NaN, {pos} +inf, {neg} -inf) of {numel} values"
+        raise ValueError(
+            f"{self._describe()}: {what} holds {counts}; expected finite values "
+            "(statistics dropped). Pass the observer kwarg nonfinite='propagate' to "
+            "let them propagate into the statistics and scales as llm-compressor does"
+        )
 
     def get_global_scale(self) -> Optional[torch.Tensor]:
         """``generate_gparam(-a, a)`` over the fusion group for TENSOR_GROUP, else None."""
@@ -413,6 +510,10 @@ class Observer(InternalModule, RegistryMixin):
         for a in self._stats_attrs:
             if hasattr(self, a):
                 delattr(self, a)
+        if self._observations:
+            # what was recorded belongs to the statistics dropped
+            self._observations = []
+            self._status = torch.tensor(STATUS_INIT, dtype=torch.int64, device=self._status.device)
         # what the last sync saw is gone with the statistics
         self.__dict__.pop(SNAPSHOTS, None)
 

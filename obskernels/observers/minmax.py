@@ -25,6 +25,12 @@ class MemorylessMinMaxObserver(Observer):
     def _measure(self, value: torch.Tensor) -> MinMaxTuple:
         return ops.min_max(value, self.base_name, self.args, g_idx=getattr(self, "_g_idx", None))
 
+    def _measure_combined(self, value, held, c, status, observation) -> MinMaxTuple:
+        # one launch: min_max's epilogue combines and records
+        return ops.min_max(value, self.base_name, self.args, g_idx=getattr(self, "_g_idx", None),
+                           held=held, averaging_constant=c, status=status,
+                           observation=observation)
+
 
 @Observer.register("static_minmax")
 class StaticMinMaxObserver(MemorylessMinMaxObserver):
@@ -37,6 +43,10 @@ class StaticMinMaxObserver(MemorylessMinMaxObserver):
             min_vals = torch.minimum(min_vals, self.min_vals)
             max_vals = torch.maximum(max_vals, self.max_vals)
         self.min_vals, self.max_vals = min_vals, max_vals
+
+    def _combine_rule(self):
+        held = (self.min_vals, self.max_vals) if self.has_statistics else None
+        return held, None
 
 
 class MovingAverageMixin:
@@ -55,6 +65,11 @@ class MovingAverageMixin:
             min_vals = moving_average(self.min_vals, min_vals, self.avg_constant)
             max_vals = moving_average(self.max_vals, max_vals, self.avg_constant)
         self.min_vals, self.max_vals = min_vals, max_vals
+
+    def _combine_rule(self):
+        if self.has_statistics and self.avg_constant != 1.0:
+            return (self.min_vals, self.max_vals), self.avg_constant
+        return None, None
 
 
 @Observer.register("minmax")

@@ -1,0 +1,432 @@
+"""Scale, zero point and global scale in a kernel: compressed-tensors'
+``calculate_qparams`` as an observer uses it (reference/qparams.py).
+
+Per group q, in the statistics' dtype (kernels/quant.py rounds after every
+operation where torch does):
+
+    mn = min(min_vals[q], 0), mx = max(max_vals[q], 0)
+    symmetric:  scale = max(|mn|, |mx|) / (range / 2)   (MX: a power of two), zp = 0
+    asymmetric: scale = (mx - mn) / range, zp = clamp(qmin - mn / scale, qmin, qmax)
+    scale = g * scale                    (fp32) with a global scale g
+    scale = fp(clamp(scale))             with a floating scale_dtype
+    scale = eps where scale == 0         (eps of scale_dtype, else of the scale)
+    zp rounded into zp_dtype (half to even)
+
+``g`` is given, or generate_gparam(-a, a) with a = max over the ``fused``
+statistics of max(max_vals, -min_vals): ``_absmax_kernel`` writes one partial
+maximum per program and per fused pair, and every program of
+``_qparams_kernel`` reduces those few partials itself (program 0 writes g).
+``widen``: groups with finite statistics and a non-finite scale are redone in
+float64 and cast back, as the reference does.
+
+Launches: 1, plus 1 per fused pair for a global scale computed here. No host
+read, no aten op besides the outputs' allocation: the status (the carried
+non-finite record, then one non-finite-scale flag per program) is an output
+the caller reads once.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from compressed_tensors.quantization import QuantizationType
+from compressed_tensors.quantization.quant_args import FP4_E2M1_DATA, FP8_E4M3_DATA
+from compressed_tensors.quantization.utils.mxfp_utils import should_generate_mx_scales
+
+from obskernels.backends import KernelUnsupportedError
+from obskernels.kernels import quant as Q
+from obskernels.kernels._layout import LaunchConfig, current_config, device_guard, pow2_at_most
+from obskernels.validation import FLOAT_DTYPES, STATUS_INIT, check_qparams_args
+
+__all__ = ["calculate_qparams", "CONFIG"]
+
+CONFIG = LaunchConfig()
+
+# scale_dtype switch (SD)
+SD_NONE: tl.constexpr = tl.constexpr(0)
+SD_FP8: tl.constexpr = tl.constexpr(1)
+SD_BF16: tl.constexpr = tl.constexpr(2)
+SD_F16: tl.constexpr = tl.constexpr(3)
+SD_F32: tl.constexpr = tl.constexpr(4)
+# global scale switch (GS)
+GS_NONE: tl.constexpr = tl.constexpr(0)
+GS_GIVEN: tl.constexpr = tl.constexpr(1)
+GS_FUSED: tl.constexpr = tl.constexpr(2)
+
+_BLOCK = 1024  # groups per program
+_MAX_PARTS = 64  # partial maxima per fused pair
+_RNE_MAGIC64: tl.constexpr = tl.constexpr(6755399441055744.0)  # 1.5 * 2^52
+_N_STATUS: tl.constexpr = tl.constexpr(len(STATUS_INIT))
+_FIRST_BAD_INIT: tl.constexpr = tl.constexpr(STATUS_INIT[-1])
+
+
+@triton.jit
+def _nan_max_reduce(x, mask):
+    """max over axis 0 of x where mask, NaN if any is NaN, -inf when empty."""
+    m = tl.max(tl.where(mask & (x == x), x, float("-inf")), axis=0)
+    has_nan = tl.max((mask & (x != x)).to(tl.int32), axis=0) > 0
+    return tl.where(has_nan, float("nan"), m)
+
+
+@triton.jit
+def _load_f32(ptr, offs, mask, BITS16: tl.constexpr):
+    """Statistics as fp32. BITS16: ``ptr`` is a bf16 tensor seen as uint16,
+    widened by its bits (the interpreter's bf16 load flushes subnormals)."""
+    if BITS16:
+        b = tl.load(ptr + offs, mask=mask, other=0).to(tl.uint32)
+        return (b << 16).to(tl.float32, bitcast=True)
+    else:
+        return tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit(do_not_specialize=["N", "per_program", "part0"])
+def _absmax_kernel(min_ptr, max_ptr, parts_ptr, N, per_program, part0,
+                   BITS16: tl.constexpr, BLOCK: tl.constexpr):
+    """Program p: max over groups [p*per_program, (p+1)*per_program) of
+    max(max_vals, -min_vals) (NaN propagating, exact in fp32) -> parts[part0 + p]."""
+    pid = tl.program_id(0)
+    lo = pid.to(tl.int64) * per_program
+    acc = tl.full([BLOCK], float("-inf"), tl.float32)
+    nan = tl.zeros([BLOCK], tl.int1)
+    for start in range(0, per_program, BLOCK):
+        offs = lo + start + tl.arange(0, BLOCK)
+        m = (offs < N) & (start + tl.arange(0, BLOCK) < per_program)
+        mn = _load_f32(min_ptr, offs, m, BITS16)
+        mx = _load_f32(max_ptr, offs, m, BITS16)
+        t = tl.maximum(mx, -mn)
+        nan = nan | (m & ((mn != mn) | (mx != mx)))
+        acc = tl.maximum(acc, tl.where(m, t, float("-inf")))
+    a = tl.max(acc, axis=0)
+    a = tl.where(tl.max(nan.to(tl.int32), axis=0) > 0, float("nan"), a)
+    one = tl.arange(0, 1)
+    tl.store(parts_ptr + part0 + pid + one, a + one * 0.0)
+
+
+@triton.jit
+def _gparam(a, tiny, ADTYPE: tl.constexpr):
+    """generate_gparam(-a, a) as fp32 for the absmax ``a`` held in ADTYPE:
+    m = max(|min(-a, 0)|, |max(a, 0)|) clamped below at tiny; g = 2688 / m
+    computed as torch does (reciprocal, then times 2688, each rounded to
+    ADTYPE); NaN and +-inf become 1."""
+    m = tl.where(a < 0, 0.0, a)
+    m = tl.where(m < tiny, tiny, m)
+    g = Q.rd(Q.rd(tl.math.div_rn(1.0, m), ADTYPE) * 2688.0, ADTYPE)
+    return tl.where((g != g) | (tl.abs(g) == float("inf")), 1.0, g)
+
+
+@triton.jit
+def _round_scale_dtype(scale, sd_max, SD: tl.constexpr, SDTYPE: tl.constexpr):
+    """round_to_quantized_type_dtype(scale, scale_dtype) back in the scale's dtype."""
+    if SD == SD_FP8:
+        scale = Q.round_fp8e4m3(Q.nan_clamp(scale, -448.0, 448.0))
+    elif SD == SD_BF16:
+        scale = Q.rd(Q.rd(Q.nan_clamp(scale, -sd_max, sd_max), Q.BF16), SDTYPE)
+    elif SD == SD_F16:
+        scale = Q.rd(Q.rd(Q.nan_clamp(scale, -sd_max, sd_max), Q.F16), SDTYPE)
+    elif SD == SD_F32:
+        scale = Q.nan_clamp(scale, -sd_max, sd_max)
+    return scale
+
+
+@triton.jit
+def _e4m3_bits(v):
+    """float8_e4m3fn bits (uint8) of fp32 ``v``, an e4m3 value or NaN."""
+    a = tl.abs(v)
+    b = a.to(tl.uint32, bitcast=True)
+    normal = ((((b >> 23) & 0xFF) - 120) << 3) | ((b >> 20) & 7)
+    sub = (a * 512.0).to(tl.uint32)
+    code = tl.where(a >= 0.015625, normal, sub)
+    code = tl.where(v < 0, code | 0x80, code)
+    return tl.where(v != v, 0x7F, code).to(tl.uint8)
+
+
+@triton.jit
+def _pow2_f64(k):
+    """2.0 ** k as float64 for int64 k in [-1022, 1023], from the bits."""
+    return ((k + 1023) << 52).to(tl.float64, bitcast=True)
+
+
+@triton.jit
+def _wide(mn, mx, g, qmin, qmax, zlo, zhi, wrng, whalf, mx_offset, sd_max64, weps,
+          SYM: tl.constexpr, MX: tl.constexpr, ZP: tl.constexpr, GS: tl.constexpr,
+          SD: tl.constexpr):
+    """The same qparams from the statistics widened to float64: scale as fp32
+    (torch casts a double through fp32; the caller rounds on into the scale's
+    dtype) and zp (fp32 holding the zp_dtype value)."""
+    mn64 = tl.where(mn > 0, 0.0, mn).to(tl.float64)
+    mx64 = tl.where(mx < 0, 0.0, mx).to(tl.float64)
+    zp = tl.zeros_like(mn)
+    if MX:
+        # round_to_power_2 keeps the exponent, plus one from 0.75 of the binade
+        # up; in float64 that carry no longer overflows
+        amax = tl.maximum(tl.abs(mn), tl.abs(mx))
+        bits = amax.to(tl.uint32, bitcast=True).to(tl.int64)
+        e = ((bits + (1 << 21)) >> 23) - 127
+        u = tl.minimum(tl.maximum(127 + e - mx_offset, 0), 255)
+        s64 = _pow2_f64(u - 127)
+    elif SYM:
+        s64 = tl.maximum(tl.abs(mn64), tl.abs(mx64)) / whalf
+    else:
+        s64 = (mx64 - mn64) / wrng
+        z64 = qmin - mn64 / s64
+        z64 = tl.minimum(tl.maximum(z64, qmin), qmax)
+        if ZP == Q.Z_FP8:
+            zp = Q.round_fp8e4m3(Q.nan_clamp(z64.to(tl.float32), -448.0, 448.0))
+        else:
+            z64 = tl.minimum(tl.maximum(z64, zlo), zhi)
+            zp = ((z64 + _RNE_MAGIC64) - _RNE_MAGIC64).to(tl.float32)
+    if GS != GS_NONE:
+        s64 = g.to(tl.float64) * s64
+    if SD != SD_NONE:
+        # clamp in float64 (the bounds are exact there), then into scale_dtype
+        s64 = tl.where(s64 < -sd_max64, -sd_max64, tl.where(s64 > sd_max64, sd_max64, s64))
+        s64 = _round_scale_dtype(s64.to(tl.float32), 3.4028234663852886e38, SD, Q.F32).to(tl.float64)
+    s64 = tl.where(s64 == 0, weps, s64)
+    return s64.to(tl.float32), zp
+
+
+@triton.jit(do_not_specialize=["N", "n_parts"])
+def _qparams_kernel(
+    min_ptr, max_ptr, scale_ptr, zp_ptr, gs_ptr, parts_ptr, gs_out_ptr, carry_ptr, status_ptr,
+    N, n_parts, rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, tiny, sd_max, wrng, whalf,
+    sd_max64, weps, DTYPE: tl.constexpr, SDTYPE: tl.constexpr, ADTYPE: tl.constexpr, SYM: tl.constexpr,
+    MX: tl.constexpr, SD: tl.constexpr, ZP: tl.constexpr, GS: tl.constexpr,
+    WIDEN: tl.constexpr, CARRY: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
+):
+    """One program: BLOCK groups -> scale (SDTYPE), zp (zp_dtype), and its
+    non-finite-scale flag -> status[_N_STATUS + pid]. Program 0 also writes the
+    global scale (GS_FUSED) and moves the carried record to status[0:_N_STATUS],
+    resetting it."""
+    pid = tl.program_id(0)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    mn = _load_f32(min_ptr, offs, mask, DTYPE == Q.BF16)
+    mx = _load_f32(max_ptr, offs, mask, DTYPE == Q.BF16)
+    # eps 0 keeps zeros: compressed-tensors replaces them only after the
+    # global scale and the scale_dtype rounding
+    scale, zp = Q.qparams(
+        mn, mx, rng, half, qmin, qmax, 0.0, zlo, zhi, mx_offset,
+        DTYPE, SYM, Q.S_MX if MX else Q.S_NONE, ZP,
+    )
+    g = 1.0
+    if GS == GS_GIVEN:
+        g = tl.load(gs_ptr)
+    elif GS == GS_FUSED:
+        pp = tl.arange(0, BLOCK_P)
+        a = tl.full([BLOCK_P], float("-inf"), tl.float32)
+        nan = tl.zeros([BLOCK_P], tl.int1)
+        for p0 in range(0, n_parts, BLOCK_P):
+            pm = p0 + pp < n_parts
+            v = tl.load(parts_ptr + p0 + pp, mask=pm, other=float("-inf"))
+            nan = nan | (v != v)
+            a = tl.maximum(a, v)
+        a = tl.where(tl.max(nan.to(tl.int32), axis=0) > 0, float("nan"), tl.max(a, axis=0))
+        g = _gparam(a, tiny, ADTYPE)
+        one = tl.arange(0, 1)
+        tl.store(gs_out_ptr + one, g + one * 0.0, mask=(one + pid) == 0)
+    if GS != GS_NONE:
+        scale = g * scale
+    scale = _round_scale_dtype(scale, sd_max, SD, SDTYPE)
+    scale = tl.where(scale == 0, eps, scale)
+    if WIDEN:
+        finite = (mn == mn) & (mx == mx) & (tl.abs(mn) != float("inf")) & (tl.abs(mx) != float("inf"))
+        redo = finite & ((scale != scale) | (tl.abs(scale) == float("inf")))
+        ws, wz = _wide(mn, mx, g, qmin, qmax, zlo, zhi, wrng, whalf, mx_offset, sd_max64, weps,
+                       SYM, MX, ZP, GS, SD)
+        scale = tl.where(redo, Q.rd(ws, SDTYPE), scale)
+        zp = tl.where(redo, wz, zp)
+    # every value stored is exact in its dtype; bf16 and fp8 go as bits (the
+    # interpreter flushes bf16 subnormals and mangles fp8 NaN in its casts)
+    if SDTYPE == Q.BF16:
+        tl.store(scale_ptr + offs, (scale.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16), mask=mask)
+    else:
+        tl.store(scale_ptr + offs, scale.to(scale_ptr.dtype.element_ty), mask=mask)
+    if ZP == Q.Z_FP8:
+        tl.store(zp_ptr + offs, _e4m3_bits(zp), mask=mask)
+    else:
+        tl.store(zp_ptr + offs, zp.to(zp_ptr.dtype.element_ty), mask=mask)
+
+    bad = mask & ((scale != scale) | (tl.abs(scale) == float("inf")))
+    one = tl.arange(0, 1)
+    tl.store(status_ptr + _N_STATUS + pid + one, tl.max(bad.to(tl.int64), axis=0) + one * 0)
+    first = (one + pid) == 0
+    for i in range(_N_STATUS):
+        init = tl.where(i == _N_STATUS - 1, _FIRST_BAD_INIT, 0) + one.to(tl.int64) * 0
+        if CARRY:
+            v = tl.load(carry_ptr + i + one, mask=first, other=0)
+            tl.store(status_ptr + i + one, v, mask=first)
+            tl.store(carry_ptr + i + one, init, mask=first)
+        else:
+            tl.store(status_ptr + i + one, init, mask=first)
+
+
+# --------------------------------------------------------------------------- #
+# host side
+# --------------------------------------------------------------------------- #
+def _format(args, dtype, sdtype):
+    """Mode switches and constants of the format (Python floats rounded as
+    torch rounds them), or KernelUnsupportedError naming what is not covered."""
+    qtype = QuantizationType(args.type)
+    bits = args.num_bits
+    if qtype == QuantizationType.INT:
+        if not 1 <= bits <= 8:
+            raise KernelUnsupportedError(f"calculate_qparams: int num_bits={bits} (kernel covers 1..8)")
+        q_min, q_max = -(2.0**bits) / 2, (2.0**bits) / 2 - 1
+    elif bits in (4, 8):
+        if bits == 4 and not args.symmetric:
+            raise KernelUnsupportedError(
+                "calculate_qparams: asymmetric fp4 (compressed-tensors does not support it either)"
+            )
+        data = FP8_E4M3_DATA if bits == 8 else FP4_E2M1_DATA
+        q_min, q_max = float(data.min), float(data.max)
+    else:
+        raise KernelUnsupportedError(f"calculate_qparams: float num_bits={bits} (kernel covers 4 and 8)")
+
+    mx = bool(should_generate_mx_scales(args))
+    scale_dtype = args.scale_dtype
+    sd, sd_max, sd_max64 = SD_NONE, 0.0, 0.0
+    if mx:
+        if not args.symmetric:
+            raise KernelUnsupportedError("calculate_qparams: asymmetric MX scales")
+        eps = 1.0  # the eps of an integer (uint8) scale_dtype
+    elif scale_dtype is None:
+        eps = torch.finfo(sdtype).eps
+    elif scale_dtype == torch.float8_e4m3fn:
+        sd, eps, sd_max64 = SD_FP8, 0.125, 448.0
+    elif scale_dtype in (torch.bfloat16, torch.float16, torch.float32):
+        sd = {torch.bfloat16: SD_BF16, torch.float16: SD_F16, torch.float32: SD_F32}[scale_dtype]
+        if torch.finfo(scale_dtype).max > torch.finfo(sdtype).max:
+            # compressed-tensors clamps to the scale_dtype's range in the
+            # scale's dtype: torch refuses the bound (overflow)
+            raise KernelUnsupportedError(
+                f"calculate_qparams: scale_dtype {scale_dtype} is wider than the scales ({sdtype})"
+            )
+        # clamp's bounds are rounded into the scale's dtype, as torch does
+        sd_max = Q.round_host(float(torch.finfo(scale_dtype).max), sdtype)
+        eps = torch.finfo(scale_dtype).eps
+        sd_max64 = float(torch.finfo(scale_dtype).max)
+    else:
+        raise KernelUnsupportedError(f"calculate_qparams: scale_dtype {scale_dtype}")
+
+    zp_dtype = args.zp_dtype
+    if zp_dtype == torch.float8_e4m3fn:
+        zp, zlo, zhi = Q.Z_FP8, -448.0, 448.0
+    elif zp_dtype is not None and not zp_dtype.is_floating_point and zp_dtype != torch.bool \
+            and torch.iinfo(zp_dtype).bits <= 16:
+        # (wider: NaN converts to the integer's minimum on the CPU, 0 on a GPU)
+        info = torch.iinfo(zp_dtype)
+        if info.max > torch.finfo(dtype).max:
+            # compressed-tensors clamps in the statistics' dtype: torch refuses the bound
+            raise KernelUnsupportedError(
+                f"calculate_qparams: zp_dtype {zp_dtype} is wider than the statistics ({dtype})"
+            )
+        zp, zlo, zhi = Q.Z_INT, float(info.min), float(info.max)
+    else:
+        raise KernelUnsupportedError(f"calculate_qparams: zp_dtype {zp_dtype}")
+
+    # calculate_range makes fp32 scalars; the range is taken and halved in the
+    # statistics' dtype (all small integers or halves: exact in every dtype)
+    q_min, q_max = Q.round_host(q_min, torch.float32), Q.round_host(q_max, torch.float32)
+    rng = Q.round_host(q_max - q_min, dtype)
+    return dict(
+        SYM=bool(args.symmetric), MX=mx, SD=sd.value, ZP=zp.value,
+        rng=rng, half=Q.round_host(rng / 2, dtype), qmin=q_min, qmax=q_max,
+        eps=Q.round_host(eps, sdtype), zlo=zlo, zhi=zhi, sd_max=sd_max,
+        mx_offset=int(math.floor(math.log2(q_max))) if mx else 0,
+        wrng=q_max - q_min, whalf=(q_max - q_min) / 2, sd_max64=sd_max64,
+        # the float64 redo's eps: scale_dtype's, else float64's
+        weps=eps if (mx or scale_dtype is not None) else torch.finfo(torch.float64).eps,
+    ), zp_dtype
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """1-D contiguous statistics; bf16 as its uint16 bits (see _load_f32)."""
+    t = t.reshape(-1) if t.is_contiguous() else t.contiguous().reshape(-1)
+    return t.view(torch.uint16) if t.dtype == torch.bfloat16 else t
+
+
+def calculate_qparams(min_vals, max_vals, args, global_scale=None, *, fused=None, widen=False,
+                      carry=None):
+    """Triton twin of ``reference.qparams.calculate_qparams``: returns
+    (scale, zero_point, global_scale, status), bit-identical."""
+    check_qparams_args(min_vals, max_vals, args, global_scale, fused, carry)
+    dtype, dev = min_vals.dtype, min_vals.device
+    if dtype not in FLOAT_DTYPES:
+        raise KernelUnsupportedError(
+            f"calculate_qparams: statistics of dtype {dtype} (the kernel covers float32, "
+            "float16 and bfloat16; the reference backend computes float64)"
+        )
+    gs_mode, a_dtype, pairs = GS_NONE.value, torch.float32, []
+    if global_scale is not None:
+        if global_scale.dtype != torch.float32 or global_scale.shape != (1,) or global_scale.device != dev:
+            raise KernelUnsupportedError(
+                "calculate_qparams: a given global_scale must be float32 of shape (1,) on the "
+                "statistics' device (what generate_gparam returns)"
+            )
+        gs_mode = GS_GIVEN.value
+    elif fused is not None:
+        pairs = list(fused)
+        a_dtype = pairs[0][0].dtype
+        for mn, mx in pairs:
+            a_dtype = torch.promote_types(a_dtype, torch.promote_types(mn.dtype, mx.dtype))
+        if a_dtype not in FLOAT_DTYPES:
+            raise KernelUnsupportedError(f"calculate_qparams: fused statistics of dtype {a_dtype}")
+        gs_mode = GS_FUSED.value
+    sdtype = torch.float32 if gs_mode != GS_NONE.value else dtype
+    fmt, zp_dtype = _format(args, dtype, sdtype)
+    if fmt["MX"] and gs_mode != GS_NONE.value:
+        raise KernelUnsupportedError("calculate_qparams: MX scales with a global scale")
+
+    shape = min_vals.shape if min_vals.dim() > 0 else (1,)
+    N = min_vals.numel()
+    scale = torch.empty(shape, dtype=sdtype, device=dev)
+    zero_point = torch.empty(shape, dtype=zp_dtype, device=dev)
+    programs = max(triton.cdiv(N, _BLOCK), 1)
+    status = torch.empty(len(STATUS_INIT) + programs, dtype=torch.int64, device=dev)
+
+    parts = gs_out = status  # unread placeholders
+    n_parts = 0
+    fused_tensors = {f"fused[{i}]": t for i, pair in enumerate(pairs) for t in pair}
+    with device_guard(min_vals, max_vals=max_vals, global_scale=global_scale, carry=carry,
+                      **fused_tensors):
+        if gs_mode == GS_FUSED.value:
+            counts = []
+            for mn, _ in pairs:
+                want = -(-mn.numel() // (8 * _BLOCK))
+                # the split follows the work (and the configured fill), never the device
+                counts.append(max(1, min(want, _MAX_PARTS, current_config(CONFIG).fill_programs)))
+            parts = torch.empty(sum(counts), dtype=torch.float32, device=dev)
+            gs_out = torch.empty(1, dtype=torch.float32, device=dev)
+            for (mn, mx), p in zip(pairs, counts):
+                n = mn.numel()
+                if mn.dtype != mx.dtype:
+                    mn, mx = mn.to(a_dtype), mx.to(a_dtype)
+                _absmax_kernel[(p,)](_flat(mn), _flat(mx), parts, n, -(-n // p), n_parts,
+                                     BITS16=mn.dtype == torch.bfloat16, BLOCK=_BLOCK)
+                n_parts += p
+            global_scale = gs_out
+        if N:
+            _qparams_kernel[(programs,)](
+                _flat(min_vals), _flat(max_vals),
+                scale.view(torch.uint16) if sdtype == torch.bfloat16 else scale,
+                zero_point.view(torch.uint8) if zp_dtype == torch.float8_e4m3fn else zero_point,
+                global_scale if gs_mode == GS_GIVEN.value else status, parts, gs_out,
+                carry if carry is not None else status, status,
+                N, n_parts, fmt["rng"], fmt["half"], fmt["qmin"], fmt["qmax"], fmt["eps"],
+                fmt["zlo"], fmt["zhi"], fmt["mx_offset"],
+                float(torch.finfo(a_dtype).tiny),
+                fmt["sd_max"], fmt["wrng"], fmt["whalf"], fmt["sd_max64"], fmt["weps"],
+                DTYPE=Q.DTYPE_CODE[dtype], SDTYPE=Q.DTYPE_CODE[sdtype], ADTYPE=Q.DTYPE_CODE[a_dtype],
+                SYM=fmt["SYM"], MX=fmt["MX"], SD=fmt["SD"], ZP=fmt["ZP"], GS=gs_mode,
+                WIDEN=bool(widen), CARRY=carry is not None, BLOCK=_BLOCK,
+                BLOCK_P=pow2_at_most(max(n_parts, 1), 128),
+                enable_fp_fusion=False,
+            )
+        else:  # no groups: nothing to launch, only the record to move
+            status[: len(STATUS_INIT)] = carry if carry is not None else torch.tensor(STATUS_INIT, device=dev)
+            if carry is not None:
+                carry.copy_(torch.tensor(STATUS_INIT, device=dev))
+    return scale, zero_point, global_scale, status

@@ -1,0 +1,211 @@
+"""Statistics epilogues: combine new per-group statistics with those an
+observer holds, and record non-finite observations, inside the kernels.
+
+    running min / max (MODE_RUNNING):  min(new, held), max(new, held)   (NaN propagates)
+    moving average (MODE_AVERAGE):     rd(rd(held * a) + rd(new * c)),  a = fp32(1 - c)
+
+in the statistics' dtype, exactly as torch computes ``held * (1.0 - c) + new * c``
+on the CPU (each product and the sum rounded once into the dtype; a Python
+scalar enters as fp32). The non-finite record is the int64 array of
+``validation.STATUS_INIT``: NaN, +inf and -inf counts (atomic adds: exact and
+order-free), a flag for non-finite statistics and the first such observation
+(atomic max / min). The caller reads it once, at get_qparams.
+
+``combine_statistics`` (the operation) applies the epilogue to statistics that
+another kernel produced (the MSE search): one launch; it re-reads the value
+only in groups whose new statistics are not finite, to count.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from obskernels.kernels import quant as Q
+from obskernels.kernels._layout import (
+    LaunchConfig,
+    device_guard,
+    group_coords,
+    group_layout,
+    load_tile,
+    row_offsets,
+)
+from obskernels.validation import (
+    STATUS_BAD_STATS,
+    STATUS_FIRST_BAD,
+    STATUS_NAN,
+    check_combine_args,
+)
+
+__all__ = ["combine_statistics", "CONFIG", "combine_modes"]
+
+CONFIG = LaunchConfig()
+
+MODE_REPLACE: tl.constexpr = tl.constexpr(0)
+MODE_RUNNING: tl.constexpr = tl.constexpr(1)
+MODE_AVERAGE: tl.constexpr = tl.constexpr(2)
+
+_S_NAN: tl.constexpr = tl.constexpr(STATUS_NAN)
+_S_BAD: tl.constexpr = tl.constexpr(STATUS_BAD_STATS)
+_S_FIRST: tl.constexpr = tl.constexpr(STATUS_FIRST_BAD)
+
+
+def combine_modes(held, averaging_constant):
+    """(MODE, a, c) launch arguments: what to do with ``held`` statistics."""
+    if held is None:
+        return MODE_REPLACE.value, 0.0, 0.0
+    if averaging_constant is None:
+        return MODE_RUNNING.value, 0.0, 0.0
+    # the Python floats torch turns into fp32 scalars
+    return (MODE_AVERAGE.value, Q.round_host(1.0 - averaging_constant, torch.float32),
+            Q.round_host(float(averaging_constant), torch.float32))
+
+
+@triton.jit
+def load_stat(ptr, offs, mask, BITS16: tl.constexpr):
+    """Statistics as fp32; BITS16: a bf16 tensor seen as uint16 (the
+    interpreter's bf16 load flushes subnormals; bits are exact everywhere)."""
+    if BITS16:
+        b = tl.load(ptr + offs, mask=mask, other=0).to(tl.uint32)
+        return (b << 16).to(tl.float32, bitcast=True)
+    else:
+        return tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def store_stat(ptr, offs, v, mask, BITS16: tl.constexpr):
+    """Store fp32 ``v`` (exact in the statistics' dtype); BITS16 as load_stat."""
+    if BITS16:
+        tl.store(ptr + offs, (v.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16), mask=mask)
+    else:
+        tl.store(ptr + offs, v.to(ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def combine(new_lo, new_hi, held_min_ptr, held_max_ptr, offs, mask, a, c,
+            MODE: tl.constexpr, DTYPE: tl.constexpr, BITS16: tl.constexpr):
+    """(min, max) to hold after this observation (see the module docstring)."""
+    if MODE == MODE_REPLACE:
+        return new_lo, new_hi
+    old_lo = load_stat(held_min_ptr, offs, mask, BITS16)
+    old_hi = load_stat(held_max_ptr, offs, mask, BITS16)
+    if MODE == MODE_RUNNING:
+        return Q.nan_min(new_lo, old_lo), Q.nan_max(new_hi, old_hi)
+    lo = Q.rd(Q.rd(old_lo * a, DTYPE) + Q.rd(new_lo * c, DTYPE), DTYPE)
+    hi = Q.rd(Q.rd(old_hi * a, DTYPE) + Q.rd(new_hi * c, DTYPE), DTYPE)
+    return lo, hi
+
+
+@triton.jit
+def count_nonfinite(x, valid):
+    """(NaN, +inf, -inf) counts (int64 scalars) of x where valid."""
+    # int32 within a tile (fewer registers), int64 across tiles
+    nan = tl.sum((valid & (x != x)).to(tl.int32)).to(tl.int64)
+    pos = tl.sum((valid & (x == float("inf"))).to(tl.int32)).to(tl.int64)
+    neg = tl.sum((valid & (x == float("-inf"))).to(tl.int32)).to(tl.int64)
+    return nan, pos, neg
+
+
+@triton.jit
+def record(status_ptr, nan, pos, neg, bad, observation):
+    """Add the counts to the record; ``bad`` (a scalar bool): this
+    observation's statistics are not finite (flag, first observation)."""
+    one = tl.arange(0, 1)
+    z = one.to(tl.int64) * 0
+    tl.atomic_add(status_ptr + _S_NAN + one, z + nan, mask=(z + nan) > 0)
+    tl.atomic_add(status_ptr + _S_NAN + 1 + one, z + pos, mask=(z + pos) > 0)
+    tl.atomic_add(status_ptr + _S_NAN + 2 + one, z + neg, mask=(z + neg) > 0)
+    b = (z + bad.to(tl.int64)) > 0
+    tl.atomic_max(status_ptr + _S_BAD + one, z + 1, mask=b)
+    tl.atomic_min(status_ptr + _S_FIRST + one, z + observation, mask=b)
+
+
+@triton.jit(do_not_specialize=["Q_", "NR", "lim_r", "lim_e", "observation"])
+def _combine_kernel(
+    x_ptr, new_min_ptr, new_max_ptr, held_min_ptr, held_max_ptr, out_min_ptr, out_max_ptr,
+    status_ptr, a, c, observation,
+    Q_, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e,
+    MODE: tl.constexpr, DTYPE: tl.constexpr, BITS16: tl.constexpr, RECORD: tl.constexpr,
+    PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
+):
+    """One program: BLOCK_Q groups. Combine, store; with RECORD, groups whose
+    new statistics are not finite are re-read from the value to count (the
+    loop runs only when the block holds one)."""
+    pid = tl.program_id(0)
+    q = pid.to(tl.int64) * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    qm = q < Q_
+    lo = load_stat(new_min_ptr, q, qm, BITS16)
+    hi = load_stat(new_max_ptr, q, qm, BITS16)
+    olo, ohi = combine(lo, hi, held_min_ptr, held_max_ptr, q, qm, a, c, MODE, DTYPE, BITS16)
+    store_stat(out_min_ptr, q, olo, qm, BITS16)
+    store_stat(out_max_ptr, q, ohi, qm, BITS16)
+    if RECORD:
+        bad = qm & ((lo != lo) | (hi != hi) | (tl.abs(lo) == float("inf"))
+                    | (tl.abs(hi) == float("inf")))
+        n_bad = tl.sum(bad.to(tl.int32))
+        nan = n_bad.to(tl.int64) * 0
+        pos = n_bad.to(tl.int64) * 0
+        neg = n_bad.to(tl.int64) * 0
+        if n_bad > 0:
+            # the error path: 16 groups x 16 elements at a time (a small tile
+            # keeps this branch from raising the kernel's register count)
+            for q0 in range(0, BLOCK_Q, 16):
+                qs = pid.to(tl.int64) * BLOCK_Q + q0 + tl.arange(0, 16)
+                qsm = qs < Q_
+                slo = load_stat(new_min_ptr, qs, qsm, BITS16)
+                shi = load_stat(new_max_ptr, qs, qsm, BITS16)
+                sbad = qsm & ((slo != slo) | (shi != shi) | (tl.abs(slo) == float("inf"))
+                              | (tl.abs(shi) == float("inf")))
+                qq = qs[:, None, None].to(tl.int32)
+                qa, qb = group_coords(qq, QB)
+                gbase = qa.to(tl.int64) * sqa + qb.to(tl.int64) * sqb
+                for r0 in range(0, NR):
+                    r = r0 + tl.arange(0, 1)[None, :, None]
+                    base = gbase + row_offsets(r, R1, R2, sr0, sr1, sr2)
+                    for e0 in range(0, E, 16):
+                        e = e0 + tl.arange(0, 16)[None, None, :]
+                        inside = sbad[:, None, None] & (e < E)
+                        x = load_tile(x_ptr, x_ptr, base, qa, qb, r, e, inside,
+                                      NR, E, se, lim_r, lim_e, PAD, False).to(tl.float32)
+                        n1, p1, m1 = count_nonfinite(x, inside)
+                        nan += n1
+                        pos += p1
+                        neg += m1
+        record(status_ptr, nan, pos, neg, n_bad > 0, observation)
+
+
+def combine_statistics(value, base_name, args, new_min, new_max, *, held=None,
+                       averaging_constant=None, status=None, observation=0):
+    """Triton twin of ``reference.stats.combine_statistics``: (min_vals, max_vals)."""
+    check_combine_args(new_min, new_max, held, averaging_constant, status)
+    layout = group_layout(value, base_name, args, storage_order=False)
+    if tuple(new_min.shape) != tuple(layout.qshape):
+        raise ValueError(
+            f"combine_statistics: new statistics of shape {tuple(new_min.shape)} do not match "
+            f"the value's groups {tuple(layout.qshape)}"
+        )
+    dtype = new_min.dtype
+    mode, a, c = combine_modes(held, averaging_constant)
+    out_min, out_max = torch.empty_like(new_min), torch.empty_like(new_max)
+    bits16 = dtype == torch.bfloat16
+
+    def v(t):
+        t = t.reshape(-1) if t.is_contiguous() else t.contiguous().reshape(-1)
+        return t.view(torch.uint16) if bits16 else t
+
+    Q_ = layout.num_groups
+    if Q_ == 0:
+        return out_min, out_max
+    held_min, held_max = held if held is not None else (new_min, new_max)
+    block_q = max(min(triton.next_power_of_2(Q_), 1024), 16)
+    with device_guard(value, new_min=new_min, new_max=new_max, held_min=held_min,
+                      held_max=held_max, status=status):
+        _combine_kernel[(triton.cdiv(Q_, block_q),)](
+            value, v(new_min), v(new_max), v(held_min), v(held_max), v(out_min), v(out_max),
+            status if status is not None else out_min, a, c, observation,
+            *layout.scalar_args(),
+            MODE=mode, DTYPE=Q.DTYPE_CODE[dtype], BITS16=bits16, RECORD=status is not None,
+            PAD=layout.pad, BLOCK_Q=block_q,
+        )
+    return out_min, out_max

@@ -1,0 +1,60 @@
+"""Reference statistics combination and non-finite record (see kernels/stats.py).
+
+- held (min_vals, max_vals) with ``averaging_constant`` None: running
+  ``torch.minimum`` / ``torch.maximum``; with c: ``held * (1.0 - c) + new * c``
+  (not torch.lerp: its rounding differs; llm-compressor writes it out this way).
+- status (int64, ``validation.STATUS_INIT`` layout): the value's NaN / +inf /
+  -inf counts are added; when the new statistics are not finite the flag is
+  set and the first such observation kept. Tensor ops only, no host read.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from obskernels.validation import (
+    STATUS_BAD_STATS,
+    STATUS_FIRST_BAD,
+    STATUS_NAN,
+    check_combine_args,
+    check_held,
+)
+
+__all__ = ["combine", "record", "combine_statistics", "moving_average"]
+
+
+def moving_average(old: torch.Tensor, new: torch.Tensor, c: float) -> torch.Tensor:
+    """``old * (1 - c) + new * c`` in the statistics' dtype."""
+    return old * (1.0 - c) + new * c
+
+
+def combine(new_min, new_max, held=None, averaging_constant=None):
+    if held is None:
+        return new_min, new_max
+    check_held(held, new_min.shape, new_min.dtype, new_min.device)
+    old_min, old_max = held
+    if averaging_constant is None:
+        return torch.minimum(new_min, old_min), torch.maximum(new_max, old_max)
+    c = averaging_constant
+    return moving_average(old_min, new_min, c), moving_average(old_max, new_max, c)
+
+
+def record(status, value, new_min, new_max, observation) -> None:
+    counts = torch.stack((torch.isnan(value).sum(), torch.isposinf(value).sum(),
+                          torch.isneginf(value).sum()))
+    status[STATUS_NAN:STATUS_NAN + 3] += counts
+    bad = ~(torch.isfinite(new_min).all() & torch.isfinite(new_max).all())
+    status[STATUS_BAD_STATS] = torch.maximum(status[STATUS_BAD_STATS], bad.to(torch.int64))
+    first = torch.minimum(status[STATUS_FIRST_BAD], torch.tensor(observation, device=status.device))
+    status[STATUS_FIRST_BAD] = torch.where(bad, first, status[STATUS_FIRST_BAD])
+
+
+def combine_statistics(value, base_name, args, new_min, new_max, *, held=None,
+                       averaging_constant=None, status=None, observation=0):
+    """(min_vals, max_vals) to hold: ``new`` combined with ``held``; records
+    ``value``'s non-finite elements into ``status``."""
+    check_combine_args(new_min, new_max, held, averaging_constant, status)
+    out = combine(new_min, new_max, held, averaging_constant)
+    if status is not None:
+        record(status, value, new_min, new_max, observation)
+    return out

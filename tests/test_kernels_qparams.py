@@ -1,0 +1,195 @@
+"""calculate_qparams on both backends against compressed-tensors, bit for bit.
+
+The oracle is compressed-tensors itself: ``calculate_qparams`` and
+``generate_gparam`` called here directly (and, for the float64 redo of
+overflowed groups, the same call on float64 statistics cast back). Every
+format of SPEC §3 x statistics dtype x global-scale mode, with statistics that
+include zero ranges, one-sided ranges, NaN, +-inf, values at the top of the
+dtype (overflow), subnormals and tiny ranges (eps).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from compressed_tensors.quantization import QuantizationArgs
+from compressed_tensors.quantization.utils import calculate_qparams as ct_qparams
+from compressed_tensors.quantization.utils import generate_gparam
+
+from obskernels import ops
+from obskernels.backends import KernelUnsupportedError
+from obskernels.validation import STATUS_INIT
+
+pytestmark = pytest.mark.kernel
+
+FORMATS = {
+    "int8-sym": dict(num_bits=8, symmetric=True),
+    "int8-asym": dict(num_bits=8, symmetric=False),
+    "int4-sym": dict(num_bits=4, symmetric=True),
+    "int4-asym": dict(num_bits=4, symmetric=False),
+    "int2-asym": dict(num_bits=2, symmetric=False),
+    "int1-sym": dict(num_bits=1, symmetric=True),
+    "int3-asym-int32zp": dict(num_bits=3, symmetric=False, zp_dtype=torch.int32),
+    "fp8": dict(num_bits=8, type="float", symmetric=True),
+    "fp8-asym": dict(num_bits=8, type="float", symmetric=False),
+    "fp4": dict(num_bits=4, type="float", symmetric=True),
+    "nvfp4": dict(num_bits=4, type="float", symmetric=True, scale_dtype=torch.float8_e4m3fn),
+    "mxfp4": dict(num_bits=4, type="float", symmetric=True, scale_dtype=torch.uint8,
+                  strategy="group", group_size=32),
+    "mxfp8": dict(num_bits=8, type="float", symmetric=True, scale_dtype=torch.uint8,
+                  strategy="group", group_size=32),
+    "int8-asym-bf16scale": dict(num_bits=8, symmetric=False, scale_dtype=torch.bfloat16),
+    "int4-sym-fp16scale": dict(num_bits=4, symmetric=True, scale_dtype=torch.float16),
+    "int8-fp32scale": dict(num_bits=8, symmetric=True, scale_dtype=torch.float32),
+}
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def statistics(dtype, n=300, seed=0):
+    """(min_vals, max_vals): random ranges over many binades plus the edges."""
+    g = torch.Generator().manual_seed(seed)
+    lo = torch.randn(n, generator=g) * torch.exp(torch.randn(n, generator=g) * 4)
+    hi = lo + torch.rand(n, generator=g) * torch.exp(torch.randn(n, generator=g) * 4)
+    top, tiny = torch.finfo(dtype).max, torch.finfo(dtype).tiny
+    inf, nan = float("inf"), float("nan")
+    edges = [  # (min, max)
+        (0, 0), (0.0, 0.0), (-top, top), (-top * 0.9, top * 0.8), (-top, -1.0), (2.0, top),
+        (nan, 1.0), (1.0, nan), (-inf, 2.0), (0, inf), (-inf, inf), (-1e-30, 1e-30),
+        (-tiny, tiny / 4), (3.0, 5.0), (-7.0, -2.0), (-1e-6, 1e-6), (-2.0**-9, 0.0),
+        (-448.0, 448.0), (-6.0, 6.0), (-1.75 * 2**15, 1.8 * 2**15), (-65504.0, 65504.0),
+    ]
+    for i, (a, b) in enumerate(edges):
+        lo[i], hi[i] = a, b
+    return lo.to(dtype), hi.to(dtype)
+
+
+def expected(mn, mx, args, global_scale, widen):
+    """compressed-tensors' answer, and where widen asks for it the float64 one."""
+    scale, zp = ct_qparams(mn, mx, args, global_scale)
+    if widen:
+        wide_s, wide_z = ct_qparams(mn.double(), mx.double(), args,
+                                    None if global_scale is None else global_scale.double())
+        redo = (torch.isfinite(mn) & torch.isfinite(mx)) & ~torch.isfinite(scale)
+        scale = scale.clone()
+        zp = zp.clone()
+        scale[redo] = wide_s.to(scale.dtype)[redo]
+        zp.view(torch.uint8 if zp.element_size() == 1 else zp.dtype)[redo] = \
+            wide_z.to(zp.dtype).view(torch.uint8 if zp.element_size() == 1 else zp.dtype)[redo]
+    return scale, zp
+
+
+def assert_same(got, want, what, stats):
+    assert got.dtype == want.dtype and got.shape == want.shape, (
+        f"{what}: {got.dtype} {tuple(got.shape)} != {want.dtype} {tuple(want.shape)}")
+    g, w = got.float(), want.float()
+    same = (g == w) | (g.isnan() & w.isnan())
+    if not bool(same.all()):
+        i = (~same).flatten().nonzero().flatten()[:4].tolist()
+        raise AssertionError(
+            f"{what}: groups {i}: got {g.flatten()[i].tolist()}, want {w.flatten()[i].tolist()} "
+            f"(min {stats[0].flatten()[i].tolist()}, max {stats[1].flatten()[i].tolist()})")
+
+
+def _unsupported_by_ct(args, dtype):
+    """compressed-tensors clamps into scale_dtype / zp_dtype's range in the
+    statistics' dtype: torch refuses a bound that overflows it."""
+    sd, zd = args.scale_dtype, args.zp_dtype
+    if sd is not None and sd.is_floating_point and sd != torch.float8_e4m3fn \
+            and torch.finfo(sd).max > torch.finfo(dtype).max:
+        return True
+    return not zd.is_floating_point and torch.iinfo(zd).max > torch.finfo(dtype).max
+
+
+@pytest.mark.parametrize("widen", [False, True], ids=["ct", "widen"])
+@pytest.mark.parametrize("gmode", ["none", "given", "fused"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_calculate_qparams_matches_compressed_tensors(backend, fmt, dtype, gmode, widen):
+    args = QuantizationArgs(**FORMATS[fmt])
+    mn, mx = statistics(dtype)
+    mn, mx = mn.reshape(20, 15), mx.reshape(20, 15)  # a 2-D qparam shape
+    if _unsupported_by_ct(args, dtype):
+        with pytest.raises((RuntimeError, KernelUnsupportedError)):
+            ops.calculate_qparams(mn, mx, args)
+        return
+    kw, g = {}, None
+    if gmode == "given":
+        g = torch.tensor([2688.0 / 3.7])
+        kw = dict(global_scale=g)
+    elif gmode == "fused":
+        other = statistics(dtype, 40, seed=1)
+        # the absmax of SPEC §1 over the fused pairs, computed here
+        pairs = [(mn[5:], mx[5:]), (other[0][20:], other[1][20:])]
+        a = torch.stack([torch.maximum(b, -s).max() for s, b in pairs]).max()
+        g = generate_gparam(-a.reshape(1), a.reshape(1))
+        kw = dict(fused=pairs)
+    should_generate = args.scale_dtype == torch.uint8
+    if backend == "triton" and args.zp_dtype == torch.int32:
+        with pytest.raises(KernelUnsupportedError, match="zp_dtype"):
+            ops.calculate_qparams(mn, mx, args, widen=widen, **kw)
+        return
+    if should_generate and gmode != "none" and backend == "triton":
+        with pytest.raises(KernelUnsupportedError, match="MX scales with a global scale"):
+            ops.calculate_qparams(mn, mx, args, widen=widen, **kw)
+        return
+    scale, zp, gs, status = ops.calculate_qparams(mn, mx, args, widen=widen, **kw)
+    want_s, want_z = expected(mn, mx, args, g, widen)
+    assert_same(scale, want_s, f"{fmt} {dtype} {gmode} scale", (mn, mx))
+    assert_same(zp, want_z, f"{fmt} {dtype} {gmode} zero_point", (mn, mx))
+    if g is None:
+        assert gs is None
+    else:
+        assert_same(gs, g, "global_scale", (mn, mx))
+    assert status[: len(STATUS_INIT)].tolist() == list(STATUS_INIT)
+    assert bool(status[len(STATUS_INIT):].any()) == (not bool(torch.isfinite(scale).all()))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+@pytest.mark.parametrize("absmax", [0.0, 1e-45, 1e-40, 3e-5, 1.0, 2688.0, 65504.0, 3.3e38,
+                                    float("inf"), float("nan"), -1.0])
+def test_global_scale_matches_generate_gparam(backend, dtype, absmax):
+    """generate_gparam at the clamp, overflow and NaN edges, fused over three pairs."""
+    args = QuantizationArgs(**FORMATS["nvfp4"])
+    base = torch.tensor([[0.5, -0.25]], dtype=dtype)
+    edge = torch.tensor([absmax], dtype=torch.float32).to(dtype)
+    pairs = [(base[:, :1], base[:, 1:]), (-edge.reshape(1, 1), edge.reshape(1, 1) * 0), (base, base)]
+    a = torch.stack([torch.maximum(b, -s).max() for s, b in pairs]).max()
+    want = generate_gparam(-a.reshape(1), a.reshape(1))
+    _, _, gs, _ = ops.calculate_qparams(base, base, args, fused=pairs)
+    assert_same(gs, want, f"global scale of absmax {absmax}", (a, a))
+
+
+def test_carried_record_is_moved_and_reset(backend):
+    args = QuantizationArgs(**FORMATS["int8-asym"])
+    mn, mx = statistics(torch.float32, 2000)
+    carry = torch.tensor([1, 2, 3, 4, 5], dtype=torch.int64)
+    _, _, _, status = ops.calculate_qparams(mn, mx, args, carry=carry)
+    assert status[:5].tolist() == [1, 2, 3, 4, 5]
+    assert carry.tolist() == list(STATUS_INIT)
+
+
+def test_noncontiguous_and_zero_dim(backend):
+    args = QuantizationArgs(**FORMATS["int4-asym"])
+    mn, mx = statistics(torch.bfloat16, 64)
+    mn, mx = mn.reshape(8, 8).t(), mx.reshape(8, 8).t()
+    scale, zp, _, _ = ops.calculate_qparams(mn, mx, args)
+    want_s, want_z = ct_qparams(mn, mx, args)
+    assert_same(scale, want_s, "transposed scale", (mn, mx))
+    assert_same(zp, want_z, "transposed zp", (mn, mx))
+    scale, zp, _, _ = ops.calculate_qparams(mn[2, 3], mx[2, 3], args)
+    want_s, want_z = ct_qparams(mn[2, 3], mx[2, 3], args)
+    assert_same(scale, want_s, "0-d scale", (mn, mx))
+    assert_same(zp, want_z, "0-d zp", (mn, mx))
+
+
+def test_bad_input(backend):
+    args = QuantizationArgs(**FORMATS["int8-sym"])
+    with pytest.raises(ValueError, match="same shape"):
+        ops.calculate_qparams(torch.zeros(3), torch.zeros(4), args)
+    with pytest.raises(TypeError, match="dtype"):
+        ops.calculate_qparams(torch.zeros(3, dtype=torch.int32), torch.zeros(3, dtype=torch.int32), args)
+    with pytest.raises(ValueError, match="either global_scale or fused"):
+        ops.calculate_qparams(torch.zeros(3), torch.zeros(3), args, torch.ones(1),
+                              fused=[(torch.zeros(3), torch.zeros(3))])
+    with pytest.raises(TypeError, match="QuantizationArgs"):
+        ops.calculate_qparams(torch.zeros(3), torch.zeros(3), None)
