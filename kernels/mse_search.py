@@ -28,15 +28,26 @@ Two layouts of the work:
   ``_choose_kernel`` then derives S and writes each group's range.
   Launches: 2; the input is read once.
 - large groups (TENSOR over a big weight, wide channels, activations with
-  many observations): ``_minmax_part_kernel`` takes each split's min/max,
-  ``_search_part_kernel`` has each (group, split) program evaluate every step
-  over its chunks and write the per-(group, split, step) partial errors, and
-  the single-program ``_finalize_part_kernel`` sums them in a fixed order,
-  derives the improvement bits, S and the choices.
-  Launches: 3; the input is read twice.
-Both are deterministic: sums run in a fixed order, only the OR is atomic.
+  many observations): ``_minmax_part_kernel`` takes each split's min/max
+  (and clears the counters the next launch uses), ``_search_part_kernel``
+  has each (group, split) program evaluate every step over its chunks and
+  write the per-(group, split, step) partial errors; the last of a group's
+  programs to arrive (a ticket: an atomic counter) sums that group's
+  partials in a fixed order and writes its improvement bits and flags, and
+  the last group to finish derives S and writes every group's range.
+  Launches: 2; the input is read twice.
+Both are deterministic: sums run in a fixed order, only the OR and the
+tickets are atomic (which program arrives last changes nothing it computes).
+GPU arithmetic: on a CUDA tensor the step loop uses the hardware's
+conversions (``FAST``, quant.py's GPU section: bf16/fp16/fp8 roundings,
+round-half-even, a MUFU pow checked against rounding boundaries with torch's
+own pow as the fallback table); the interpreter keeps the exact emulation,
+and the tests compile both. One step per iteration on a GPU, 2-D tiles.
+
 Host side, besides the importance checks (one read): no host read, no copy to
-the device, and one aten op (zeroing the flags of the first layout). The
+the device, and one aten op (zeroing the flags of the first layout); on a GPU
+with a general norm, the pow table is built by torch once per (device,
+dtype, norm). The
 format's constants are Python floats (``quant.round_host``) and each step's
 shrink factor is computed by the kernels (``_shrink``).
 """
@@ -45,6 +56,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import struct
 
 import torch
@@ -151,6 +163,88 @@ def _block_errors(
 
 
 @triton.jit
+def _or(a, b):
+    return a | b
+
+
+@triton.jit
+def _fake_quant_hw(x, scale, zp, qmin, qmax,
+                   DTYPE: tl.constexpr, SYM: tl.constexpr, QTYPE: tl.constexpr):
+    """quant.fake_quant with the GPU's conversions (FAST only), same roundings.
+
+    Specialisations, exact by the format: symmetric formats have zp == 0, so
+    y + zp and q - zp are y and q (signs of zero aside, which the error's
+    abs() removes). Integer formats of <= 8 bits have |q - zp| <= 255, an
+    integer that bf16 and fp16 hold exactly, so rounding it is skipped.
+    The clamp is min/max, which drops NaN instead of keeping it: y is NaN
+    only where the group's scale is NaN or inf (a non-finite group, or an
+    overflowing range), and then every error of that group is NaN or inf at
+    every step, so it never improves either way.
+    """
+    y = Q.rd_hw(tl.math.div_rn(x, scale), DTYPE)
+    if not SYM:
+        y = Q.rd_hw(y + zp, DTYPE)
+    y = tl.minimum(tl.maximum(y, qmin), qmax)
+    if QTYPE == Q.Q_FP8:
+        q = Q.round_fp8e4m3_hw(y)
+    elif QTYPE == Q.Q_FP4:
+        q = Q.round_fp4e2m1(y)
+    else:
+        q = Q.rint_hw(y)
+    if SYM:
+        qz = q
+    elif QTYPE == Q.Q_INT:
+        qz = q - zp
+    else:
+        qz = Q.rd_hw(q - zp, DTYPE)
+    return Q.rd_hw(qz * scale, DTYPE)
+
+
+@triton.jit
+def _step_errors(
+    x, valid, w, bmin, bmax, p, tab_ptr,
+    rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm, pw0,
+    DTYPE: tl.constexpr, SYM: tl.constexpr, QTYPE: tl.constexpr, SCALE: tl.constexpr,
+    ZP: tl.constexpr, NORM_MODE: tl.constexpr, IMATRIX: tl.constexpr, HAS_W: tl.constexpr,
+    ROUND_SUM: tl.constexpr, FAST: tl.constexpr,
+):
+    """Errors [BG] of ONE step (shrink p, a scalar) over the tile x [BG, BE]:
+    the same arithmetic as _block_errors on 2-D tiles, so the per-group sums
+    keep the load's layout (each thread adds its own run of a group before
+    any shuffle). FAST: the GPU's conversions (quant.py, GPU arithmetic)."""
+    cmin = Q.rd(bmin * p, DTYPE)
+    cmax = Q.rd(bmax * p, DTYPE)
+    scale, zp = Q.qparams(
+        cmin, cmax, rng, half, qmin, qmax, eps, zlo, zhi, mx_offset,
+        DTYPE, SYM, SCALE, ZP,
+    )
+    if FAST:
+        dq = _fake_quant_hw(x, scale[:, None], zp[:, None], qmin, qmax, DTYPE, SYM, QTYPE)
+        if IMATRIX:
+            err = Q.abs_pow_hw(tl.abs(dq - x), norm, pw0, tab_ptr, NORM_MODE, Q.F32, Q.F32)
+            if HAS_W:
+                err = err * w
+        else:
+            d = tl.abs(Q.rd_hw(dq - x, DTYPE))
+            err = Q.abs_pow_hw(d, norm, pw0, tab_ptr, NORM_MODE, DTYPE, DTYPE)
+    else:
+        dq = Q.fake_quant(x, scale[:, None], zp[:, None], qmin, qmax, DTYPE, QTYPE)
+        if IMATRIX:
+            err = Q.abs_pow(tl.abs(dq - x), norm, NORM_MODE, Q.F32)
+            if HAS_W:
+                err = err * w
+        else:
+            err = Q.abs_pow(tl.abs(Q.rd(dq - x, DTYPE)), norm, NORM_MODE, DTYPE)
+    err = tl.sum(tl.where(valid, err, 0.0), axis=1)
+    if ROUND_SUM:
+        if FAST:
+            err = Q.rd_hw(err, DTYPE)
+        else:
+            err = Q.rd(err, DTYPE)
+    return err
+
+
+@triton.jit
 def _improved(err, best, ok):
     """Improvement bits [BG, SB] of a block of consecutive steps and the new
     best [BG]: step j improves when err_j < best and err_j < err_k for every
@@ -202,13 +296,13 @@ def _nan_minmax(x, valid):
 
 @triton.jit(do_not_specialize=_PER_CALL)
 def _search_kernel(
-    x_ptr, w_ptr, grid32, grid_bits, exact32, bits_ptr, flags_ptr, base_ptr,
+    x_ptr, w_ptr, tab_ptr, grid32, grid_bits, exact32, bits_ptr, flags_ptr, base_ptr,
     G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, group_numel,
     n_steps, n_words, expand, best_init,
-    rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm,
+    rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm, pw0,
     DTYPE: tl.constexpr, SYM: tl.constexpr, QTYPE: tl.constexpr, SCALE: tl.constexpr,
     ZP: tl.constexpr, NORM_MODE: tl.constexpr, IMATRIX: tl.constexpr, HAS_W: tl.constexpr,
-    PAD: tl.constexpr,
+    PAD: tl.constexpr, FAST: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
     """One program: BLOCK_G whole groups [BLOCK_G, BLOCK_E] in registers.
@@ -236,33 +330,53 @@ def _search_kernel(
 
     best = tl.zeros([BLOCK_G], dtype=tl.float32) + best_init
     word = tl.zeros([BLOCK_G], dtype=tl.int32)
-    fword = tl.max(word, axis=0)
-    one = tl.arange(0, 1)
-    for i0 in range(0, n_steps, BLOCK_S):
-        si = i0 + tl.arange(0, BLOCK_S)
-        smask = si < n_steps
-        err = _block_errors(
-            x, valid, w, bmin, bmax, si, smask,
-            rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm, grid32, grid_bits, exact32,
-            DTYPE, SYM, QTYPE, SCALE, ZP, NORM_MODE, IMATRIX, HAS_W, not IMATRIX,
-        )
-        imp, best = _improved(err, best, gmask[:, None] & smask[None, :])
-        # BLOCK_S divides 32, so a block never straddles two words; distinct
-        # bits add without carries, so the sums are ORs
-        sh = si % 32
-        word = word | tl.sum(imp.to(tl.int32) << sh[None, :], axis=1)
-        fword = fword | tl.sum(tl.max(imp.to(tl.int32), axis=0) << sh, axis=0)
-        # flush after bit 31 and after the last step (vector masks: the
-        # interpreter rejects scalar-bool store masks)
-        i_end = i0 + BLOCK_S
-        endv = ((word * 0 + i_end) % 32 == 0) | (word * 0 + i_end >= n_steps)
-        wi = i0 // 32
-        tl.store(bits_ptr + g * n_words + wi, word, mask=gmask & endv)
-        fv = fword + one * 0
-        end1 = ((one + i_end) % 32 == 0) | (one + i_end >= n_steps)
-        tl.atomic_or(flags_ptr + wi + one, fv, mask=end1 & (fv != 0))
-        word = tl.where(endv, 0, word)
-        fword = tl.where((i_end % 32 == 0) | (i_end >= n_steps), 0, fword)
+    if BLOCK_S == 1:
+        # One step per iteration (the GPU's choice): 2-D tiles, and the OR over
+        # the program's groups taken once per 32 steps from their words
+        # instead of at every step.
+        for i in range(n_steps):
+            p = _shrink(n_steps * 0 + i, grid32, grid_bits, exact32)  # a tensor on both backends
+            err = _step_errors(
+                x, valid, w, bmin, bmax, p, tab_ptr,
+                rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm, pw0,
+                DTYPE, SYM, QTYPE, SCALE, ZP, NORM_MODE, IMATRIX, HAS_W, not IMATRIX, FAST,
+            )
+            imp = (err < best) & gmask  # strict; NaN never improves
+            best = tl.where(imp, err, best)
+            word = word | (imp.to(tl.int32) << (i % 32))
+            if ((i + 1) % 32 == 0) | (i + 1 >= n_steps):
+                wi = i // 32
+                tl.store(bits_ptr + g * n_words + wi, word, mask=gmask)
+                tl.atomic_or(flags_ptr + wi, tl.reduce(word, 0, _or))
+                word = word * 0
+    else:
+        fword = tl.max(word, axis=0)
+        one = tl.arange(0, 1)
+        for i0 in range(0, n_steps, BLOCK_S):
+            si = i0 + tl.arange(0, BLOCK_S)
+            smask = si < n_steps
+            err = _block_errors(
+                x, valid, w, bmin, bmax, si, smask,
+                rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm, grid32, grid_bits, exact32,
+                DTYPE, SYM, QTYPE, SCALE, ZP, NORM_MODE, IMATRIX, HAS_W, not IMATRIX,
+            )
+            imp, best = _improved(err, best, gmask[:, None] & smask[None, :])
+            # BLOCK_S divides 32, so a block never straddles two words; distinct
+            # bits add without carries, so the sums are ORs
+            sh = si % 32
+            word = word | tl.sum(imp.to(tl.int32) << sh[None, :], axis=1)
+            fword = fword | tl.sum(tl.max(imp.to(tl.int32), axis=0) << sh, axis=0)
+            # flush after bit 31 and after the last step (vector masks: the
+            # interpreter rejects scalar-bool store masks)
+            i_end = i0 + BLOCK_S
+            endv = ((word * 0 + i_end) % 32 == 0) | (word * 0 + i_end >= n_steps)
+            wi = i0 // 32
+            tl.store(bits_ptr + g * n_words + wi, word, mask=gmask & endv)
+            fv = fword + one * 0
+            end1 = ((one + i_end) % 32 == 0) | (one + i_end >= n_steps)
+            tl.atomic_or(flags_ptr + wi + one, fv, mask=end1 & (fv != 0))
+            word = tl.where(endv, 0, word)
+            fword = tl.where((i_end % 32 == 0) | (i_end >= n_steps), 0, fword)
 
 
 @triton.jit
@@ -282,7 +396,7 @@ def _stop_step(flags_ptr, n_steps, patience):
     stop = n_steps * 0 - 1
     stale = n_steps * 0
     for i in range(n_steps):
-        f = (tl.load(flags_ptr + i // 32) >> (i % 32)) & 1
+        f = (tl.load(flags_ptr + i // 32, volatile=True) >> (i % 32)) & 1
         stop, stale = _patience_step(stop, stale, i, f != 0, patience)
     return tl.where(stop < 0, n_steps - 1, stop)
 
@@ -308,6 +422,19 @@ def _high_bit(v):
     return tl.where(c, r + 1, r)
 
 
+@triton.jit
+def _last_improving(bits_ptr, g, gmask, n_words, S):
+    """Each group's last improving step <= S from its bits (-1 if none)."""
+    choice = tl.full(g.shape, -1, tl.int32)
+    for wi in range(n_words):
+        word = tl.load(bits_ptr + g * n_words + wi, mask=gmask, other=0, volatile=True)
+        keep = S - wi * 32 + 1  # bits 0 .. keep-1 of this word are steps <= S
+        lowmask = tl.where(keep >= 32, -1, (1 << tl.minimum(tl.maximum(keep, 0), 31)) - 1)
+        word = word & lowmask
+        choice = tl.where(word != 0, wi * 32 + _high_bit(word), choice)
+    return choice
+
+
 @triton.jit(do_not_specialize=_PER_CALL)
 def _choose_kernel(
     bits_ptr, flags_ptr, base_ptr, grid32, grid_bits, exact32, out_min_ptr, out_max_ptr,
@@ -321,13 +448,7 @@ def _choose_kernel(
     g = pid.to(tl.int64) * BLOCK_G + tl.arange(0, BLOCK_G)
     gmask = g < G
     S = _stop_step(flags_ptr, n_steps, patience)
-    choice = tl.full([BLOCK_G], -1, tl.int32)
-    for wi in range(n_words):
-        word = tl.load(bits_ptr + g * n_words + wi, mask=gmask, other=0)
-        keep = S - wi * 32 + 1  # bits 0 .. keep-1 of this word are steps <= S
-        lowmask = tl.where(keep >= 32, -1, (1 << tl.minimum(tl.maximum(keep, 0), 31)) - 1)
-        word = word & lowmask
-        choice = tl.where(word != 0, wi * 32 + _high_bit(word), choice)
+    choice = _last_improving(bits_ptr, g, gmask, n_words, S)
     _write_choice(base_ptr, grid32, grid_bits, exact32, out_min_ptr, out_max_ptr, g, gmask, G,
                   choice, DTYPE)
 
@@ -336,8 +457,8 @@ def _choose_kernel(
 def _write_choice(base_ptr, grid32, grid_bits, exact32, out_min_ptr, out_max_ptr, g, gmask, G,
                   choice, DTYPE: tl.constexpr):
     """out = rd(base * p[choice]) of groups g, or the base where choice < 0."""
-    bmin = tl.load(base_ptr + g, mask=gmask, other=0.0)
-    bmax = tl.load(base_ptr + G + g, mask=gmask, other=0.0)
+    bmin = tl.load(base_ptr + g, mask=gmask, other=0.0, volatile=True)
+    bmax = tl.load(base_ptr + G + g, mask=gmask, other=0.0, volatile=True)
     p = _shrink(tl.maximum(choice, 0), grid32, grid_bits, exact32)
     omin = tl.where(choice >= 0, Q.rd(bmin * p, DTYPE), bmin)
     omax = tl.where(choice >= 0, Q.rd(bmax * p, DTYPE), bmax)
@@ -348,13 +469,15 @@ def _write_choice(base_ptr, grid32, grid_bits, exact32, out_min_ptr, out_max_ptr
 
 @triton.jit(do_not_specialize=_PER_CALL)
 def _minmax_part_kernel(
-    x_ptr, part_ptr,
+    x_ptr, part_ptr, tickets_ptr, flags_ptr,
     G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, group_numel,
-    K, chunks_per_split,
-    PAD: tl.constexpr, BLOCK_E: tl.constexpr,
+    K, chunks_per_split, n_words,
+    PAD: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
     """Program (g, k): NaN-propagating min/max of split k of group g (chunks
-    k*cps .. (k+1)*cps - 1) -> part_ptr[0 or 1, g, k]."""
+    k*cps .. (k+1)*cps - 1) -> part_ptr[0 or 1, g, k]. It also clears what
+    the search launch counts and ORs into (group g's ticket; program (0, 0):
+    the all-groups ticket and the step flags), so the host zeroes nothing."""
     gid = tl.program_id(0).to(tl.int64)
     k = tl.program_id(1).to(tl.int64)
     g = gid + tl.arange(0, 1)
@@ -372,22 +495,66 @@ def _minmax_part_kernel(
         mx = Q.nan_max(mx, cmx)
     tl.store(part_ptr + g * K + k, mn)
     tl.store(part_ptr + G * K + g * K + k, mx)
+    first = (g * 0 + k) == 0
+    tl.store(tickets_ptr + g, g * 0, mask=first)
+    wv = tl.arange(0, BLOCK_W)
+    origin = (wv * 0 + gid + k) == 0
+    tl.store(flags_ptr + wv, wv * 0, mask=origin & (wv < n_words))
+    tl.store(tickets_ptr + G + wv, wv * 0, mask=origin & (wv == 0))
+
+
+@triton.jit
+def _finish_group(part_ptr, bits_ptr, flags_ptr, gid, K, n_steps, n_words, best_init,
+                  DTYPE: tl.constexpr, IMATRIX: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Group gid's step errors from its K partials (blocks of BLOCK_K summed,
+    then added, always in that order), rounded to DTYPE for "mse"; its
+    improvement bits -> bits_ptr, OR-ed into flags_ptr (32 steps at a time)."""
+    ks = tl.arange(0, BLOCK_K)
+    j = tl.arange(0, 32)
+    one = tl.arange(0, 1)
+    best = tl.zeros([1], dtype=tl.float32) + best_init
+    for wi in range(n_words):
+        si = wi * 32 + j
+        smask = si < n_steps
+        err = tl.zeros([32], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + ks
+            m = smask[:, None] & (kk < K)[None, :]
+            v = tl.load(part_ptr + (gid * K + kk[None, :]) * n_steps + si[:, None], mask=m,
+                        other=0.0, volatile=True)
+            err = err + tl.sum(v, axis=1)
+        if not IMATRIX:
+            err = Q.rd(err, DTYPE)
+        imp, best = _improved(err[None, :], best, smask[None, :])
+        word = tl.sum(imp.to(tl.int32) << j[None, :], axis=1)
+        tl.store(bits_ptr + gid * n_words + wi + one, word)
+        tl.atomic_or(flags_ptr + wi + one, word)
 
 
 @triton.jit(do_not_specialize=_PER_CALL)
 def _search_part_kernel(
-    x_ptr, w_ptr, grid32, grid_bits, exact32, mm_ptr, part_ptr, base_ptr,
+    x_ptr, w_ptr, tab_ptr, grid32, grid_bits, exact32, mm_ptr, part_ptr, base_ptr,
+    tickets_ptr, bits_ptr, flags_ptr, out_min_ptr, out_max_ptr,
     G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, group_numel,
-    K, chunks_per_split, n_steps, expand,
-    rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm,
+    K, chunks_per_split, n_steps, n_words, patience, expand, best_init,
+    rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm, pw0,
     DTYPE: tl.constexpr, SYM: tl.constexpr, QTYPE: tl.constexpr, SCALE: tl.constexpr,
     ZP: tl.constexpr, NORM_MODE: tl.constexpr, IMATRIX: tl.constexpr, HAS_W: tl.constexpr,
-    PAD: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr,
-    BLOCK_SB: tl.constexpr,
+    PAD: tl.constexpr, FAST: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_KF: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_SB: tl.constexpr,
+    BLOCK_C: tl.constexpr,
 ):
     """Program (g, k): base range of group g from the K split min/max, then
     for each chunk of split k (loaded once) and each step i, the chunk's error
-    added to acc[i]; acc -> part_ptr[g, k, 0:n_steps] (fp32, unrounded)."""
+    added to acc[i]; acc -> part_ptr[g, k, 0:n_steps] (fp32, unrounded).
+
+    Then two tickets (atomic counters, release/acquire) finish the search in
+    this launch: the last of group g's K programs to arrive sums its
+    partials in a fixed order and writes g's improvement bits and flags
+    (``_finish_group``); the last group to be finished derives S and writes
+    every group's choice, as ``_choose_kernel`` does. Which program arrives
+    last varies; what it computes does not (fixed-order sums, OR of bits).
+    """
     gid = tl.program_id(0).to(tl.int64)
     k = tl.program_id(1).to(tl.int64)
     g = gid + tl.arange(0, 1)
@@ -412,76 +579,42 @@ def _search_part_kernel(
             x_ptr, w_ptr, g, e, group_numel,
             G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, PAD, HAS_W,
         )
-        for i0 in range(0, n_steps, BLOCK_SB):
-            si = i0 + tl.arange(0, BLOCK_SB)
-            smask = si < n_steps
-            err = _block_errors(
-                x, valid, w, bmin, bmax, si, smask,
-                rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm, grid32, grid_bits, exact32,
-                DTYPE, SYM, QTYPE, SCALE, ZP, NORM_MODE, IMATRIX, HAS_W, False,
-            )
-            e1 = tl.sum(err, axis=0)
-            acc = acc + tl.sum(tl.where(sid[:, None] == si[None, :], e1[None, :], 0.0), axis=1)
+        if BLOCK_SB == 1:
+            for i in range(n_steps):
+                p = _shrink(n_steps * 0 + i, grid32, grid_bits, exact32)
+                err = _step_errors(
+                    x, valid, w, bmin, bmax, p, tab_ptr,
+                    rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm, pw0,
+                    DTYPE, SYM, QTYPE, SCALE, ZP, NORM_MODE, IMATRIX, HAS_W, False, FAST,
+                )
+                acc = tl.where(sid == i, acc + tl.sum(err, axis=0), acc)
+        else:
+            for i0 in range(0, n_steps, BLOCK_SB):
+                si = i0 + tl.arange(0, BLOCK_SB)
+                smask = si < n_steps
+                err = _block_errors(
+                    x, valid, w, bmin, bmax, si, smask,
+                    rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm, grid32, grid_bits,
+                    exact32, DTYPE, SYM, QTYPE, SCALE, ZP, NORM_MODE, IMATRIX, HAS_W, False,
+                )
+                e1 = tl.sum(err, axis=0)
+                acc = acc + tl.sum(tl.where(sid[:, None] == si[None, :], e1[None, :], 0.0), axis=1)
     tl.store(part_ptr + (g * K + k) * n_steps + sid, acc, mask=sid < n_steps)
 
-
-@triton.jit
-def _step_improved(part_ptr, g, gmask, ks, K, n_steps, i, best,
-                   DTYPE: tl.constexpr, IMATRIX: tl.constexpr,
-                   BLOCK_G: tl.constexpr, BLOCK_K: tl.constexpr):
-    """err[g, i] = sum over k of part[g, k, i] (blocks of BLOCK_K, always in
-    the same order), rounded to DTYPE for "mse"; returns (err < best, new best)."""
-    err = tl.zeros([BLOCK_G], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + ks
-        m = gmask[:, None] & (kk < K)[None, :]
-        v = tl.load(part_ptr + (g[:, None] * K + kk[None, :]) * n_steps + i, mask=m, other=0.0)
-        err = err + tl.sum(v, axis=1)
-    if not IMATRIX:
-        err = Q.rd(err, DTYPE)
-    imp = (err < best) & gmask
-    return imp, tl.where(imp, err, best)
-
-
-@triton.jit(do_not_specialize=_PER_CALL)
-def _finalize_part_kernel(
-    part_ptr, base_ptr, grid32, grid_bits, exact32, out_min_ptr, out_max_ptr,
-    G, K, n_steps, patience, best_init,
-    DTYPE: tl.constexpr, IMATRIX: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr,
-):
-    """Single program. Pass 1 ORs the improvement bits of every group per step
-    into flags and finds the stop step S from them; pass 2 recomputes the
-    same errors (no [G, n_steps] buffer) and keeps each group's last
-    improving step <= S."""
-    sid = tl.arange(0, BLOCK_S)
-    ks = tl.arange(0, BLOCK_K)
-    flags = tl.zeros([BLOCK_S], dtype=tl.int32)
-    for g0 in range(0, G, BLOCK_G):
-        g = g0 + tl.arange(0, BLOCK_G).to(tl.int64)
-        gmask = g < G
-        best = tl.zeros([BLOCK_G], dtype=tl.float32) + best_init
-        for i in range(n_steps):
-            imp, best = _step_improved(part_ptr, g, gmask, ks, K, n_steps, i, best,
-                                       DTYPE, IMATRIX, BLOCK_G, BLOCK_K)
-            flags = tl.where(sid == i, flags | tl.max(imp.to(tl.int32), axis=0), flags)
-    stop = n_steps * 0 - 1
-    stale = n_steps * 0
-    for i in range(n_steps):
-        f = tl.sum(tl.where(sid == i, flags, 0), axis=0)
-        stop, stale = _patience_step(stop, stale, i, f != 0, patience)
-    S = tl.where(stop < 0, n_steps - 1, stop)
-    for g0 in range(0, G, BLOCK_G):
-        g = g0 + tl.arange(0, BLOCK_G).to(tl.int64)
-        gmask = g < G
-        best = tl.zeros([BLOCK_G], dtype=tl.float32) + best_init
-        choice = tl.full([BLOCK_G], -1, tl.int32)
-        for i in range(n_steps):
-            imp, best = _step_improved(part_ptr, g, gmask, ks, K, n_steps, i, best,
-                                       DTYPE, IMATRIX, BLOCK_G, BLOCK_K)
-            choice = tl.where(imp & (i <= S), i, choice)
-        _write_choice(base_ptr, grid32, grid_bits, exact32, out_min_ptr, out_max_ptr, g, gmask, G,
-                      choice, DTYPE)
+    # every thread's stores before the ticket (the atomic releases them)
+    tl.debug_barrier()
+    if tl.atomic_add(tickets_ptr + gid, 1) == K - 1:
+        _finish_group(part_ptr, bits_ptr, flags_ptr, gid, K, n_steps, n_words, best_init,
+                      DTYPE, IMATRIX, BLOCK_KF)
+        tl.debug_barrier()
+        if tl.atomic_add(tickets_ptr + G, 1) == G - 1:
+            S = _stop_step(flags_ptr, n_steps, patience)
+            for g0 in range(0, G, BLOCK_C):
+                gg = g0 + tl.arange(0, BLOCK_C).to(tl.int64)
+                gm = gg < G
+                choice = _last_improving(bits_ptr, gg, gm, n_words, S)
+                _write_choice(base_ptr, grid32, grid_bits, exact32, out_min_ptr, out_max_ptr,
+                              gg, gm, G, choice, DTYPE)
 
 
 # --------------------------------------------------------------------------- #
@@ -512,6 +645,17 @@ def _fp32_steps_exact(grid, n_steps: int) -> bool:
     return all(
         bits(Q.round_host(g - i, f32) / g) == bits(1 - i / grid) for i in range(n_steps)
     )
+
+
+@functools.lru_cache(maxsize=16)
+def _pow_table(device: torch.device, dtype: torch.dtype, norm: float) -> torch.Tensor:
+    """torch's own ``pow(norm)`` of every 16-bit pattern of ``dtype`` (bf16 or
+    fp16), computed by torch on ``device``: the values the GPU's fast pow
+    falls back to near a rounding boundary (quant.pow16_hw), so the search
+    rounds |d| ** norm exactly as the reference does on that device. Built
+    once per (device, dtype, norm) and kept: 64 KiB."""
+    bits = torch.arange(1 << 15, dtype=torch.int32, device=device).to(torch.int16)
+    return bits.view(dtype).pow(norm).contiguous()
 
 
 def _format(args, dtype):
@@ -655,6 +799,20 @@ def mse_search(
     launch = dict(enable_fp_fusion=False)
 
     config = CONFIG
+    # The GPU's own conversions where they are exact by definition (FAST):
+    # a CUDA tensor outside the interpreter, or a compile check pinning it.
+    interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    fast = config.gpu_arith
+    if fast is None:
+        fast = value.is_cuda and not interpreted
+    elif fast and interpreted:
+        raise KernelUnsupportedError(
+            "mse_search: the GPU arithmetic (gpu_arith=True) needs a GPU build; the "
+            "interpreter's casts are not the hardware's"
+        )
+    tab, pw0 = value, 0.0
+    if fast and not imatrix and dtype != torch.float32 and switches["NORM_MODE"] == Q.P_GENERAL.value:
+        tab, pw0 = _pow_table(dev, dtype, float(norm)), Q.pow_window(norm_run)
     steps_block = config.steps_per_iter
     if steps_block is None:
         steps_block = 1 if value.is_cuda else 32
@@ -665,9 +823,9 @@ def mse_search(
         bits = torch.empty((G, max(n_words, 1)), dtype=torch.int32, device=dev)
         flags = torch.zeros(max(n_words, 1), dtype=torch.int32, device=dev)
         _search_kernel[(triton.cdiv(G, block_g),)](
-            value, w, *steps, bits, flags, base, *geometry,
-            n_steps, n_words, float(expand), best_init, **consts, **switches,
-            BLOCK_G=block_g, BLOCK_E=block_e, BLOCK_S=steps_block,
+            value, w, tab, *steps, bits, flags, base, *geometry,
+            n_steps, n_words, float(expand), best_init, **consts, pw0=pw0, **switches,
+            FAST=fast, BLOCK_G=block_g, BLOCK_E=block_e, BLOCK_S=steps_block,
             num_warps=num_warps_for(block_g * block_e), **launch,
         )
         choose_g = pow2_at_most(G, 1024)
@@ -687,20 +845,20 @@ def mse_search(
     K, cps = choose_split(triton.cdiv(group_numel, chunk), 1, chunk * max(n_steps, 1), G,
                           dev, config)
     mm = torch.empty((2, G, K), dtype=torch.float32, device=dev)
-    _minmax_part_kernel[(G, K)](value, mm, *geometry, K, cps, PAD=layout.pad, BLOCK_E=chunk,
-                                **launch)
+    tickets = torch.empty(G + 1, dtype=torch.int32, device=dev)
+    bits = torch.empty((G, max(n_words, 1)), dtype=torch.int32, device=dev)
+    flags = torch.empty(max(n_words, 1), dtype=torch.int32, device=dev)
+    _minmax_part_kernel[(G, K)](value, mm, tickets, flags, *geometry, K, cps, n_words,
+                                PAD=layout.pad, BLOCK_E=chunk,
+                                BLOCK_W=triton.next_power_of_2(max(n_words, 1)), **launch)
     block_k = triton.next_power_of_2(K)
     block_s = triton.next_power_of_2(max(n_steps, 1))
     part = torch.empty((G, K, max(n_steps, 1)), dtype=torch.float32, device=dev)
     _search_part_kernel[(G, K)](
-        value, w, *steps, mm, part, base, *geometry, K, cps, n_steps, float(expand),
-        **consts, **switches, BLOCK_E=chunk, BLOCK_K=block_k, BLOCK_S=block_s,
-        BLOCK_SB=steps_block, num_warps=8, **launch,
-    )
-    _finalize_part_kernel[(1,)](
-        part, base, *steps, out_min, out_max, G, K, n_steps, patience_eff, best_init,
-        DTYPE=switches["DTYPE"], IMATRIX=imatrix,
-        BLOCK_G=pow2_at_most(G, 256), BLOCK_K=min(64, block_k),
-        BLOCK_S=block_s, **launch,
+        value, w, tab, *steps, mm, part, base, tickets, bits, flags, out_min, out_max,
+        *geometry, K, cps, n_steps, n_words, patience_eff, float(expand), best_init,
+        **consts, pw0=pw0, **switches, FAST=fast, BLOCK_E=chunk, BLOCK_K=block_k,
+        BLOCK_KF=min(64, block_k), BLOCK_S=block_s, BLOCK_SB=steps_block,
+        BLOCK_C=pow2_at_most(G, 1024), num_warps=8, **launch,
     )
     return out_min, out_max

@@ -57,8 +57,19 @@ def test_every_variant_lowers_to_triton_ir(probe):
 
 
 def test_no_libdevice(probe):
-    bad = [f"{v['kernel']} ({v['case']})" for v in probe["variants"] if v["extern"]]
+    """The interpreter's variants call no libdevice; the GPU arithmetic (FAST)
+    may: the CUDA math library's pow is what torch's fp32 pow calls."""
+    bad = [f"{v['kernel']} ({v['case']})" for v in probe["variants"] if v["extern"] and not v["fast"]]
     assert not bad, f"libdevice (extern elementwise) calls in: {bad}"
+
+
+def test_gpu_arithmetic_variants_lower(probe):
+    """The search kernels' GPU arithmetic (hardware conversions, MUFU pow with
+    the pow table) is compiled for every mode the GPU launch takes."""
+    fast = {v["case"] for v in probe["variants"] if v["fast"]}
+    want = {f"mse_search {c}" for c in ("fast-int4", "fast-int4-asym-n2", "fast-nvfp4",
+                                        "fast-fp8-f16", "fast-imatrix", "fast-f32")}
+    assert want <= fast, f"missing GPU-arithmetic variants: {sorted(want - fast)}"
 
 
 @pytest.mark.parametrize("tag", ("params-small", "params-split"))
@@ -109,6 +120,17 @@ def _cases():
         ("steps-4", "", "mse_search", dict(steps_per_iter=4), lambda m: m.mse_search(r(8, 64, dtype=bf), "weight", QA(num_bits=4, strategy="group", group_size=16), **mse)),
         ("split-block-pad", "", "mse_search", dict(split, **gpu), lambda m: m.mse_search(r(20, 20), "weight", QA(num_bits=4, symmetric=False, strategy="block", block_structure=[16, 16]), **imx)),
         ("split-importance", "", "mse_search", dict(split, **gpu), lambda m: m.mse_search(r(3, 300, dtype=f16), "weight", QA(num_bits=8, strategy="channel"), importance=torch.rand(300), **imx)),
+    ]
+    # The GPU's arithmetic (FAST): hardware conversions, MUFU pow + pow table.
+    fast = dict(gpu, gpu_arith=True)
+    cases += [
+        ("fast-int4", "", "mse_search", fast, lambda m: m.mse_search(r(8, 256, dtype=bf), "weight", QA(num_bits=4, strategy="group", group_size=128), **mse)),
+        ("fast-int4-asym-n2", "", "mse_search", fast, lambda m: m.mse_search(r(8, 256, dtype=bf), "weight", QA(num_bits=4, symmetric=False, strategy="group", group_size=128), **dict(mse, norm=2.0))),
+        ("fast-nvfp4", "", "mse_search", fast, lambda m: m.mse_search(r(8, 64, dtype=bf), "weight", QA(strategy="tensor_group", group_size=16, **nvfp4), **dict(mse, grid=200, patience=1000, maxshrink=1 - 0.8 / 1.8, expand=1.8))),
+        ("fast-fp8-f16", "", "mse_search", fast, lambda m: m.mse_search(r(8, 33, dtype=f16), "weight", QA(num_bits=8, type="float", strategy="channel"), **mse)),
+        ("fast-imatrix", "", "mse_search", fast, lambda m: m.mse_search(r(8, 48), "weight", QA(num_bits=8, strategy="channel"), importance=torch.rand(48), **dict(imx, norm=2.4))),
+        ("fast-f32", "", "mse_search", fast, lambda m: m.mse_search(r(8, 64), "weight", QA(num_bits=8, symmetric=False, strategy="group", group_size=32), **dict(mse, norm=3.0))),
+        ("fast-split", "", "mse_search", dict(split, **fast), lambda m: m.mse_search(r(9, 70, dtype=bf), "weight", QA(num_bits=8, strategy="tensor"), **mse)),
     ]
     # Search parameters only: same format, shape and mode switches each time.
     for grid, patience, maxshrink, expand, norm in [
@@ -187,7 +209,8 @@ def _probe() -> dict:
                 while exc.__cause__ is not None:  # the compiler's root cause names the line
                     exc = exc.__cause__
                 error = f"{type(exc).__name__}: {exc}"[:2000]
-            variants[key] = dict(kernel=name, case=f"{mname} {case}", error=error, extern=extern)
+            variants[key] = dict(kernel=name, case=f"{mname} {case}", error=error, extern=extern,
+                                 fast=bool(kwargs.get("FAST", False)))
     return dict(kernels=kernels, variants=list(variants.values()), launches=rows)
 
 

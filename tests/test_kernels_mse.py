@@ -321,6 +321,38 @@ def test_steps_per_iter_does_not_change_results(monkeypatch, steps_per_iter):
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
+GPU_LOOP_CASES = [c for c in CASES if c.fmt in ("int4-sym", "int8-asym", "nvfp4", "mxfp4", "fp8-asym")]
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
+@pytest.mark.parametrize("case", GPU_LOOP_CASES, ids=str)
+def test_parity_one_step_per_iteration(monkeypatch, case, dtype):
+    """The GPU's launch configuration (one step per iteration: 2-D tiles, the
+    OR over groups once per 32 steps) against the reference."""
+    pin_config(monkeypatch, steps_per_iter=1)
+    value = sample(case.shape, dtype, seed=21)
+    kw = dict(MSE, grid=40)
+    got = kernel_search(value, case.base_name, case.args, **kw)
+    assert_search_parity(value, case.base_name, case.args, got, **kw)
+
+
+def test_one_step_per_iteration_many_words(monkeypatch):
+    """111 steps (four improvement words) with one step per iteration."""
+    pin_config(monkeypatch, steps_per_iter=1)
+    args = Case("nvfp4", "weight", "tensor_group", (8, 32), G16).args
+    value = sample((8, 32), torch.bfloat16, seed=3)
+    got = kernel_search(value, "weight", args, **NVFP4_EXPANDED)
+    assert_search_parity(value, "weight", args, got, **NVFP4_EXPANDED)
+
+
+def test_gpu_arithmetic_cannot_run_in_the_interpreter(monkeypatch):
+    """Forcing the GPU arithmetic on the CPU is an error, never wrong numbers."""
+    pin_config(monkeypatch, gpu_arith=True)
+    args = QuantizationArgs(num_bits=4, symmetric=True, strategy="group", group_size=16)
+    with pytest.raises(KernelUnsupportedError, match="GPU arithmetic"):
+        kernel_search(sample((4, 32), torch.bfloat16), "weight", args, **MSE)
+
+
 def test_deterministic_and_through_ops():
     args = QuantizationArgs(num_bits=8, symmetric=False, strategy="tensor")
     value = sample((17, 33), torch.float32, seed=10)
