@@ -303,9 +303,14 @@ def _search_kernel(
     DTYPE: tl.constexpr, SYM: tl.constexpr, QTYPE: tl.constexpr, SCALE: tl.constexpr,
     ZP: tl.constexpr, NORM_MODE: tl.constexpr, IMATRIX: tl.constexpr, HAS_W: tl.constexpr,
     PAD: tl.constexpr, FAST: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_S: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_J: tl.constexpr,
 ):
     """One program: BLOCK_G whole groups [BLOCK_G, BLOCK_E] in registers.
+
+    With importance (weights, CHANNEL or GROUP: group g is column block
+    g % QB of row g // QB), a program takes BLOCK_G // BLOCK_J rows of
+    BLOCK_J column blocks and reads each column's importance once, shared by
+    its rows, instead of once per element. Otherwise BLOCK_G consecutive groups.
 
     base = rd(amin * expand), rd(amax * expand) -> base_ptr[2, G];
     for every step i (BLOCK_S steps at a time: 1 on a GPU, more under the
@@ -316,12 +321,35 @@ def _search_kernel(
     groups -> atomic OR into flags_ptr[i // 32].
     """
     pid = tl.program_id(0)
-    g = pid.to(tl.int64) * BLOCK_G + tl.arange(0, BLOCK_G)
-    gmask = g < G
-    x, w, valid = _load_group(
-        x_ptr, w_ptr, g, tl.arange(0, BLOCK_E), group_numel,
-        G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, PAD, HAS_W,
-    )
+    if HAS_W:
+        ROWS: tl.constexpr = BLOCK_G // BLOCK_J
+        n_jb = tl.cdiv(QB, BLOCK_J)
+        rb = pid // n_jb
+        j0 = (pid - rb * n_jb) * BLOCK_J
+        idx = tl.arange(0, BLOCK_G)
+        row = rb * ROWS + idx // BLOCK_J
+        j = j0 + idx % BLOCK_J
+        g = tl.where((row < G // QB) & (j < QB), row.to(tl.int64) * QB + j, G)
+        gmask = g < G
+        x, w, valid = _load_group(
+            x_ptr, w_ptr, g, tl.arange(0, BLOCK_E), group_numel,
+            G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, PAD, False,
+        )
+        # importance comes only with CHANNEL / GROUP layouts: element k of
+        # column block j is input column j * E + k, no padding
+        jj = j0 + tl.arange(0, BLOCK_J)
+        kk = tl.arange(0, BLOCK_E)
+        wm = (jj < QB)[:, None] & (kk < group_numel)[None, :]
+        w1 = tl.load(w_ptr + jj[:, None] * E + kk[None, :], mask=wm, other=0.0)
+        w = tl.reshape(tl.broadcast_to(w1[None, :, :], (ROWS, BLOCK_J, BLOCK_E)),
+                       (BLOCK_G, BLOCK_E))
+    else:
+        g = pid.to(tl.int64) * BLOCK_G + tl.arange(0, BLOCK_G)
+        gmask = g < G
+        x, w, valid = _load_group(
+            x_ptr, w_ptr, g, tl.arange(0, BLOCK_E), group_numel,
+            G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, PAD, False,
+        )
     mn, mx = _nan_minmax(x, valid)
     bmin = Q.rd(mn * expand, DTYPE)
     bmax = Q.rd(mx * expand, DTYPE)
@@ -822,10 +850,17 @@ def mse_search(
         block_g = pow2_at_most(G, max(config.tile // block_e, 1))
         bits = torch.empty((G, max(n_words, 1)), dtype=torch.int32, device=dev)
         flags = torch.zeros(max(n_words, 1), dtype=torch.int32, device=dev)
-        _search_kernel[(triton.cdiv(G, block_g),)](
+        if has_w:
+            # two rows or more per program share each column's importance read
+            qa, qb = layout.groups
+            block_j = min(triton.next_power_of_2(qb), max(block_g // 2, 1))
+            programs = triton.cdiv(qa, block_g // block_j) * triton.cdiv(qb, block_j)
+        else:
+            block_j, programs = block_g, triton.cdiv(G, block_g)
+        _search_kernel[(programs,)](
             value, w, tab, *steps, bits, flags, base, *geometry,
             n_steps, n_words, float(expand), best_init, **consts, pw0=pw0, **switches,
-            FAST=fast, BLOCK_G=block_g, BLOCK_E=block_e, BLOCK_S=steps_block,
+            FAST=fast, BLOCK_G=block_g, BLOCK_E=block_e, BLOCK_S=steps_block, BLOCK_J=block_j,
             num_warps=num_warps_for(block_g * block_e), **launch,
         )
         choose_g = pow2_at_most(G, 1024)
