@@ -10,8 +10,11 @@ each distinct specialisation is lowered by triton's front end to Triton IR
 (no ptxas, no device). The tests then check that
 
 - every kernel of kernels/ is launched by some case, and every variant lowers;
-- no kernel calls libdevice (extern elementwise ops fail in the interpreter
-  and SPEC §6 rules them out);
+- no kernel variant the interpreter can run calls libdevice (extern
+  elementwise ops fail in the interpreter and SPEC §6 rules them out); the
+  MSE search's GPU-arithmetic variants (FAST, pinned here through
+  ``LaunchConfig.gpu_arith``) are compiled too and may call the CUDA math
+  library's pow, which torch's own fp32 pow calls on the GPU;
 - the MSE search compiles one variant per kernel whatever the grid, patience,
   maxshrink, expand and (non-special) norm: runtime scalars that follow the
   search parameters are not specialised on.
