@@ -850,9 +850,13 @@ def mse_search(
         block_g = pow2_at_most(G, max(config.tile // block_e, 1))
         bits = torch.empty((G, max(n_words, 1)), dtype=torch.int32, device=dev)
         flags = torch.zeros(max(n_words, 1), dtype=torch.int32, device=dev)
+        warps = num_warps_for(block_g * block_e)
         if has_w:
             # two rows or more per program share each column's importance read
+            # (a tile of two whole-row groups takes twice the threads)
             qa, qb = layout.groups
+            if block_g == 1 and qa > 1:
+                block_g, warps = 2, 2 * warps
             block_j = min(triton.next_power_of_2(qb), max(block_g // 2, 1))
             programs = triton.cdiv(qa, block_g // block_j) * triton.cdiv(qb, block_j)
         else:
@@ -861,7 +865,7 @@ def mse_search(
             value, w, tab, *steps, bits, flags, base, *geometry,
             n_steps, n_words, float(expand), best_init, **consts, pw0=pw0, **switches,
             FAST=fast, BLOCK_G=block_g, BLOCK_E=block_e, BLOCK_S=steps_block, BLOCK_J=block_j,
-            num_warps=num_warps_for(block_g * block_e), **launch,
+            num_warps=warps, **launch,
         )
         choose_g = pow2_at_most(G, 1024)
         _choose_kernel[(triton.cdiv(G, choose_g),)](

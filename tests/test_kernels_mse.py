@@ -187,11 +187,13 @@ def test_imatrix_importance(fmt, strategy, kw, dtype):
 
 
 @pytest.mark.parametrize("steps_per_iter", (None, 1))
-@pytest.mark.parametrize("strategy,kw", [("group", G16), ("channel", ())])
-def test_importance_rows_share_columns(monkeypatch, strategy, kw, steps_per_iter):
+@pytest.mark.parametrize("strategy,kw,tile", [("group", G16, 64), ("channel", (), 64),
+                                              ("channel", (), 16)])
+def test_importance_rows_share_columns(monkeypatch, strategy, kw, tile, steps_per_iter):
     """Small tiles: each program takes several rows of a few column blocks
-    (partial ones at the edges) and reads their importance once."""
-    pin_config(monkeypatch, tile=64, steps_per_iter=steps_per_iter)
+    (partial ones at the edges) and reads their importance once; a row that
+    fills a tile alone is paired with the next one."""
+    pin_config(monkeypatch, tile=tile, steps_per_iter=steps_per_iter)
     shape = (13, 48) if strategy == "group" else (13, 16)
     args = Case("int4-asym", "weight", strategy, shape, kw).args
     value = sample(shape, torch.bfloat16, seed=22)
