@@ -290,7 +290,8 @@ def mse_search(
     interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
     fast = config.gpu_arith
     if fast is None:
-        fast = value.is_cuda and not interpreted
+        # NVIDIA only: the GPU section of quant.py is PTX (a ROCm build keeps the emulation)
+        fast = value.is_cuda and torch.version.hip is None and not interpreted
     elif fast and interpreted:
         raise KernelUnsupportedError(
             "mse_search: the GPU arithmetic (gpu_arith=True) needs a GPU build; the "
