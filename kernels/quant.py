@@ -430,7 +430,9 @@ def abs_pow_hw(d, n, w0, tab_ptr, MODE: tl.constexpr, DTYPE: tl.constexpr, ERR_D
     and otherwise pow of the values converted to fp32 with the exponent
     rounded to the dtype, result rounded into the dtype. ERR_DTYPE is the
     dtype of the error tensor (F32 for the imatrix flavour, whose differences
-    are fp32 values).
+    are fp32 values). Read from torch's CUDA source and compiled here, never
+    run: equality with CUDA torch is to be confirmed on a GPU (the bf16 / fp16
+    general exponent least depends on it: its fallback is torch's own pow).
     """
     if MODE == P_SQUARE:
         r = rd_hw(d * d, ERR_DTYPE)
