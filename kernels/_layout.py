@@ -113,6 +113,9 @@ class LaunchConfig:
     steps_per_iter (mse_search): grid steps evaluated together, a power of two
         <= 32 (None: 1 on a GPU, where registers are the limit; 32 under the
         interpreter, whose cost is per operation, not per element).
+    gpu_arith (mse_search): use the GPU's hardware conversions (None: on a
+        CUDA tensor outside the interpreter; True lets a compile check build
+        that variant from CPU tensors, it cannot run in the interpreter).
     """
 
     tile: int = 4096
@@ -122,6 +125,7 @@ class LaunchConfig:
     chunk: int = 2048
     steps_per_iter: int | None = None
     fill_programs: int = 4 * 132
+    gpu_arith: bool | None = None
 
 
 _OVERRIDES: contextvars.ContextVar[dict] = contextvars.ContextVar("launch_config", default={})

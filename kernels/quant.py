@@ -308,3 +308,144 @@ def fake_quant(x, scale, zp, qmin, qmax, DTYPE: tl.constexpr, QTYPE: tl.constexp
     else:
         q = rne_int(y)
     return rd(rd(q - zp, DTYPE) * scale, DTYPE)
+
+
+# --------------------------------------------------------------------------- #
+# GPU arithmetic (the launchers' FAST switch: a CUDA tensor, not the interpreter)
+#
+# The helpers above emulate every rounding with bit arithmetic because the
+# interpreter's casts are not correctly rounded (SPEC §6). On a GPU the
+# hardware conversions ARE the roundings torch makes, by definition:
+# ``cvt.rn.bf16.f32`` / ``cvt.rn.f16.f32`` round to nearest even,
+# ``cvt.rni.f32.f32`` is round half-to-even to an integer (torch.round),
+# ``cvt.rn.satfinite.e4m3x2.f32`` rounds to nearest even e4m3 (inputs are
+# clamped to +-448 first, so saturation never acts). These helpers are only
+# ever compiled for a GPU; the interpreter keeps the exact emulation above, and
+# the tests compile both.
+# --------------------------------------------------------------------------- #
+@triton.jit
+def rd_hw(x, DTYPE: tl.constexpr):
+    """rd() by the hardware's round-to-nearest-even conversion (GPU only)."""
+    if DTYPE == BF16:
+        return x.to(tl.bfloat16).to(tl.float32)
+    elif DTYPE == F16:
+        return x.to(tl.float16).to(tl.float32)
+    else:
+        return x
+
+
+@triton.jit
+def rint_hw(x):
+    """torch.round (half to even) by ``cvt.rni`` (GPU only)."""
+    return tl.inline_asm_elementwise("cvt.rni.f32.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
+def round_fp8e4m3_hw(v):
+    """round_fp8e4m3() by the hardware conversion, |v| <= 448 or NaN (GPU only)."""
+    return v.to(tl.float8e4nv).to(tl.float32)
+
+
+@triton.jit
+def lg2_approx(x):
+    """MUFU log2 (``lg2.approx.ftz.f32``): subnormal inputs read as 0 (-> -inf)."""
+    return tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
+def ex2_approx(x):
+    """MUFU 2^x (``ex2.approx.ftz.f32``): subnormal results flush to 0."""
+    return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                     is_pure=True, pack=1)
+
+
+# Window of the fast pow (pow16_hw), in fp32 ulps of the result, as
+# W0 + W1 * |t| with t = n * log2(d); ``pow_window`` gives W0 for an exponent.
+POW_W1: tl.constexpr = tl.constexpr(2.25)
+
+
+def pow_window(n: float) -> float:
+    """W0 of pow16_hw's window for exponent ``n`` (host side, a runtime scalar).
+
+    Bounds assumed (the PTX ISA documents lg2.approx.f32 to 2^-22.6 absolute
+    and ex2.approx.f32 to about 2 ulp; CUDA documents powf within a few ulp;
+    each is taken here with a margin of 2x or more):
+      |lg2(d) - log2(d)| <= 2^-21 + |log2 d| * 2^-23,
+      |ex2(t) / 2^t - 1| <= 2^-21,
+      torch's pow on the device within 8 ulp of the exact d^n.
+    With t = fp32(n * lg2(d)): |t - n log2 d| <= n 2^-21 + |t| 2^-22.4, so the
+    fast result is within ln2 (n 2^-21 + |t| 2^-22.4) + 2^-21 relative of d^n,
+    i.e. within 2^24 times that in ulps: 5.6 n + 8 + 2.15 |t|. Adding torch's
+    8 ulp and 1 for the final comparison gives W0 = 5.6 n + 17, W1 = 2.25.
+    """
+    return 5.6 * abs(float(n)) + 17.0
+
+
+@triton.jit
+def pow16_hw(d, n, w0, tab_ptr, DTYPE: tl.constexpr):
+    """torch's ``d.pow(n)`` for d >= 0 held in bf16 / fp16, rounded into it (GPU only).
+
+    Fast path: r = ex2(n * lg2(d)) on the MUFU, then rd(r). ``tab_ptr`` holds
+    torch's own pow of every 16-bit pattern, computed by torch on this device
+    (the launcher's ``_pow_table``): the element takes the table's value when
+    the fast r lies within the window W = w0 + POW_W1 * |t| (ulps, see
+    ``pow_window``) of a rounding boundary of the dtype (then r and torch's
+    pow might round differently), or when t is outside the range where the
+    boundaries are the fixed bit patterns tested below (subnormal or
+    overflowing results, d = 0, inf, NaN, subnormal d read as 0 by the MUFU).
+    Elsewhere both lie strictly inside one rounding interval and round to
+    the same value. The table is read only by those lanes (a masked load): a
+    few per mille of the elements.
+
+    Rounding boundaries of a positive fp32 r, as bit patterns: into bf16 the
+    midpoints have low 16 bits 0x8000; into fp16 (results in [2^-14, 65504])
+    low 13 bits 0x1000. Bit patterns of positive floats are monotone, and a
+    window of W ulps never reaches the next midpoint (2^15 or 2^12 away).
+    """
+    t = n * lg2_approx(d)
+    r = ex2_approx(t)
+    bits = r.to(tl.int32, bitcast=True)
+    if DTYPE == BF16:
+        off = (bits & 0xFFFF) - 0x8000
+        inside = (t > -125.0) & (t < 127.0)
+        idx = (d.to(tl.int32, bitcast=True) >> 16) & 0x7FFF
+    else:
+        off = (bits & 0x1FFF) - 0x1000
+        inside = (t > -13.9) & (t < 15.9)
+        idx = d.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0x7FFF
+    near = tl.abs(off).to(tl.float32) <= w0 + POW_W1 * tl.abs(t)
+    slow = near | (not inside)
+    exact = tl.load(tab_ptr + idx, mask=slow, other=0.0).to(tl.float32)
+    return tl.where(slow, exact, rd_hw(r, DTYPE))
+
+
+@triton.jit
+def abs_pow_hw(d, n, w0, tab_ptr, MODE: tl.constexpr, DTYPE: tl.constexpr, ERR_DTYPE: tl.constexpr):
+    """abs_pow() as torch computes it on a CUDA device (GPU only).
+
+    CUDA torch (PowKernel.cu) computes the special exponents in the tensor's
+    dtype, each product rounded into it (fp16 cube included, unlike the CPU),
+    and otherwise pow of the values converted to fp32 with the exponent
+    rounded to the dtype, result rounded into the dtype. ERR_DTYPE is the
+    dtype of the error tensor (F32 for the imatrix flavour, whose differences
+    are fp32 values). Read from torch's CUDA source and compiled here, never
+    run: equality with CUDA torch is to be confirmed on a GPU (the bf16 / fp16
+    general exponent least depends on it: its fallback is torch's own pow).
+    """
+    if MODE == P_SQUARE:
+        r = rd_hw(d * d, ERR_DTYPE)
+    elif MODE == P_CUBE:
+        r = rd_hw(rd_hw(d * d, ERR_DTYPE) * d, ERR_DTYPE)
+    elif MODE == P_SQRT:
+        r = rd_hw(tl.sqrt_rn(d), ERR_DTYPE)
+    elif MODE == P_ONE:
+        r = d
+    elif ERR_DTYPE == F32:
+        # the CUDA math library's powf, which torch's fp32 pow calls
+        r = tl.extra.cuda.libdevice.pow(d, n)
+    else:
+        r = pow16_hw(d, n, w0, tab_ptr, ERR_DTYPE)
+    return r
+

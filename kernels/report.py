@@ -196,6 +196,18 @@ def cases() -> List[Case]:
         C("running g_idx", "min_max", lambda m: m.min_max(rn(5, 64), "weight", QA(num_bits=8, strategy="group", group_size=16), g_idx=g_idx64, held=(torch.zeros(5, 4), torch.ones(5, 4)), status=rec())),
         C("split average", "min_max", lambda m: m.min_max(rn(19, 40, dtype=bf), "input", QA(num_bits=8, strategy="tensor"), held=(torch.zeros(1, dtype=bf), torch.ones(1, dtype=bf)), averaging_constant=0.5, status=rec()), config=dict(tile=16, split=3)),
     ]
+    # The search's exact emulation (what the interpreter runs, gpu_arith off) is
+    # compiled too: both arithmetic paths must build for sm_90a.
+    emu = dict(gpu_arith=False)
+    out += [
+        C("emulated int4 g128 norm 2.4", "mse_search", lambda m: m.mse_search(w(*W), "weight", g128, **mse), config=emu),
+        C("emulated int4 g128 asym norm 2", "mse_search", lambda m: m.mse_search(w(*W), "weight", QA(num_bits=4, symmetric=False, strategy="group", group_size=128), **dict(mse, norm=2.0)), config=emu),
+        C("emulated nvfp4 g16", "mse_search", lambda m: m.mse_search(w(*W), "weight", QA(strategy="tensor_group", group_size=16, **nvfp4), **nvx), config=emu),
+        C("emulated fp8 channel fp16", "mse_search", lambda m: m.mse_search(w(*W, dtype=f16), "weight", QA(num_bits=8, type="float", strategy="channel"), **mse), config=emu),
+        C("emulated imatrix int4 g128", "mse_search", lambda m: m.mse_search(w(*W), "weight", g128, importance=imp, **imx), config=emu),
+        C("emulated fp8 block 128 (split)", "mse_search", lambda m: m.mse_search(w(*W), "weight", QA(num_bits=8, type="float", strategy="block", block_structure=[128, 128]), **mse), config=emu),
+        C("imatrix fp32 int8 g32 norm 2.4", "mse_search", lambda m: m.mse_search(w(*W, dtype=f32), "weight", QA(num_bits=8, symmetric=False, strategy="group", group_size=32), importance=imp, **dict(imx, norm=2.4))),
+    ]
     # Search parameters only: same format, shape and mode switches each time.
     r = lambda *s: w(*s)  # noqa: E731
     for grid, patience, maxshrink, expand, norm in [
@@ -279,7 +291,8 @@ def recording(kernels=None):
         saved.append((module, attr, getattr(module, attr)))
         setattr(module, attr, _Recorder(name, getattr(module, attr), sink))
     try:
-        with launch_config(**CUDA_LAUNCH):
+        # what a GPU compiles: its launch shape and its arithmetic (gpu_arith)
+        with launch_config(**CUDA_LAUNCH, gpu_arith=True):
             yield sink
     finally:
         for module, attr, fn in saved:
@@ -368,8 +381,9 @@ def hot_loop(instrs: List[tuple]) -> Optional[tuple]:
 # elements one iteration of the hot loop handles, by kernel (constexpr names
 # multiplied); default: the product of every BLOCK_* constexpr
 _ITER_ELEMS = {
+    # BLOCK_J (groups sharing an importance read) tiles BLOCK_G: not a factor
+    "_search_kernel": ("BLOCK_G", "BLOCK_E", "BLOCK_S"),
     "_search_part_kernel": ("BLOCK_E", "BLOCK_SB"),
-    "_finalize_part_kernel": ("BLOCK_G", "BLOCK_K"),
     "_choose_kernel": ("BLOCK_G",),
 }
 # kernels whose hot loop is the search's step loop: counts are per element AND step
@@ -464,6 +478,7 @@ def compile_variant(launch: Launch) -> Dict:
         # linked and inlined: the names survive in the labels (%__nv_exp2f.exit12)
         libdevice=sorted(set(re.findall(r"__nv_([a-z0-9_]+?)(?:\.|\b)", k.asm["llir"]))),
         extern="extern_elementwise" in k.asm["ttir"],
+        fast=bool(constexprs.get("FAST", False)),
     )
     return rec
 
@@ -494,7 +509,6 @@ def launch_work(launch: Launch) -> float:
         "_min_max_finish_kernel": lambda: _cdiv(a["SPLIT"], a["BLOCK_S"]),
         "_sum_sq_finish_kernel": lambda: _cdiv(a["SPLIT"], a["BLOCK_S"]),
         "_choose_kernel": lambda: int(a["n_steps"]),
-        "_finalize_part_kernel": lambda: 2 * _cdiv(a["G"], a["BLOCK_G"]) * int(a["n_steps"]) * _cdiv(a["K"], a["BLOCK_K"]),
     }.get(attr, lambda: 1)
     try:
         n = trips()

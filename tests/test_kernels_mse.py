@@ -187,6 +187,40 @@ def test_imatrix_importance(fmt, strategy, kw, dtype):
     assert_search_parity(value, "weight", args, got, importance=importance, **IMATRIX)
 
 
+@pytest.mark.parametrize("steps_per_iter", (None, 1))
+@pytest.mark.parametrize("strategy,kw,tile", [("group", G16, 64), ("channel", (), 64),
+                                              ("channel", (), 16)])
+def test_importance_rows_share_columns(monkeypatch, strategy, kw, tile, steps_per_iter):
+    """Small tiles: each program takes several rows of a few column blocks
+    (partial ones at the edges) and reads their importance once; a row that
+    fills a tile alone is paired with the next one."""
+    pin_config(monkeypatch, tile=tile, steps_per_iter=steps_per_iter)
+    shape = (13, 48) if strategy == "group" else (13, 16)
+    args = Case("int4-asym", "weight", strategy, shape, kw).args
+    value = sample(shape, torch.bfloat16, seed=22)
+    importance = torch.rand(shape[1], generator=torch.Generator().manual_seed(23)) + 0.5
+    kw_i = dict(IMATRIX, patience=2)
+    got = kernel_search(value, "weight", args, importance=importance, **kw_i)
+    assert_search_parity(value, "weight", args, got, importance=importance, **kw_i)
+
+
+def test_importance_traffic():
+    """Importance is read once per column per program, not per element: a
+    bf16 weight with fp32 importance moves at most 2.2x its compulsory bytes
+    (value + importance + outputs), counted lane by lane in the interpreter."""
+    from obskernels.bench.traffic import TritonTraffic
+
+    args = Case("int4-sym", "weight", "group", (64, 256), (("group_size", 32),)).args
+    value = sample((64, 256), torch.bfloat16, seed=24)
+    importance = torch.rand(256, generator=torch.Generator().manual_seed(25)) + 0.5
+    with TritonTraffic() as counter:
+        kernel_search(value, "weight", args, importance=importance, **dict(IMATRIX, grid=5))
+    groups = 64 * 256 // 32
+    compulsory = value.numel() * 2 + importance.numel() * 4 + 2 * groups * 2
+    ratio = counter.counts.bytes_read / compulsory
+    assert ratio <= 2.2, f"read {counter.counts.bytes_read} bytes, {ratio:.2f}x compulsory"
+
+
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
 def test_nvfp4_expanded_many_steps(dtype):
     """expand 1.8, 111 steps: the improvement bits span four 32-bit words."""
@@ -301,6 +335,37 @@ def test_large_groups(monkeypatch, base_name, strategy, shape, flavour):
     assert_search_parity(value, base_name, args, got, **kw)
 
 
+@pytest.mark.parametrize(
+    "base_name,strategy,shape,flavour",
+    [("weight", "tensor", (9, 70), "mse"), ("weight", "block", (24, 20), "imatrix")],
+)
+def test_large_groups_one_step_per_iteration(monkeypatch, base_name, strategy, shape, flavour):
+    """The split path with the GPU's launch configuration (one step per
+    iteration, three splits so the tickets see several arrivals per group)."""
+    pin_config(monkeypatch, max_reg_group=64, chunk=128, split=3, steps_per_iter=1)
+    extra = {"block_structure": [16, 16]} if strategy == "block" else {}
+    args = QuantizationArgs(num_bits=4, symmetric=False, strategy=strategy, **extra)
+    dtype = torch.bfloat16 if flavour == "mse" else torch.float32
+    value = sample(shape, dtype, seed=17)
+    kw = dict(MSE, grid=40) if flavour == "mse" else dict(IMATRIX, patience=2)
+    got = kernel_search(value, base_name, args, **kw)
+    assert_search_parity(value, base_name, args, got, **kw)
+
+
+def test_split_path_deterministic_and_reusable(monkeypatch):
+    """The tickets are cleared by the first launch: repeated calls (reusing
+    freed buffers) give the same bits, and a different value in between
+    does not leak into the next result."""
+    pin_config(monkeypatch, max_reg_group=64, chunk=64, split=2)
+    args = QuantizationArgs(num_bits=8, symmetric=False, strategy="channel")
+    a, b = sample((2, 200), torch.float32, seed=18), sample((2, 200), torch.float32, seed=19)
+    first = kernel_search(a, "weight", args, **MSE)
+    kernel_search(b, "weight", args, **MSE)
+    again = kernel_search(a, "weight", args, **MSE)
+    assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+    assert_search_parity(a, "weight", args, again, **MSE)
+
+
 @pytest.mark.parametrize("launch", ("interpreter", "cuda-launch-config"))
 def test_wide_channel_default_config(launch):
     """A 16k-wide channel with the default limits (split path, 2 KiB chunks,
@@ -348,6 +413,38 @@ def test_steps_per_iter_does_not_change_results(monkeypatch, steps_per_iter):
     pin_config(monkeypatch, steps_per_iter=steps_per_iter)
     got = kernel_search(value, "weight", args, **kw)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+GPU_LOOP_CASES = [c for c in CASES if c.fmt in ("int4-sym", "int8-asym", "nvfp4", "mxfp4", "fp8-asym")]
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
+@pytest.mark.parametrize("case", GPU_LOOP_CASES, ids=str)
+def test_parity_one_step_per_iteration(monkeypatch, case, dtype):
+    """The GPU's launch configuration (one step per iteration: 2-D tiles, the
+    OR over groups once per 32 steps) against the reference."""
+    pin_config(monkeypatch, steps_per_iter=1)
+    value = sample(case.shape, dtype, seed=21)
+    kw = dict(MSE, grid=40)
+    got = kernel_search(value, case.base_name, case.args, **kw)
+    assert_search_parity(value, case.base_name, case.args, got, **kw)
+
+
+def test_one_step_per_iteration_many_words(monkeypatch):
+    """111 steps (four improvement words) with one step per iteration."""
+    pin_config(monkeypatch, steps_per_iter=1)
+    args = Case("nvfp4", "weight", "tensor_group", (4, 32), G16).args
+    value = sample((4, 32), torch.bfloat16, seed=3)
+    got = kernel_search(value, "weight", args, **NVFP4_EXPANDED)
+    assert_search_parity(value, "weight", args, got, **NVFP4_EXPANDED)
+
+
+def test_gpu_arithmetic_cannot_run_in_the_interpreter(monkeypatch):
+    """Forcing the GPU arithmetic on the CPU is an error, never wrong numbers."""
+    pin_config(monkeypatch, gpu_arith=True)
+    args = QuantizationArgs(num_bits=4, symmetric=True, strategy="group", group_size=16)
+    with pytest.raises(KernelUnsupportedError, match="GPU arithmetic"):
+        kernel_search(sample((4, 32), torch.bfloat16), "weight", args, **MSE)
 
 
 def test_deterministic_and_through_ops():

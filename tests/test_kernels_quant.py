@@ -9,6 +9,7 @@ pow is not correctly rounded): a relative bound is asserted there.
 from __future__ import annotations
 
 import importlib
+import math
 
 import pytest
 import torch
@@ -144,3 +145,59 @@ def test_mx_scale(dtype, num_bits):
     want = maybe_convert_from_mx_exp(args, torch.clamp(exp, 0, 255).round().to(torch.uint8).to(dtype))
     offset = 2 if num_bits == 4 else 8
     assert_bitwise(apply(x, OP_MX, dtype, mx_offset=offset), want.float())
+
+
+# --------------------------------------------------------------------------- #
+# The GPU's fast pow (quant.pow16_hw) cannot run here: its argument is checked
+# by emulation. The MUFU result is modelled as the exact d**n (fp64) off by
+# the largest relative error pow_window assumes for it, in either direction
+# (the worst cases for the boundary test); the device's pow is torch's.
+# Claim: wherever the window test lets the fast value through, its rounding
+# into the dtype equals torch's own pow of the dtype value.
+# --------------------------------------------------------------------------- #
+def _fast_pow_decision(d, n, dtype, sign):
+    """(fast value rounded into dtype, slow mask) as pow16_hw decides them."""
+    d64 = d.double()
+    t = n * torch.log2(d64)
+    # the fast path's assumed error (pow_window without torch's 8 ulp and the
+    # final 1): ln2 (n 2^-21 + |t| 2^-22.4) + 2^-21, relative
+    rel = math.log(2) * (n * 2.0**-21 + t.abs() * 2.0**-22.4) + 2.0**-21
+    r = (torch.pow(d64, n) * (1 + sign * rel)).float()
+    bits = r.view(torch.int32)
+    t32 = t.float()
+    if dtype == torch.bfloat16:
+        off = (bits & 0xFFFF) - 0x8000
+        inside = (t32 > -125.0) & (t32 < 127.0)
+    else:
+        off = (bits & 0x1FFF) - 0x1000
+        inside = (t32 > -13.9) & (t32 < 15.9)
+    near = off.abs().float() <= Q.pow_window(n) + 2.25 * t32.abs()
+    slow = near | ~inside | torch.isnan(t32)
+    return r.to(dtype), slow
+
+
+@pytest.mark.parametrize("norm", (2.4, 1.7, 7.3, 0.3))
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=str)
+def test_fast_pow_window_argument(dtype, norm):
+    """Every 16-bit non-negative value d: where the window lets the (worst
+    case) fast value through, it rounds as torch's pow does; and the table
+    is needed for a small fraction of the values a search sees."""
+    d = torch.arange(1 << 15, dtype=torch.int32).to(torch.int16).view(dtype)
+    d = d[torch.isfinite(d)]
+    n = float(torch.tensor(norm, dtype=torch.float64).to(dtype))  # the exponent torch uses
+    want = d.pow(norm)
+    for sign in (-1.0, 1.0):
+        fast, slow = _fast_pow_decision(d, n, dtype, sign)
+        bad = ~slow & ~((fast == want) | (torch.isnan(fast) & torch.isnan(want)))
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0])
+            raise AssertionError(f"d={d[i].item()!r}: fast {fast[i].item()!r} passed the "
+                                 f"window, torch's pow gives {want[i].item()!r}")
+    # the values a search sees: differences of a few quantisation steps. fp16
+    # results below 2^-14 are subnormal, whose rounding boundaries are not a
+    # fixed bit pattern: they always take the table (correct, slower).
+    typical = (d > 2.0**-14) & (d < 4.0)
+    if dtype == torch.float16:
+        typical &= (want.float() > 2.0**-13) & (want.float() < 2.0**15)
+    frac = slow[typical].double().mean().item()
+    assert frac < (0.01 if dtype == torch.bfloat16 else 0.05), f"table fraction {frac:.4f}"
