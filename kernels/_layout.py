@@ -32,6 +32,9 @@ Device side, ``group_coords``, ``row_offsets`` and ``load_tile`` do this
 arithmetic for a [BLOCK_Q, BLOCK_R, BLOCK_E] tile with int64 offsets, so a
 value past 2^31 elements is addressed correctly; ``load_flat`` takes one flat
 index k = r * E + e per element instead (mse_search walks groups that way).
+``widen`` and ``store_exact`` move values between the value's dtype and fp32
+exactly on both a GPU and the interpreter (bf16 through its bits); every
+kernel that loads or stores values in the value's dtype goes through them.
 Every launcher (min_max, flatten, mse_search) gets its layout here, and with
 it the reference's checks; ``LaunchConfig`` and the block / split helpers
 below are the launchers' shared host-side policy.
@@ -77,6 +80,8 @@ __all__ = [
     "row_offsets",
     "load_tile",
     "load_flat",
+    "widen",
+    "store_exact",
 ]
 
 
@@ -492,3 +497,32 @@ def load_flat(x_ptr, perm_ptr, q, k, in_group,
     base = qa.to(tl.int64) * sqa + qb.to(tl.int64) * sqb + row_offsets(r, R1, R2, sr0, sr1, sr2)
     x = load_tile(x_ptr, perm_ptr, base, qa, qb, r, e, in_group, NR, E, se, lim_r, lim_e, PAD, GATHER)
     return x, qb * E + e
+
+
+# The interpreter converts bf16 <-> fp32 with its own bit routine, which
+# mis-normalises subnormals (|x| < 2^-126): bf16 1e-39 loads as 5.9e-39. A
+# bf16 pattern is the top half of the fp32 pattern of the same value, so a
+# 16-bit shift is exact everywhere (one integer op on a GPU, as cheap as the
+# cast). fp16 <-> fp32 casts are exact on both.
+@triton.jit
+def widen(x):
+    """``x`` (fp32, fp16 or bf16) as fp32, exactly, subnormals included."""
+    if x.dtype == tl.bfloat16:
+        bits = x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16
+        return bits.to(tl.float32, bitcast=True)
+    else:
+        return x.to(tl.float32)
+
+
+@triton.jit
+def store_exact(ptr, x, mask):
+    """Store fp32 ``x`` into ``ptr``'s dtype. ``x`` must be exactly
+    representable there (or NaN): bf16 keeps the top 16 bits, so a value that
+    needs rounding would be truncated (round first, e.g. ``quant.round_bf16``)."""
+    if ptr.dtype.element_ty == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        # any NaN stays a NaN (a payload only in the low half would not)
+        bits = tl.where(x != x, 0x7FC00000, bits)
+        tl.store(ptr, (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask)
+    else:
+        tl.store(ptr, x.to(ptr.dtype.element_ty), mask=mask)

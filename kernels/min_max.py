@@ -29,6 +29,8 @@ from obskernels.kernels._layout import (
     load_tile,
     num_warps_for,
     row_offsets,
+    store_exact,
+    widen,
 )
 from obskernels.reference.min_max import min_max as _reference_min_max
 
@@ -77,7 +79,8 @@ def _min_max_kernel(
             e = e0 + tl.arange(0, BLOCK_E)[None, None, :]
             in_group = qr_ok & (e < E)
             x = load_tile(x_ptr, perm_ptr, base, qa, qb, r, e, in_group,
-                          NR, E, se, lim_r, lim_e, PAD, GATHER).to(tl.float32)
+                          NR, E, se, lim_r, lim_e, PAD, GATHER)
+            x = widen(x)
             # Lanes outside the group must not win: +-inf are neutral.
             lo = tl.minimum(lo, tl.where(in_group, x, float("inf")))
             hi = tl.maximum(hi, tl.where(in_group, x, float("-inf")))
@@ -90,8 +93,8 @@ def _min_max_kernel(
     hi_q = tl.where(has_nan, float("nan"), hi_q)
     qq = pid_q * BLOCK_Q + tl.arange(0, BLOCK_Q)
     out = pid_s.to(tl.int64) * Q + qq
-    tl.store(min_ptr + out, lo_q.to(min_ptr.dtype.element_ty), mask=qq < Q)
-    tl.store(max_ptr + out, hi_q.to(max_ptr.dtype.element_ty), mask=qq < Q)
+    store_exact(min_ptr + out, lo_q, qq < Q)
+    store_exact(max_ptr + out, hi_q, qq < Q)
 
 
 @triton.jit(do_not_specialize=["Q", "SPLIT"])
@@ -109,8 +112,8 @@ def _min_max_finish_kernel(
         s = s0 + tl.arange(0, BLOCK_S)[:, None]
         ok = (s < SPLIT) & (q < Q)
         offs = s.to(tl.int64) * Q + q
-        a = tl.load(pmin_ptr + offs, mask=ok, other=float("inf")).to(tl.float32)
-        b = tl.load(pmax_ptr + offs, mask=ok, other=float("-inf")).to(tl.float32)
+        a = widen(tl.load(pmin_ptr + offs, mask=ok, other=float("inf")))
+        b = widen(tl.load(pmax_ptr + offs, mask=ok, other=float("-inf")))
         lo = tl.minimum(lo, a)
         hi = tl.maximum(hi, b)
         nan = nan | (a != a) | (b != b)
@@ -118,8 +121,8 @@ def _min_max_finish_kernel(
     lo_q = tl.where(has_nan, float("nan"), tl.min(lo, axis=0))
     hi_q = tl.where(has_nan, float("nan"), tl.max(hi, axis=0))
     qq = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
-    tl.store(min_ptr + qq, lo_q.to(min_ptr.dtype.element_ty), mask=qq < Q)
-    tl.store(max_ptr + qq, hi_q.to(max_ptr.dtype.element_ty), mask=qq < Q)
+    store_exact(min_ptr + qq, lo_q, qq < Q)
+    store_exact(max_ptr + qq, hi_q, qq < Q)
 
 
 def min_max(value, base_name, args, g_idx=None):

@@ -615,7 +615,7 @@ def test_get_qparams_without_statistics_and_twice(backend, name):
     obs(torch.randn(4, 16))
     first = obs.get_qparams()
     assert torch.isfinite(first["scale"]).all()
-    with pytest.raises(RuntimeError, match=r"holds no statistics"):
+    with pytest.raises(RuntimeError, match=r"holds no statistics: the previous get_qparams\(\) consumed them"):
         obs.get_qparams()
     # and it starts afresh
     obs(torch.randn(4, 16))

@@ -114,6 +114,8 @@ class Observer(InternalModule, RegistryMixin):
         self._fused_with: List["Observer"] = []
         self._fused_module: Optional[weakref.ref] = None
         self._qparams_taken = False
+        # set when get_qparams dropped the statistics, for the error of a second call
+        self._consumed_by_get_qparams = False
 
     # ------------------------------------------------------------------ state
 
@@ -134,6 +136,13 @@ class Observer(InternalModule, RegistryMixin):
         return {a: getattr(self, a) for a in self._stats_attrs}
 
     def _require_statistics(self) -> None:
+        if not self.has_statistics and self._consumed_by_get_qparams:
+            raise RuntimeError(
+                f"{type(self).__name__} ({self.base_name!r}) holds no statistics: the "
+                "previous get_qparams() consumed them (it drops the statistics it "
+                "computes from); observe new values with observer(value) before "
+                "calling get_qparams() again"
+            )
         if not self.has_statistics:
             raise RuntimeError(
                 f"{type(self).__name__} ({self.base_name!r}) holds no statistics: "
@@ -153,6 +162,7 @@ class Observer(InternalModule, RegistryMixin):
         if self.is_weight_obs and self.has_statistics:
             return self
         self._accumulate(*self._compute_statistics(value))
+        self._consumed_by_get_qparams = False
         self._count_tokens(value)
         # like llm-compressor: observing one fused weight also observes the
         # weights of the modules fused with it, while they are at hand
@@ -195,7 +205,9 @@ class Observer(InternalModule, RegistryMixin):
         if not self.has_statistics or type(self)._accumulate is Observer._accumulate:
             return
         held = self.min_vals
-        if min_vals.shape != held.shape:
+        if min_vals.shape != held.shape and self.args.strategy == QuantizationStrategy.TOKEN:
+            self._check_token_positions(value, min_vals, held)
+        elif min_vals.shape != held.shape:
             raise ValueError(
                 f"{self._describe()}: this value of shape {tuple(value.shape)} gives "
                 f"statistics of shape {tuple(min_vals.shape)}, but the observer holds "
@@ -208,6 +220,27 @@ class Observer(InternalModule, RegistryMixin):
                 f"holds statistics on {held.device}; expected the same device on every "
                 "observation (statistics kept)"
             )
+
+    def _check_token_positions(self, value, min_vals, held) -> None:
+        """TOKEN statistics hold one entry per sequence position, so a value
+        with another sequence length gives another shape. Like llm-compressor
+        (its running min/max and moving average are broadcasting torch ops),
+        statistics of ONE position merge with any length (and any held length
+        with a one-token value); other lengths cannot be merged."""
+        try:
+            torch.broadcast_shapes(min_vals.shape, held.shape)
+            return
+        except RuntimeError:
+            pass
+        raise ValueError(
+            f"{self._describe()}: strategy 'token' keeps one statistic per sequence "
+            f"position; this value of shape {tuple(value.shape)} has "
+            f"{min_vals.numel()} token positions, but the observer holds statistics for "
+            f"{held.numel()} positions from earlier values (the hidden size is not the "
+            "problem). Observe values of the same sequence length (or of length 1, which "
+            "broadcasts as in llm-compressor), or use memoryless_minmax, which keeps only "
+            "the latest value (statistics kept)"
+        )
 
     def _raise_nonfinite(self, value, min_vals, max_vals) -> None:
         what = f"the observed {self.base_name} tensor (shape {tuple(value.shape)}, {value.dtype})"
@@ -260,6 +293,7 @@ class Observer(InternalModule, RegistryMixin):
         global_scale = self.get_global_scale()
         scale, zero_point = self._calculate_qparams(global_scale)
         self.delete_statistics()
+        self._consumed_by_get_qparams = not self.has_statistics
         return {"scale": scale, "zero_point": zero_point, "global_scale": global_scale}
 
     def _calculate_qparams(self, global_scale: Optional[torch.Tensor]):
