@@ -72,8 +72,12 @@ def _import_llmcompressor():
         lc_obs = importlib.import_module("llmcompressor.observers")
     except ImportError as exc:
         raise ImportError(
-            "obskernels.integrations.llmcompressor needs llm-compressor "
-            "(pip install 'llmcompressor==0.14.*'); importing it failed: " + str(exc)
+            "obskernels.integrations.llmcompressor needs llm-compressor 0.14, which "
+            "pins an older compressed-tensors and transformers: install it in its own "
+            "environment with `make llmcompressor-env` (in a checkout of obskernels; it "
+            "creates .venv-llmcompressor with llm-compressor and obskernels) and run "
+            "from there, rather than pip-installing it here, which would downgrade "
+            "this environment's compressed-tensors. Importing it failed: " + str(exc)
         ) from exc
     import llmcompressor
 

@@ -34,7 +34,7 @@ from obskernels.validation import (
     count_nonfinite,
 )
 
-__all__ = ["Observer", "QParamsDict", "MinMaxTuple", "NONFINITE_POLICIES"]
+__all__ = ["Observer", "QParamsDict", "MinMaxTuple", "NONFINITE_POLICIES", "UnknownObserverError"]
 
 #: values of the ``nonfinite`` observer kwarg (the first is the default)
 NONFINITE_POLICIES = ("error", "propagate")
@@ -72,6 +72,15 @@ def moving_average(old: torch.Tensor, new: torch.Tensor, c: float) -> torch.Tens
     return old * (1.0 - c) + new * c
 
 
+class UnknownObserverError(KeyError):
+    """An observer name nobody registered. A KeyError like the registry's own,
+    printed as written (a plain KeyError shows its message quoted, with
+    literal \\n)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 class Observer(InternalModule, RegistryMixin):
     """Computes quantization parameters from observed values.
 
@@ -92,6 +101,20 @@ class Observer(InternalModule, RegistryMixin):
 
     #: attributes that make up the per-group statistics
     _stats_attrs: Tuple[str, ...] = ("min_vals", "max_vals")
+
+    @classmethod
+    def get_value_from_registry(cls, name: str):
+        """The class registered as ``name`` ('_' and '-' are interchangeable);
+        an unknown name is an ``UnknownObserverError`` (a KeyError, as the
+        registry raises) listing the registered names one per line."""
+        try:
+            return super().get_value_from_registry(name=name)
+        except KeyError:
+            names = [n.replace("-", "_") for n in cls.registered_names()]
+            listed = "".join(f"\n  {n}" for n in names)
+            raise UnknownObserverError(
+                f"no observer is registered as {name!r}; registered observers:{listed}"
+            ) from None
 
     def __init__(self, base_name: str, args: QuantizationArgs, **observer_kwargs):
         super().__init__()
