@@ -1,6 +1,6 @@
 """Group layouts: how a raw value's storage maps to (group, row, element) indices.
 
-Every observer operation reduces the flattened value of SPEC §2,
+Every observer operation reduces the flattened value of docs/spec.md §2,
 ``(num_observations, *qparam_shape, group_size)``, over dims (0, -1). The
 kernels never build that flattened tensor. Instead ``group_layout`` describes,
 for each base_name x strategy, where element ``(q, r, e)`` of the flattened
@@ -202,7 +202,7 @@ def coalesce(dims: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 def _rows(dims: list[tuple[int, int]]) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     dims = coalesce(dims)
-    if len(dims) > 3:  # cannot happen for SPEC's ranks (<= 3 row dims)
+    if len(dims) > 3:  # cannot happen for the spec's ranks (<= 3 row dims)
         raise AssertionError(f"more than 3 row levels: {dims}")
     dims = [(1, 0)] * (3 - len(dims)) + dims
     return tuple(n for n, _ in dims), tuple(s for _, s in dims)
@@ -464,7 +464,7 @@ def load_tile(x_ptr, perm_ptr, base, qa, qb, r, e, in_group, NR, E, se, lim_r, l
     qa, qb, r, e: broadcastable int32 index tensors of the tile's axes;
     in_group: which lanes are elements of the flattened value.
     Lanes outside in_group read 0; so do padding lanes of a partial block
-    (PAD), which ARE group elements: SPEC §2 pads with zeros before reducing.
+    (PAD), which ARE group elements: docs/spec.md §2 pads with zeros before reducing.
     """
     if GATHER:
         col = tl.load(perm_ptr + (qb * E + e), mask=in_group, other=0)

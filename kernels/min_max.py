@@ -1,8 +1,8 @@
-"""Per-group min/max straight from the raw value (SPEC §2), in one pass.
+"""Per-group min/max straight from the raw value (docs/spec.md §2), in one pass.
 
     min_vals[q] = min over (r, e) of flat[q, r, e],  max_vals likewise
 
-where flat is the flattened value of SPEC §2 (padding zeros of a partial
+where flat is the flattened value of docs/spec.md §2 (padding zeros of a partial
 block included), addressed through ``kernels._layout.group_layout``: no
 flattened, padded, permuted or upcast copy is made. A group holding a NaN
 gives NaN for both, as torch.amin / amax do. Results are exact (a min is one

@@ -6,7 +6,7 @@ torch rounds on the CPU: torch computes a bf16/fp16 op in fp32 and rounds the
 result once into the dtype, so ``rd(op(a, b))`` with a correctly rounded fp32
 ``op`` reproduces it bit for bit.
 
-Rules that keep the helpers exact on the interpreter and on a GPU (SPEC §6):
+Rules that keep the helpers exact on the interpreter and on a GPU (docs/spec.md §6):
 - bf16 rounding by integer bit arithmetic (the interpreter's cast truncates);
   fp16 through the cast (exact on both);
 - fp8 e4m3 rounding built from the exponent bits (the interpreter's cast is

@@ -43,12 +43,12 @@ def _dispatch(op: str, tensor: torch.Tensor, *args, **kwargs):
 
 
 def flatten_for_calibration(value, base_name, args, g_idx=None):
-    """(num_observations, *qparam_shape, group_size) view or copy of ``value`` (SPEC §2)."""
+    """(num_observations, *qparam_shape, group_size) view or copy of ``value`` (docs/spec.md §2)."""
     return _dispatch("flatten_for_calibration", value, base_name, args, g_idx=g_idx)
 
 
 def min_max(value, base_name, args, g_idx=None):
-    """(min_vals, max_vals) per group, with the qparam shape (SPEC §2)."""
+    """(min_vals, max_vals) per group, with the qparam shape (docs/spec.md §2)."""
     return _dispatch("min_max", value, base_name, args, g_idx=g_idx)
 
 
@@ -65,7 +65,7 @@ def mse_search(
     importance=None,
     flavour="mse",
 ):
-    """(min_vals, max_vals) minimizing the shrink-grid error (SPEC §4)."""
+    """(min_vals, max_vals) minimizing the shrink-grid error (docs/spec.md §4)."""
     return _dispatch(
         "mse_search",
         value,

@@ -1,4 +1,4 @@
-"""The bad-input matrix of issue 6 §1: every public operation and the observers,
+"""The bad-input matrix: every public operation and the observers,
 on every backend.
 
 Each row is either a correct result (checked against an independent
@@ -340,7 +340,7 @@ def test_accumulate_sq_views_and_dtypes_are_correct(backend, name):
     count_buf = count(3)
     ops.accumulate_sq(x, sum_buf, count_buf)
     want = start.double() + fp64_sum_sq(x)
-    torch.testing.assert_close(sum_buf.double(), want, rtol=1e-5, atol=0)  # SPEC §5
+    torch.testing.assert_close(sum_buf.double(), want, rtol=1e-5, atol=0)  # docs/spec.md §5
     assert int(count_buf) == 3 + x.numel() // 8
 
 

@@ -15,7 +15,7 @@ Budgets (triton backend, kernels in the interpreter on the CPU):
   choose). The qparams constants and the grid's steps are computed on the
   host in Python and in the kernels; nothing is copied to the device.
 - mse_search, split path (large groups): no aten op, no read, three launches
-  (min/max partials, search partials, finalize): issue 3 asks for two; the
+  (min/max partials, search partials, finalize): one over the target of two; the
   partial min/max of a group split over several programs needs its own launch
   before the search can start (see the launcher's docstring).
 - importance (imatrix): its value checks (finite, non-negative) are one
@@ -24,7 +24,7 @@ Budgets (triton backend, kernels in the interpreter on the CPU):
   gives the column order -- one comparison and ONE read.
 - observers: besides compressed-tensors' own qparams math (counted apart, it
   is not ours), the non-finite policy costs one 4-op check of the statistics
-  and one 3-op check of the scale, one read each (SPEC §1 / issue 6).
+  and one 3-op check of the scale, one read each (docs/spec.md §1).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The triton accumulate_sq against an fp64 sum and the reference (SPEC §1, §5).
+"""The triton accumulate_sq against an fp64 sum and the reference (docs/spec.md §1, §5).
 
 Contract: sum_buf (fp32) gains sum over tokens of x**2 within rtol 1e-5 of
 the fp64 sum; count_buf gains the token count exactly; repeated runs are
@@ -21,7 +21,7 @@ accumulate_module = importlib.import_module("obskernels.kernels.accumulate_sq")
 layout_module = importlib.import_module("obskernels.kernels._layout")
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-# fp32 accumulation of positive terms: SPEC §5 asks 1e-5 relative to fp64.
+# fp32 accumulation of positive terms: docs/spec.md §5 asks 1e-5 relative to fp64.
 RTOL = 1e-5
 
 

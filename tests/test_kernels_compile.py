@@ -11,7 +11,7 @@ each distinct specialisation is lowered by triton's front end to Triton IR
 
 - every kernel of kernels/ is launched by some case, and every variant lowers;
 - no kernel calls libdevice (extern elementwise ops fail in the interpreter
-  and SPEC §6 rules them out);
+  and docs/spec.md §6 rules them out);
 - the MSE search compiles one variant per kernel whatever the grid, patience,
   maxshrink, expand and (non-special) norm: runtime scalars that follow the
   search parameters are not specialised on.

@@ -1,4 +1,4 @@
-"""Parity of the triton min_max kernel with the reference (SPEC §2, §5).
+"""Parity of the triton min_max kernel with the reference (docs/spec.md §2, §5).
 
 min/max are exact, so the contract is bitwise: torch.equal on every group,
 NaN exactly where the reference has NaN, the reference's shape and dtype.
@@ -110,7 +110,7 @@ def run_both(op, value, *args, **kwargs):
 
 
 def assert_same(got, want, what):
-    """Bitwise parity per SPEC §5; names the groups and values that differ."""
+    """Bitwise parity per docs/spec.md §5; names the groups and values that differ."""
     assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
     assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
     nan_g, nan_w = torch.isnan(got), torch.isnan(want)

@@ -37,7 +37,7 @@ Notes:
 - On CUDA, llm-compressor 0.14 sends its mse observers to a Triton kernel of
   its own whose per-group "buffered patience" (``triton_error_buffer``) can
   stop the search elsewhere than its eager code. The drop-in computes the
-  eager semantics (SPEC §4) on every device; ``triton_error_buffer`` is ignored.
+  eager semantics (docs/spec.md §4) on every device; ``triton_error_buffer`` is ignored.
 - The registry entries are replaced in compressed-tensors' registry dict
   directly, since ``register`` refuses to rebind a name.
 """

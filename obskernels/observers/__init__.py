@@ -19,7 +19,7 @@ from obskernels.observers.mse import (
 )
 from obskernels.observers.tokens import get_observer_token_count
 
-#: Every name this package registers, in the order of SPEC §1's table.
+#: Every name this package registers, in the order of the table in docs/spec.md §1.
 OBSERVER_NAMES = (
     "memoryless_minmax",
     "static_minmax",

@@ -2,7 +2,7 @@
 
 An observer watches values (a weight, activations or attention states),
 keeps per-group statistics ``min_vals`` / ``max_vals`` and turns them into
-quantization parameters with compressed-tensors' ``calculate_qparams`` (SPEC §1).
+quantization parameters with compressed-tensors' ``calculate_qparams`` (docs/spec.md §1).
 Subclasses decide two things only:
 
 - ``_measure(value)``: the (min_vals, max_vals) of one value, computed by an
@@ -85,7 +85,7 @@ class Observer(InternalModule, RegistryMixin):
     """Computes quantization parameters from observed values.
 
     :param base_name: "weight", "input", "output", "q", "k" or "v": how a value
-        is flattened into groups (SPEC §2).
+        is flattened into groups (docs/spec.md §2).
     :param args: compressed-tensors ``QuantizationArgs``; ``observer_kwargs`` are
         merged into ``args.observer_kwargs`` (the object is updated in place,
         as llm-compressor does).
@@ -210,7 +210,7 @@ class Observer(InternalModule, RegistryMixin):
           ops, one host sync); the value itself is scanned only on the error
           path, to count.
           ``nonfinite="propagate"``: NaN / inf flow into the statistics and
-          the qparams, as in llm-compressor (SPEC §2).
+          the qparams, as in llm-compressor (docs/spec.md §2).
         """
         min_vals, max_vals = self._measure(value)
         self._check_mergeable(value, min_vals)

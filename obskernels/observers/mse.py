@@ -1,4 +1,4 @@
-"""MSE observers: the range is chosen by the shrink-grid search of SPEC §4."""
+"""MSE observers: the range is chosen by the shrink-grid search of docs/spec.md §4."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ class SearchKwargsMixin:
     """Reads and validates the search kwargs at construction.
 
     ``_search_defaults`` names each kwarg's default; ``args.observer_kwargs``
-    overrides them. Invalid values raise ValueError naming the kwarg (SPEC §1).
+    overrides them. Invalid values raise ValueError naming the kwarg (docs/spec.md §1).
     ``chunk_size`` is accepted and validated; it never changes the result.
     """
 
