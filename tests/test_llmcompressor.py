@@ -359,3 +359,15 @@ def test_oneshot_end_to_end_matches(scheme, observer, tmp_path, monkeypatch):
     assert want and got.keys() == want.keys()
     for key in want:
         _assert_same({"v": got[key]}, {"v": want[key]}, key)
+
+
+def test_readme_oneshot_recipe_runs(tmp_path):
+    """The README's offline oneshot recipe, as written, in this environment."""
+    from readme_snippets import python_snippets, run_snippet
+
+    snippets = [s for s in python_snippets() if s.needs_llmcompressor]
+    assert snippets, "the README lost its llm-compressor recipe"
+    for snippet in snippets:
+        done = run_snippet(snippet, tmp_path)
+        assert done.returncode == 0, f"{snippet} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+        assert "torch.Size([128, 1])" in done.stdout, done.stdout
