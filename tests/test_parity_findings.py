@@ -133,6 +133,22 @@ def test_min_max_of_bf16_subnormals(case, split, monkeypatch):
 
 
 @pytest.mark.kernel
+@pytest.mark.parametrize("layout_kind", ("block", "g_idx"))
+def test_flatten_copies_bf16_subnormals_bit_for_bit(layout_kind):
+    x = subnormal_bf16((6, 12), seed=11)
+    if layout_kind == "block":
+        args, g_idx = QuantizationArgs(num_bits=8, strategy="block", block_structure=[4, 8]), None
+    else:
+        args = QuantizationArgs(num_bits=4, strategy="group", group_size=4)
+        g_idx = torch.tensor([2, 0, 1, 0, 2, 1, 1, 0, 2, 2, 0, 1], dtype=torch.int32)
+    with use_backend("reference"):
+        want = ops.flatten_for_calibration(x, "weight", args, g_idx=g_idx)
+    with use_backend("triton"):
+        got = ops.flatten_for_calibration(x, "weight", args, g_idx=g_idx)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+@pytest.mark.kernel
 @pytest.mark.parametrize("flavour", ("mse", "imatrix"))
 @pytest.mark.parametrize("fmt", ("int8", "fp4"))
 def test_mse_search_of_bf16_subnormals(fmt, flavour):
