@@ -13,9 +13,7 @@ PY=${PYTHON:-python3}
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}
 cd "$(dirname "$0")/.."
 
-# --no-compile: no byte-compiling of every installed file (torch alone takes
-# ~45 s of a 2-core machine); Python compiles the modules it imports when needed.
-pip_install() { "$PY" -m pip install --disable-pip-version-check --no-compile -q "$@"; }
+pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
 
 if "$PY" -c "import torch" 2>/dev/null; then
     echo "setup: keeping installed torch $("$PY" -c 'import torch; print(torch.__version__)')"
