@@ -1,6 +1,6 @@
 """Group layouts: how a raw value's storage maps to (group, row, element) indices.
 
-Every observer operation reduces the flattened value of SPEC §2,
+Every observer operation reduces the flattened value of docs/spec.md §2,
 ``(num_observations, *qparam_shape, group_size)``, over dims (0, -1). The
 kernels never build that flattened tensor. Instead ``group_layout`` describes,
 for each base_name x strategy, where element ``(q, r, e)`` of the flattened
@@ -32,6 +32,9 @@ Device side, ``group_coords``, ``row_offsets`` and ``load_tile`` do this
 arithmetic for a [BLOCK_Q, BLOCK_R, BLOCK_E] tile with int64 offsets, so a
 value past 2^31 elements is addressed correctly; ``load_flat`` takes one flat
 index k = r * E + e per element instead (mse_search walks groups that way).
+``widen`` and ``store_exact`` move values between the value's dtype and fp32
+exactly on both a GPU and the interpreter (bf16 through its bits); every
+kernel that loads or stores values in the value's dtype goes through them.
 Every launcher (min_max, flatten, mse_search) gets its layout here, and with
 it the reference's checks; ``LaunchConfig`` and the block / split helpers
 below are the launchers' shared host-side policy.
@@ -80,6 +83,8 @@ __all__ = [
     "row_offsets",
     "load_tile",
     "load_flat",
+    "widen",
+    "store_exact",
 ]
 
 
@@ -269,7 +274,7 @@ def coalesce(dims: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 def _rows(dims: list[tuple[int, int]]) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     dims = coalesce(dims)
-    if len(dims) > 3:  # cannot happen for SPEC's ranks (<= 3 row dims)
+    if len(dims) > 3:  # cannot happen for the spec's ranks (<= 3 row dims)
         raise AssertionError(f"more than 3 row levels: {dims}")
     dims = [(1, 0)] * (3 - len(dims)) + dims
     return tuple(n for n, _ in dims), tuple(s for _, s in dims)
@@ -521,7 +526,7 @@ def load_tile(x_ptr, perm_ptr, base, qa, qb, r, e, in_group, NR, E, se, lim_r, l
     qa, qb, r, e: broadcastable int32 index tensors of the tile's axes;
     in_group: which lanes are elements of the flattened value.
     Lanes outside in_group read 0; so do padding lanes of a partial block
-    (PAD), which ARE group elements: SPEC §2 pads with zeros before reducing.
+    (PAD), which ARE group elements: docs/spec.md §2 pads with zeros before reducing.
     """
     if GATHER:
         col = tl.load(perm_ptr + (qb * E + e), mask=in_group, other=0)
@@ -554,3 +559,32 @@ def load_flat(x_ptr, perm_ptr, q, k, in_group,
     base = qa.to(tl.int64) * sqa + qb.to(tl.int64) * sqb + row_offsets(r, R1, R2, sr0, sr1, sr2)
     x = load_tile(x_ptr, perm_ptr, base, qa, qb, r, e, in_group, NR, E, se, lim_r, lim_e, PAD, GATHER)
     return x, qb * E + e
+
+
+# The interpreter converts bf16 <-> fp32 with its own bit routine, which
+# mis-normalises subnormals (|x| < 2^-126): bf16 1e-39 loads as 5.9e-39. A
+# bf16 pattern is the top half of the fp32 pattern of the same value, so a
+# 16-bit shift is exact everywhere (one integer op on a GPU, as cheap as the
+# cast). fp16 <-> fp32 casts are exact on both.
+@triton.jit
+def widen(x):
+    """``x`` (fp32, fp16 or bf16) as fp32, exactly, subnormals included."""
+    if x.dtype == tl.bfloat16:
+        bits = x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16
+        return bits.to(tl.float32, bitcast=True)
+    else:
+        return x.to(tl.float32)
+
+
+@triton.jit
+def store_exact(ptr, x, mask):
+    """Store fp32 ``x`` into ``ptr``'s dtype. ``x`` must be exactly
+    representable there (or NaN): bf16 keeps the top 16 bits, so a value that
+    needs rounding would be truncated (round first, e.g. ``quant.round_bf16``)."""
+    if ptr.dtype.element_ty == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        # any NaN stays a NaN (a payload only in the low half would not)
+        bits = tl.where(x != x, 0x7FC00000, bits)
+        tl.store(ptr, (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask)
+    else:
+        tl.store(ptr, x.to(ptr.dtype.element_ty), mask=mask)

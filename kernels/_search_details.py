@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from obskernels.kernels import quant as Q
-from obskernels.kernels._layout import load_flat
+from obskernels.kernels._layout import load_flat, store_exact, widen
 
 # Scalars that follow the search parameters (grid, maxshrink, patience) or the
 # work split are not specialised on: one compiled variant per format and block
@@ -192,7 +192,7 @@ def _load_group(
         x_ptr, x_ptr, g[:, None], k[None, :], valid,
         QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, PAD, False,
     )
-    x = x.to(tl.float32)
+    x = widen(x)  # bf16 through its bits: exact for subnormals in the interpreter too
     if HAS_W:
         # importance comes only with CHANNEL / GROUP layouts: col < cols, no padding
         w = tl.load(w_ptr + col, mask=valid, other=0.0)
@@ -410,8 +410,8 @@ def _write_choice(base_ptr, grid32, grid_bits, exact32, out_min_ptr, out_max_ptr
     omin = tl.where(choice >= 0, Q.rd(bmin * p, DTYPE), bmin)
     omax = tl.where(choice >= 0, Q.rd(bmax * p, DTYPE), bmax)
     # values are exact in the output dtype, so the store's cast cannot round
-    tl.store(out_min_ptr + g, omin.to(out_min_ptr.dtype.element_ty), mask=gmask)
-    tl.store(out_max_ptr + g, omax.to(out_max_ptr.dtype.element_ty), mask=gmask)
+    store_exact(out_min_ptr + g, omin, gmask)
+    store_exact(out_max_ptr + g, omax, gmask)
 
 
 @triton.jit(do_not_specialize=_PER_CALL)

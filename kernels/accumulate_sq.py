@@ -29,6 +29,7 @@ from obskernels.kernels._layout import (
     num_warps_for,
     pow2_at_most,
     row_offsets,
+    widen,
 )
 from obskernels.reference.accumulate_sq import accumulate_sq as _reference_accumulate_sq
 from obskernels.reference.accumulate_sq import check_accumulate_args
@@ -64,8 +65,7 @@ def _sum_sq_kernel(
     for t0 in range(t_lo, t_hi, BLOCK_T):
         t = t0 + tl.arange(0, BLOCK_T)[:, None]
         ok = (t < t_hi) & h_ok
-        x = tl.load(x_ptr + row_offsets(t, R1, R2, sr0, sr1, sr2) + h_off, mask=ok, other=0.0)
-        x = x.to(tl.float32)
+        x = widen(tl.load(x_ptr + row_offsets(t, R1, R2, sr0, sr1, sr2) + h_off, mask=ok, other=0.0))
         y = x * x - comp
         s = acc + y
         comp = (s - acc) - y

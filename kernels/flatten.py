@@ -1,4 +1,4 @@
-"""Flattening for calibration (SPEC §2), with the copies written by a kernel.
+"""Flattening for calibration (docs/spec.md §2), with the copies written by a kernel.
 
 Two layouts are not views of the value and must be materialised:
 - BLOCK [bh, bw]: out[0, i, j, a*bw + b] = w[i*bh + a, j*bw + b], or 0 where

@@ -1,8 +1,8 @@
-"""Per-group min/max straight from the raw value (SPEC §2), in one pass.
+"""Per-group min/max straight from the raw value (docs/spec.md §2), in one pass.
 
     min_vals[q] = min over (r, e) of flat[q, r, e],  max_vals likewise
 
-where flat is the flattened value of SPEC §2 (padding zeros of a partial
+where flat is the flattened value of docs/spec.md §2 (padding zeros of a partial
 block included), addressed through ``kernels._layout.group_layout``: no
 flattened, padded, permuted or upcast copy is made. A group holding a NaN
 gives NaN for both, as torch.amin / amax do. Results are exact (a min is one
@@ -31,6 +31,8 @@ from obskernels.kernels._layout import (
     load_tile,
     num_warps_for,
     row_offsets,
+    store_exact,
+    widen,
 )
 from obskernels.kernels import stats as ST
 from obskernels.kernels.quant import DTYPE_CODE
@@ -88,7 +90,8 @@ def _min_max_kernel(
             e = e0 + tl.arange(0, BLOCK_E)[None, None, :]
             in_group = qr_ok & (e < E)
             x = load_tile(x_ptr, perm_ptr, base, qa, qb, r, e, in_group,
-                          NR, E, se, lim_r, lim_e, PAD, GATHER).to(tl.float32)
+                          NR, E, se, lim_r, lim_e, PAD, GATHER)
+            x = widen(x)
             # Lanes outside the group must not win: +-inf are neutral.
             lo = tl.minimum(lo, tl.where(in_group, x, float("inf")))
             hi = tl.maximum(hi, tl.where(in_group, x, float("-inf")))
@@ -120,6 +123,7 @@ def _min_max_kernel(
                 for e0 in range(0, E, 16):
                     e = e0 + tl.arange(0, 16)[None, None, :]
                     in_group = qr_ok & (e < E)
+                    # counts only NaN / +-inf: the plain widening is exact for those
                     x = load_tile(x_ptr, perm_ptr, base, qa, qb, r, e, in_group,
                                   NR, E, se, lim_r, lim_e, PAD, GATHER).to(tl.float32)
                     n1, p1, m1 = ST.count_nonfinite(x, in_group)
@@ -133,8 +137,8 @@ def _min_max_kernel(
         ST.store_stat(min_ptr, out, lo_q, qq < Q, BITS16)
         ST.store_stat(max_ptr, out, hi_q, qq < Q, BITS16)
     else:
-        tl.store(min_ptr + out, lo_q.to(min_ptr.dtype.element_ty), mask=qq < Q)
-        tl.store(max_ptr + out, hi_q.to(max_ptr.dtype.element_ty), mask=qq < Q)
+        store_exact(min_ptr + out, lo_q, qq < Q)
+        store_exact(max_ptr + out, hi_q, qq < Q)
 
 
 @triton.jit(do_not_specialize=["Q", "SPLIT"])
@@ -155,8 +159,8 @@ def _min_max_finish_kernel(
         s = s0 + tl.arange(0, BLOCK_S)[:, None]
         ok = (s < SPLIT) & (q < Q)
         offs = s.to(tl.int64) * Q + q
-        a = tl.load(pmin_ptr + offs, mask=ok, other=float("inf")).to(tl.float32)
-        b = tl.load(pmax_ptr + offs, mask=ok, other=float("-inf")).to(tl.float32)
+        a = widen(tl.load(pmin_ptr + offs, mask=ok, other=float("inf")))
+        b = widen(tl.load(pmax_ptr + offs, mask=ok, other=float("-inf")))
         lo = tl.minimum(lo, a)
         hi = tl.maximum(hi, b)
         nan = nan | (a != a) | (b != b)
@@ -170,17 +174,19 @@ def _min_max_finish_kernel(
         ST.store_stat(min_ptr, qq, lo_q, qq < Q, BITS16)
         ST.store_stat(max_ptr, qq, hi_q, qq < Q, BITS16)
     else:
-        tl.store(min_ptr + qq, lo_q.to(min_ptr.dtype.element_ty), mask=qq < Q)
-        tl.store(max_ptr + qq, hi_q.to(max_ptr.dtype.element_ty), mask=qq < Q)
+        store_exact(min_ptr + qq, lo_q, qq < Q)
+        store_exact(max_ptr + qq, hi_q, qq < Q)
 
 
-def _warps(tile_elems: int) -> int:
+def _warps(tile_elems: int, record: bool = False) -> int:
     """Warps of the main kernel: 8 elements per thread at most. Each lane keeps
     a running min, max and NaN flag plus int64 offsets (and, padded, the block
     bounds): at 16 per thread (8 warps for 4096) sm_90a needs 200-237
     registers for padded and 3-D tiles, one block per SM; at 8 it needs
-    <= 122 and the SASS per element does not grow."""
-    return max(4, min(16, tile_elems // 256))
+    <= 122 and the SASS per element does not grow. With the non-finite record
+    (``record``) at least 8: at 4 warps on a small tile sm_90a keeps a 64-bit
+    pointer of the rarely taken counting branch on the stack (8 bytes)."""
+    return max(8 if record else 4, min(16, tile_elems // 256))
 
 
 def min_max(value, base_name, args, g_idx=None, *, held=None, averaging_constant=None,
@@ -231,7 +237,7 @@ def min_max(value, base_name, args, g_idx=None, *, held=None, averaging_constant
             bits(held_min), bits(held_max), status if status is not None else pmin,
             avg_a, avg_c, observation,
             BLOCK_Q=BQ, BLOCK_R=BR, BLOCK_E=BE, PAD=layout.pad, GATHER=layout.gather,
-            RECORD=status is not None, num_warps=_warps(BQ * BR * BE),
+            RECORD=status is not None, num_warps=_warps(BQ * BR * BE, status is not None),
             **(epilogue if split == 1 else dict(MODE=ST.MODE_REPLACE.value,
                                                 DTYPE=epilogue["DTYPE"], BITS16=False)),
         )

@@ -1,4 +1,4 @@
-"""Fused MSE shrink-grid search (SPEC §4), exact global patience.
+"""Fused MSE shrink-grid search (docs/spec.md §4), exact global patience.
 
 For each group (a slice of the flattened ``(obs, *qparam_shape, group_size)``
 view) and each step i, the candidate range is ``rd(base * p_i)`` with
@@ -231,7 +231,7 @@ def mse_search(
     importance=None,
     flavour="mse",
 ):
-    """Triton twin of ``reference.mse_search`` (SPEC §4); returns (min_vals, max_vals)."""
+    """Triton twin of ``reference.mse_search`` (docs/spec.md §4); returns (min_vals, max_vals)."""
     # launches on value's device (the checks inside name a misplaced importance)
     guard = device_guard(value) if isinstance(value, torch.Tensor) else contextlib.nullcontext()
     with guard:

@@ -6,7 +6,7 @@ torch rounds on the CPU: torch computes a bf16/fp16 op in fp32 and rounds the
 result once into the dtype, so ``rd(op(a, b))`` with a correctly rounded fp32
 ``op`` reproduces it bit for bit.
 
-Rules that keep the helpers exact on the interpreter and on a GPU (SPEC §6):
+Rules that keep the helpers exact on the interpreter and on a GPU (docs/spec.md §6):
 - bf16 rounding by integer bit arithmetic (the interpreter's cast truncates);
   fp16 through the cast (exact on both);
 - fp8 e4m3 rounding built from the exponent bits (the interpreter's cast is
@@ -314,7 +314,7 @@ def fake_quant(x, scale, zp, qmin, qmax, DTYPE: tl.constexpr, QTYPE: tl.constexp
 # GPU arithmetic (the launchers' FAST switch: a CUDA tensor, not the interpreter)
 #
 # The helpers above emulate every rounding with bit arithmetic because the
-# interpreter's casts are not correctly rounded (SPEC §6). On a GPU the
+# interpreter's casts are not correctly rounded (docs/spec.md §6). On a GPU the
 # hardware conversions ARE the roundings torch makes, by definition:
 # ``cvt.rn.bf16.f32`` / ``cvt.rn.f16.f32`` round to nearest even,
 # ``cvt.rni.f32.f32`` is round half-to-even to an integer (torch.round),

@@ -3,7 +3,7 @@
     python -m obskernels.kernels.report            # a table per compiled variant
     python -m obskernels.kernels.report --json     # one JSON object per line
 
-Every launcher is called on CPU tensors of representative shapes (SPEC §2-§4:
+Every launcher is called on CPU tensors of representative shapes (docs/spec.md §2-§4:
 a 4096 x 4096 weight in the formats the observers use, activations, attention)
 with the launch configuration a GPU uses (``_layout.CUDA_LAUNCH``: one grid
 step per iteration of the search loop; splits follow the work, the same on

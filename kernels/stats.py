@@ -26,6 +26,7 @@ from obskernels.kernels import quant as Q
 from obskernels.kernels._layout import (
     LaunchConfig,
     device_guard,
+    widen,
     group_coords,
     group_layout,
     load_tile,
@@ -166,8 +167,8 @@ def _combine_kernel(
                     for e0 in range(0, E, 16):
                         e = e0 + tl.arange(0, 16)[None, None, :]
                         inside = sbad[:, None, None] & (e < E)
-                        x = load_tile(x_ptr, x_ptr, base, qa, qb, r, e, inside,
-                                      NR, E, se, lim_r, lim_e, PAD, False).to(tl.float32)
+                        x = widen(load_tile(x_ptr, x_ptr, base, qa, qb, r, e, inside,
+                                            NR, E, se, lim_r, lim_e, PAD, False))
                         n1, p1, m1 = count_nonfinite(x, inside)
                         nan += n1
                         pos += p1

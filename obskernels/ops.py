@@ -44,13 +44,13 @@ def _dispatch(op: str, tensor: torch.Tensor, *args, **kwargs):
 
 
 def flatten_for_calibration(value, base_name, args, g_idx=None):
-    """(num_observations, *qparam_shape, group_size) view or copy of ``value`` (SPEC §2)."""
+    """(num_observations, *qparam_shape, group_size) view or copy of ``value`` (docs/spec.md §2)."""
     return _dispatch("flatten_for_calibration", value, base_name, args, g_idx=g_idx)
 
 
 def min_max(value, base_name, args, g_idx=None, *, held=None, averaging_constant=None,
             status=None, observation=0):
-    """(min_vals, max_vals) per group, with the qparam shape (SPEC §2).
+    """(min_vals, max_vals) per group, with the qparam shape (docs/spec.md §2).
 
     ``held``: statistics held from earlier values, combined in: running min /
     max, or the moving average ``held * (1 - c) + new * c`` when
@@ -76,7 +76,7 @@ def mse_search(
     importance=None,
     flavour="mse",
 ):
-    """(min_vals, max_vals) minimizing the shrink-grid error (SPEC §4)."""
+    """(min_vals, max_vals) minimizing the shrink-grid error (docs/spec.md §4)."""
     return _dispatch(
         "mse_search",
         value,
@@ -100,7 +100,7 @@ def accumulate_sq(x, sum_buf, count_buf):
 def calculate_qparams(min_vals, max_vals, args, global_scale=None, *, fused=None, widen=False,
                       carry=None):
     """(scale, zero_point, global_scale, status): compressed-tensors'
-    ``calculate_qparams`` on the statistics (SPEC §3), with an observer's
+    ``calculate_qparams`` on the statistics (docs/spec.md §3), with an observer's
     global scale from ``fused`` statistics, the float64 redo of overflowed
     groups (``widen``) and the non-finite record (``carry``) on request;
     ``status`` is read once by the caller (see ``reference.qparams``)."""

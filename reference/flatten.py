@@ -1,4 +1,4 @@
-"""Reference flattening: (num_observations, *qparam_shape, group_size), SPEC §2."""
+"""Reference flattening: (num_observations, *qparam_shape, group_size), docs/spec.md §2."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Reference MSE shrink-grid search, SPEC §4.
+"""Reference MSE shrink-grid search, docs/spec.md §4.
 
 For step i the candidate range is (base_min * p, base_max * p) with
 p = 1 - i / grid; each group keeps the candidate of smallest error, and the

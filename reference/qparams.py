@@ -2,7 +2,7 @@
 
     scale, zero_point = calculate_qparams(min_vals, max_vals, args, global_scale)
 
-with, on request, what an observer adds around that call (SPEC §1, §3):
+with, on request, what an observer adds around that call (docs/spec.md §1, §3):
 
 - ``fused``: TENSOR_GROUP's global scale ``generate_gparam(-a, a)``, where a is
   the largest ``max(max_vals, -min_vals)`` over every (min_vals, max_vals) pair

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Installs obskernels and what its tests and benchmarks need into the current
-# Python environment. An installed torch is kept as it is. Without one, a
-# machine with no NVIDIA GPU gets the CPU build of torch (never the CUDA
-# wheels): from $TORCH_CPU_INDEX if set (e.g. PyTorch's CPU wheel index), else
-# torch==$TORCH_VERSION from the configured package index.
+# Installs obskernels (editable) and what its tests and benchmarks need into the
+# environment of $PYTHON (the Makefile passes its project venv, .venv/bin/python).
+# An installed torch is kept as it is. Without one, a machine with an NVIDIA GPU
+# gets torch==$TORCH_VERSION from the configured index; a machine without one
+# gets the CPU build: from $TORCH_CPU_INDEX if set (e.g.
+# https://download.pytorch.org/whl/cpu, needed where the configured index serves
+# the CUDA build, as PyPI does on Linux), else torch==$TORCH_VERSION from the
+# configured index and find-links (a local CPU wheel is preferred there: its
+# +cpu local version sorts above the plain one).
 set -euo pipefail
 PY=${PYTHON:-python3}
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}

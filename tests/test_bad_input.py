@@ -1,4 +1,4 @@
-"""The bad-input matrix of issue 6 §1: every public operation and the observers,
+"""The bad-input matrix: every public operation and the observers,
 on every backend.
 
 Each row is either a correct result (checked against an independent
@@ -340,7 +340,7 @@ def test_accumulate_sq_views_and_dtypes_are_correct(backend, name):
     count_buf = count(3)
     ops.accumulate_sq(x, sum_buf, count_buf)
     want = start.double() + fp64_sum_sq(x)
-    torch.testing.assert_close(sum_buf.double(), want, rtol=1e-5, atol=0)  # SPEC §5
+    torch.testing.assert_close(sum_buf.double(), want, rtol=1e-5, atol=0)  # docs/spec.md §5
     assert int(count_buf) == 3 + x.numel() // 8
 
 
@@ -629,7 +629,7 @@ def test_get_qparams_without_statistics_and_twice(backend, name):
     obs(torch.randn(4, 16))
     first = obs.get_qparams()
     assert torch.isfinite(first["scale"]).all()
-    with pytest.raises(RuntimeError, match=r"holds no statistics"):
+    with pytest.raises(RuntimeError, match=r"holds no statistics: the previous get_qparams\(\) consumed them"):
         obs.get_qparams()
     # and it starts afresh
     obs(torch.randn(4, 16))
@@ -672,3 +672,36 @@ def test_imatrix_hook_accepts_float64_activations(backend):
     lin(x)
     torch.testing.assert_close(obs._imatrix_sum.double(), fp64_sum_sq(x), rtol=1e-5, atol=0)
     assert int(obs._imatrix_count) == 3
+
+
+def test_unknown_observer_name_lists_the_registered_names_one_per_line():
+    from obskernels.observers import OBSERVER_NAMES
+
+    with pytest.raises(KeyError) as info:  # a KeyError, as compressed-tensors' registry raises
+        Observer.load_from_registry("no_such_observer", base_name="input", args=qargs())
+    text = str(info.value)
+    assert text.startswith("no observer is registered as 'no_such_observer'"), text
+    assert "\\n" not in text  # real line breaks, not an escaped string
+    listed = [line.strip() for line in text.splitlines()[1:]]
+    assert set(OBSERVER_NAMES) <= set(listed), listed
+    assert not any("-" in name for name in listed), listed  # the documented spellings
+
+
+def test_llmcompressor_import_hint_points_to_its_own_environment(monkeypatch):
+    import importlib
+
+    from obskernels.integrations import llmcompressor as drop_in
+
+    real_import = importlib.import_module
+
+    def no_llmcompressor(name, *a, **kw):
+        if name.startswith("llmcompressor"):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *a, **kw)
+
+    monkeypatch.setattr(drop_in.importlib, "import_module", no_llmcompressor)
+    with pytest.raises(ImportError) as info:
+        drop_in.enable()
+    text = str(info.value)
+    assert "make llmcompressor-env" in text, text
+    assert "pip install" not in text.replace("rather than pip-installing", ""), text

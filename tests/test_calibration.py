@@ -42,7 +42,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::obskernels.ImportanceFallbackWa
 
 MINMAX_FAMILY = ("memoryless_minmax", "static_minmax", "minmax")
 # Under the triton backend an MSE search may pick another grid candidate for a
-# few groups (SPEC §5: at most 1% of groups); these tensors have few groups,
+# few groups (docs/spec.md §5: at most 1% of groups); these tensors have few groups,
 # so one group is allowed.
 MSE_MISMATCH_ALLOWED = 0.01
 

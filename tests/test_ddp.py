@@ -6,7 +6,7 @@ one set of observers, what a single process would hold and compares exactly:
 
 - static_minmax (MIN / MAX): one process observing every value of both ranks.
 - minmax and mse (AVG): the mean of the two ranks' moving averages, which is
-  what SPEC §1 defines. It equals one process observing both ranks' values
+  what docs/spec.md §1 defines. It equals one process observing both ranks' values
   only when each rank observed ONE value and c == 0.5 (then
   ``old * 0.5 + new * 0.5`` is the mean); that case is compared to one process
   too. With c = 0.01 and several values per rank the mean of the ranks'

@@ -50,3 +50,28 @@ def test_bad_arguments_are_reported():
         calibrate.main(["--observers", "kmeans"])
     with pytest.raises(SystemExit, match="--layers"):
         calibrate.main(["--layers", "9"])
+
+
+def test_plot_labels_use_the_registered_observer_names(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib", reason="the example's plot needs matplotlib")
+    import matplotlib.figure
+
+    from obskernels.examples import calibrate
+
+    rows = [
+        calibrate.Row(b, "W4 g128", obs, cos_mean=0.95 + 0.01 * i, cos_min=0.9, sqnr_db=18.0 + i,
+                      observe_s=0.1, layers=4)
+        for b in ("reference", "triton") for i, obs in enumerate(calibrate.OBSERVERS)
+    ]
+    figures = []
+    real_savefig = matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda fig, *a, **kw: (figures.append(fig), real_savefig(fig, *a, **kw))[1])
+    assert calibrate.plot(rows, tmp_path / "calibrate.png") is not None
+    (fig,) = figures
+    texts = [t.get_text() for ax in fig.axes for t in ax.get_xticklabels()]
+    texts += [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+    shown = " ".join(texts)
+    for obs in calibrate.OBSERVERS:
+        assert obs in shown, (obs, texts)
+    assert "ml_" not in shown, texts

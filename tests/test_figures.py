@@ -1,9 +1,9 @@
-"""Issue 2's known figures: the "mse" observer on a small int8 weight.
+"""Known figures: the "mse" observer on a small int8 weight.
 
 The weight is fp32 ``arange(24).reshape(6, 4) / 24``; the figure is the mean
 squared error of the weight fake-quantized (compressed-tensors'
 ``fake_quantize``) with the observer's scale and zero point. The numbers are
-given by the issue, not produced by this code; absolute tolerance 1e-10.
+computed independently of this code, not produced by it; absolute tolerance 1e-10.
 """
 
 import pytest
@@ -36,4 +36,4 @@ def test_mse_observer_figure(backend, strategy, extra, symmetric, figure):
     assert qparams["global_scale"] is None
     fq = fake_quantize(weight, qparams["scale"], qparams["zero_point"], args)
     mse = torch.mean((fq - weight) ** 2).item()
-    assert abs(mse - figure) <= ABS_TOL, f"{strategy} sym={symmetric}: MSE {mse:.6e}, issue says {figure:.4e}"
+    assert abs(mse - figure) <= ABS_TOL, f"{strategy} sym={symmetric}: MSE {mse:.6e}, expected {figure:.4e}"

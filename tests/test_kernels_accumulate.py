@@ -1,4 +1,4 @@
-"""The triton accumulate_sq against an fp64 sum and the reference (SPEC §1, §5).
+"""The triton accumulate_sq against an fp64 sum and the reference (docs/spec.md §1, §5).
 
 Contract: sum_buf (fp32) gains sum over tokens of x**2 within rtol 1e-5 of
 the fp64 sum; count_buf gains the token count exactly; repeated runs are
@@ -21,7 +21,7 @@ accumulate_module = importlib.import_module("obskernels.kernels.accumulate_sq")
 layout_module = importlib.import_module("obskernels.kernels._layout")
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-# fp32 accumulation of positive terms: SPEC §5 asks 1e-5 relative to fp64.
+# fp32 accumulation of positive terms: docs/spec.md §5 asks 1e-5 relative to fp64.
 RTOL = 1e-5
 
 
@@ -195,7 +195,7 @@ def test_no_tokens_adds_nothing():
 @pytest.mark.parametrize("shape", SHAPES + [(8, 2048, 4096)], ids=str)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_accumulate_matches_fp64_on_cuda(shape, dtype):
-    """The parity suite with CUDA tensors (SPEC §5: rtol 1e-5 against fp64,
+    """The parity suite with CUDA tensors (docs/spec.md §5: rtol 1e-5 against fp64,
     bitwise identical on repeated runs, split path included at the big shape)."""
     x = make_x(shape, dtype).cuda()
     sum0, count0 = (t.cuda() for t in fresh_buffers(shape[-1]))

@@ -34,7 +34,7 @@ REGISTER_BUDGET = {"min_max": 128, "flatten": 128, "accumulate_sq": 128, "mse_se
 DEFAULT_REGISTER_BUDGET = 128
 
 # Approximate instructions (PTX) and libdevice functions (LLVM IR) a kernel
-# may use, and why the result stays exact in the sense of SPEC §5.
+# may use, and why the result stays exact in the sense of docs/spec.md §5.
 #
 # |d|**norm for a general norm (quant.pow_pos) runs exp2(norm * log2(d)):
 # libdevice log2f (accurate to ~1 ulp), ex2.approx.ftz.f32 (<= 2 ulp, on the
@@ -45,7 +45,7 @@ DEFAULT_REGISTER_BUDGET = 128
 # it stays far below the parity tolerance (1e-6 relative on the group's
 # error); a group's choice can change only on such near-ties, which the
 # parity rule (>= 99% identical choices, the rest within tolerance) admits.
-# The interpreter runs numpy's exp2/log2 for the same code (SPEC §6).
+# The interpreter runs numpy's exp2/log2 for the same code (docs/spec.md §6).
 # floorf (cvt.rmi) and fmaf_rn (fma.rn) are exact by definition.
 # Nothing else: div.full / rcp.approx / sqrt.approx would break the
 # correctly rounded divisions and roots the bit-exact qparams rely on
@@ -133,7 +133,7 @@ def test_approximate_and_libdevice_only_where_allowed(probe):
 
 
 def test_no_extern_elementwise(probe):
-    # extern calls (tl.extra.libdevice.*) do not run in the interpreter (SPEC §6):
+    # extern calls (tl.extra.libdevice.*) do not run in the interpreter (docs/spec.md §6):
     # only the GPU arithmetic (FAST), which the interpreter never runs, may call one
     bad = [_name(v) for v in _ok(probe) if v["extern"] and not v["fast"]]
     assert not bad, f"extern elementwise calls in: {bad}"

@@ -1,4 +1,4 @@
-"""Parity of the triton flatten_for_calibration with the reference (SPEC §2, §5).
+"""Parity of the triton flatten_for_calibration with the reference (docs/spec.md §2, §5).
 
 The BLOCK layout (zero padded) and the g_idx reordering are copies written by
 a kernel: they must equal the reference bit for bit (compared as integers, so

@@ -1,4 +1,4 @@
-"""Parity of the triton min_max kernel with the reference (SPEC §2, §5).
+"""Parity of the triton min_max kernel with the reference (docs/spec.md §2, §5).
 
 min/max are exact, so the contract is bitwise: torch.equal on every group,
 NaN exactly where the reference has NaN, the reference's shape and dtype.
@@ -110,7 +110,7 @@ def run_both(op, value, *args, **kwargs):
 
 
 def assert_same(got, want, what):
-    """Bitwise parity per SPEC §5; names the groups and values that differ."""
+    """Bitwise parity per docs/spec.md §5; names the groups and values that differ."""
     assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
     assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
     nan_g, nan_w = torch.isnan(got), torch.isnan(want)
@@ -392,6 +392,6 @@ def test_offsets_past_2_pow_31_on_gpu():
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_min_max_matches_reference_on_cuda(case, dtype, layout):
     """The parity suite with CUDA tensors: the kernels compiled for the GPU
-    against the reference computed by torch on the same GPU (SPEC §5)."""
+    against the reference computed by torch on the same GPU (docs/spec.md §5)."""
     value = make_value(case.shape, dtype, layout, base=lambda s: torch.randn(s, device="cuda"))
     check_min_max(value, case, what=f"cuda {layout}")

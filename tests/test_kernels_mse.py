@@ -1,4 +1,4 @@
-"""Parity of the triton MSE shrink-grid search with the reference (SPEC §4, §5).
+"""Parity of the triton MSE shrink-grid search with the reference (docs/spec.md §4, §5).
 
 Per group, the kernel's (min, max) is re-evaluated through compressed-tensors
 (calculate_qparams + fake_quantize + the flavour's error) and compared with the
@@ -36,7 +36,7 @@ def pin_config(monkeypatch, **fields):
     monkeypatch.setattr(mse_module, "CONFIG", dataclasses.replace(mse_module.CONFIG, **fields))
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-# SPEC §5: relative slack on the reference error of the kernel's choice. The
+# docs/spec.md §5: relative slack on the reference error of the kernel's choice. The
 # kernel reproduces every rounding, but sums in another order than torch.sum
 # (and fp32 pow differs from torch's by an ulp), so near-ties may flip.
 TOL = {torch.float32: 1e-6, torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
@@ -70,7 +70,7 @@ def _same(a, b):
 
 
 def assert_search_parity(value, base_name, args, got, **kw):
-    """SPEC §5 for the MSE search; the message names the first failing group."""
+    """docs/spec.md §5 for the MSE search; the message names the first failing group."""
     ref_min, ref_max = reference_search(value, base_name, args, **kw)
     got_min, got_max = got
     assert got_min.shape == ref_min.shape and got_max.shape == ref_max.shape
@@ -571,7 +571,7 @@ def test_empty_value_matches_reference():
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_parity_on_cuda(case, dtype):
     """The parity suite with CUDA tensors: the search compiled for the GPU
-    against the reference computed by torch on the same GPU (SPEC §5: the
+    against the reference computed by torch on the same GPU (docs/spec.md §5: the
     oracle is torch on the value's device)."""
     value = sample(case.shape, dtype).cuda()
     for kw in (dict(MSE, grid=40), dict(MSE), IMATRIX, NVFP4_EXPANDED):

@@ -3,7 +3,7 @@
 The oracle is compressed-tensors itself: ``calculate_qparams`` and
 ``generate_gparam`` called here directly (and, for the float64 redo of
 overflowed groups, the same call on float64 statistics cast back). Every
-format of SPEC §3 x statistics dtype x global-scale mode, with statistics that
+format of docs/spec.md §3 x statistics dtype x global-scale mode, with statistics that
 include zero ranges, one-sided ranges, NaN, +-inf, values at the top of the
 dtype (overflow), subnormals and tiny ranges (eps).
 """
@@ -118,7 +118,7 @@ def test_calculate_qparams_matches_compressed_tensors(backend, fmt, dtype, gmode
         kw = dict(global_scale=g)
     elif gmode == "fused":
         other = statistics(dtype, 40, seed=1)
-        # the absmax of SPEC §1 over the fused pairs, computed here
+        # the absmax of docs/spec.md §1 over the fused pairs, computed here
         pairs = [(mn[5:], mx[5:]), (other[0][20:], other[1][20:])]
         a = torch.stack([torch.maximum(b, -s).max() for s, b in pairs]).max()
         g = generate_gparam(-a.reshape(1), a.reshape(1))

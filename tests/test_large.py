@@ -1,4 +1,4 @@
-"""Offsets and indices past 2^31 elements (issue 6 §4), mostly without
+"""Offsets and indices past 2^31 elements, mostly without
 allocating such a tensor.
 
 Three levels:
@@ -107,7 +107,7 @@ def big_views(storage):
 
 
 def flat_index(shape, strategy, q, k, args):
-    """(index into the value, or None for a padding zero) of flat[q, k]: SPEC §2 by hand."""
+    """(index into the value, or None for a padding zero) of flat[q, k]: docs/spec.md §2 by hand."""
     if len(shape) == 2 and strategy == "weight-channel":
         return (q, k)
     if len(shape) == 2 and strategy == "weight-group":

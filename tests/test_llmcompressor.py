@@ -359,3 +359,40 @@ def test_oneshot_end_to_end_matches(scheme, observer, tmp_path, monkeypatch):
     assert want and got.keys() == want.keys()
     for key in want:
         _assert_same({"v": got[key]}, {"v": want[key]}, key)
+
+
+def test_readme_oneshot_recipe_runs(tmp_path):
+    """The README's offline oneshot recipe, as written, in this environment."""
+    from readme_snippets import python_snippets, run_snippet
+
+    snippets = [s for s in python_snippets() if s.needs_llmcompressor]
+    assert snippets, "the README lost its llm-compressor recipe"
+    for snippet in snippets:
+        done = run_snippet(snippet, tmp_path)
+        assert done.returncode == 0, f"{snippet} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+        assert "torch.Size([128, 1])" in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize("name", ("static_minmax", "minmax", "mse"))
+def test_token_sequence_length_change_matches_llmcompressor(name):
+    """TOKEN statistics are per sequence position: one position broadcasts
+    against a longer sequence in llm-compressor, and obskernels' own
+    observers give the same qparams; another change fails in both."""
+    from obskernels import Observer
+
+    kw = dict(num_bits=8, strategy="token", dynamic=True)
+    values = [torch.randn(1, 1, 16), torch.randn(2, 5, 16)]
+    want = _qparams(name, "input", kw, values, enable=False)
+    ours = Observer.load_from_registry(name, base_name="input", args=QuantizationArgs(**kw))
+    for v in values:
+        ours(v)
+    _assert_same(ours.get_qparams(), want, f"{name}: (1, 1, 16) then (2, 5, 16)")
+
+    lc = LCObserver.load_from_registry(name, base_name="input", args=QuantizationArgs(**kw))
+    lc(torch.randn(1, 5, 16))
+    with pytest.raises(RuntimeError):  # torch's broadcasting error inside llm-compressor
+        lc(torch.randn(1, 3, 16))
+    ours = Observer.load_from_registry(name, base_name="input", args=QuantizationArgs(**kw))
+    ours(torch.randn(1, 5, 16))
+    with pytest.raises(ValueError, match="3 token positions"):
+        ours(torch.randn(1, 3, 16))

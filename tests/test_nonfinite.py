@@ -1,4 +1,4 @@
-"""Non-finite input and range edges (issue 6 §2), on every backend.
+"""Non-finite input and range edges, on every backend.
 
 - NaN / +-inf in an observed value: by default a ValueError naming the
   observer (class, base_name), the tensor and how many values are not finite;
@@ -8,7 +8,7 @@
   observations since the last get_qparams (``refuse`` below). ``nonfinite="propagate"`` keeps
   llm-compressor's behaviour (NaN / inf in the statistics and the scales).
 - All-zero tensors and groups: finite, positive scales (the eps rule of
-  SPEC §3) and a zero point that represents 0 exactly.
+  docs/spec.md §3) and a zero point that represents 0 exactly.
 - Values near the top of bf16 (3.3e38) and fp16 (65504): finite, valid
   qparams, also where compressed-tensors' arithmetic in the statistics' dtype
   overflows (asymmetric: max - min); an expanded search range that overflows
@@ -209,7 +209,7 @@ def test_all_zero_tensors_and_groups(backend, name, fmt, dtype):
         qp = obs.get_qparams()
         assert_valid_qparams(qp, obs.args, value, f"{name} {fmt} {what}")
         if obs.args.scale_dtype is None:
-            # SPEC §3: a zero range gives scale eps of the statistics' dtype
+            # docs/spec.md §3: a zero range gives scale eps of the statistics' dtype
             assert bool((qp["scale"][1] == torch.finfo(dtype).eps).all()), qp["scale"][1]
 
 

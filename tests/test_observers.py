@@ -1,9 +1,9 @@
-"""The observer lifecycle end to end (SPEC §1).
+"""The observer lifecycle end to end (docs/spec.md §1).
 
 Statistics are checked against hand-computed values, against the moving
 average formula applied to hand-known minima, or against the operation the
 observer must call (``obskernels.ops``, itself checked in test_reference.py)
-with the defaults of SPEC §1 written out here.
+with the defaults of docs/spec.md §1 written out here.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""Property-based tests (issue 6 §3): hypothesis draws shapes, strategies,
+"""Property-based tests: hypothesis draws shapes, strategies,
 formats, dtypes, layouts and observer sequences.
 
 Checked on every draw:
-- backends against each other (SPEC §5): flatten and min/max bit for bit; the
+- backends against each other (docs/spec.md §5): flatten and min/max bit for bit; the
   MSE search by the per-group rule (error within 1 + tol of the reference's
   best, >= 99% of groups exactly the reference's candidate);
 - qparams from any range the operations return: scales finite and positive,
@@ -65,7 +65,7 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 @st.composite
 def cases(draw, base_names=("weight", "input", "q")):
-    """(value, base_name, args): a layout SPEC §2 accepts, in a drawn format."""
+    """(value, base_name, args): a layout docs/spec.md §2 accepts, in a drawn format."""
     base_name = draw(st.sampled_from(base_names))
     dtype = draw(st.sampled_from(DTYPES))
     seed = draw(st.integers(0, 2**16))

@@ -1,4 +1,4 @@
-"""Hand-computed checks of the four operations (SPEC §2-§4), on every backend.
+"""Hand-computed checks of the four operations (docs/spec.md §2-§4), on every backend.
 
 Expected values here are written out by hand or built by independent code
 (index loops, a float64 search over an explicit candidate list); none is
@@ -345,7 +345,7 @@ ROW_B = [5, -3, 5, 5, -9, 6]
 
 
 def _search_steps_fp64(rows, *, bits, grid, steps, norm, patience, flavour, weights=None, expand=1.0):
-    """Chosen step per row (-1: no step ran), by the rule of SPEC §4, in float64."""
+    """Chosen step per row (-1: no step ran), by the rule of docs/spec.md §4, in float64."""
     x = np.asarray(rows, dtype=np.float64)
     w = np.ones_like(x) if weights is None else np.broadcast_to(np.asarray(weights, np.float64), x.shape)
     qmin, qmax = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1

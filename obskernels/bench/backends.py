@@ -8,7 +8,7 @@ Backends:
   ``_grid_search_mse`` forced onto the eager PyTorch body;
 - "llmc-triton": llm-compressor's compiled path, its Triton MSE-search kernel
   (``_grid_search_mse_triton``; note it uses per-group patience, not the global
-  patience of SPEC §4). Only the MSE targets have it.
+  patience of docs/spec.md §4). Only the MSE targets have it.
 
 ``prepare(case, target, backend, shape, device)`` returns a ``Prepared``: an
 untimed ``setup()``, the timed ``fn()`` and the compulsory byte count of what it

@@ -136,7 +136,7 @@ class Target:
     """What runs on a case: an op of ``obskernels.ops`` or an observer by name.
 
     ``params`` are the op's keyword arguments (the search parameters are the
-    defaults of the observer that uses the op, SPEC §1).
+    defaults of the observer that uses the op, docs/spec.md §1).
     """
 
     kind: str  # "op" or "observer"
@@ -188,7 +188,7 @@ def targets_for(case: Case, ops: Sequence[str], observers: Sequence[str]) -> Lis
     """The targets that apply to ``case`` among the selected ones.
 
     - importance (imatrix) only for weights with channel / group / tensor_group
-      (SPEC §1: other strategies fall back to uniform weights);
+      (docs/spec.md §1: other strategies fall back to uniform weights);
     - ``accumulate_sq`` only on activations, once per activation shape (it does
       not depend on the scheme: it is attached to the "tensor" scheme);
     - ``nvfp4_expanded_mse`` only on the nvfp4 schemes it is tuned for.

@@ -357,15 +357,16 @@ def plot(rows, path: Path) -> Optional[Path]:
     axes[1].axhline(1.0, color="#888888", linewidth=1)
     points(axes[2], lambda r: r.sqnr_db, "Weight SQNR (higher is better)", f"dB, mean over {ok[0].layers} layers")
     # time: one bar group per backend x observer, summed over schemes
-    labels, totals = [], []
+    labels, totals, bar_colors = [], [], []
     for b in backends:
         for obs in observers:
             rs = [r for r in ok if r.backend == b and r.observer == obs]
             if rs:
-                labels.append(f"{b}\n{obs.replace('memoryless_', 'ml_')}")
+                labels.append(f"{obs}\n({b})")  # the registered observer name, as passed to obskernels
                 totals.append(sum(r.observe_s + r.data_s for r in rs))
-    axes[3].bar(range(len(labels)), totals, color=[colors.get(l.split("\n")[1].replace("ml_", "memoryless_")) for l in labels])
-    axes[3].set_xticks(range(len(labels)), labels, fontsize=8)
+                bar_colors.append(colors.get(obs))
+    axes[3].bar(range(len(labels)), totals, color=bar_colors)
+    axes[3].set_xticks(range(len(labels)), labels, fontsize=7, rotation=20, ha="right")
     axes[3].set_title("Calibration time, all schemes (observe + imatrix data)")
     axes[3].set_ylabel("seconds")
     axes[3].grid(axis="y", alpha=0.3)

@@ -37,7 +37,7 @@ Notes:
 - On CUDA, llm-compressor 0.14 sends its mse observers to a Triton kernel of
   its own whose per-group "buffered patience" (``triton_error_buffer``) can
   stop the search elsewhere than its eager code. The drop-in computes the
-  eager semantics (SPEC §4) on every device; ``triton_error_buffer`` is ignored.
+  eager semantics (docs/spec.md §4) on every device; ``triton_error_buffer`` is ignored.
 - The registry entries are replaced in compressed-tensors' registry dict
   directly, since ``register`` refuses to rebind a name.
 """
@@ -72,8 +72,12 @@ def _import_llmcompressor():
         lc_obs = importlib.import_module("llmcompressor.observers")
     except ImportError as exc:
         raise ImportError(
-            "obskernels.integrations.llmcompressor needs llm-compressor "
-            "(pip install 'llmcompressor==0.14.*'); importing it failed: " + str(exc)
+            "obskernels.integrations.llmcompressor needs llm-compressor 0.14, which "
+            "pins an older compressed-tensors and transformers: install it in its own "
+            "environment with `make llmcompressor-env` (in a checkout of obskernels; it "
+            "creates .venv-llmcompressor with llm-compressor and obskernels) and run "
+            "from there, rather than pip-installing it here, which would downgrade "
+            "this environment's compressed-tensors. Importing it failed: " + str(exc)
         ) from exc
     import llmcompressor
 

@@ -16,7 +16,7 @@ Behaviour kept from that era, and where it differs from the current API:
 
 - min/max statistics are reduced over the given dims of the raw value: a
   partial BLOCK is reduced over its real elements (the current API pads it
-  with zeros, SPEC §2);
+  with zeros, docs/spec.md §2);
 - the moving average is ``old + c * (new - old)`` (the current API writes
   ``old * (1 - c) + new * c``; the roundings differ); ``c == 1.0`` keeps no
   statistics at all;
@@ -24,7 +24,7 @@ Behaviour kept from that era, and where it differs from the current API:
   taken in the stable order of ``g_idx`` when one is given (a ``g_idx``
   holding -1 means column order);
 - the MSE search on a TENSOR_GROUP value drops ``scale_dtype`` and the
-  global scale while searching, as the current API does (SPEC §4); the
+  global scale while searching, as the current API does (docs/spec.md §4); the
   global scale then applies to the qparams.
 
 Where the two APIs compute the same thing (one observation of a weight; an
@@ -352,7 +352,7 @@ class MinMaxObserver(_RunningMinMax, Observer):
 @Observer.register("mse")
 class MovingAverageMSEObserver(_RunningMinMax, Observer):
     """Scale and zero point from the MSE-clipped min and max (the shrink-grid
-    search of SPEC §4, flavour "mse"), with the moving average of
+    search of docs/spec.md §4, flavour "mse"), with the moving average of
     ``MinMaxObserver``."""
 
     def __init__(
@@ -389,7 +389,7 @@ class MovingAverageMSEObserver(_RunningMinMax, Observer):
         """The (min, max) candidate with the least quantization error per
         reduced slice (``ops.mse_search``, global patience over the slices).
         ``global_scale`` is accepted for the older signature; the search runs
-        without it (SPEC §4)."""
+        without it (docs/spec.md §4)."""
         rows, shape = _reduce_layout(observed, reduce_dims)
         mn, mx = ops.mse_search(
             rows, "weight", _row_args(self.quantization_args),

@@ -26,7 +26,7 @@ from obskernels.observers.mse import (
 )
 from obskernels.observers.tokens import get_observer_token_count
 
-#: Every name this package registers, in the order of SPEC §1's table.
+#: Every name this package registers, in the order of the table in docs/spec.md §1.
 OBSERVER_NAMES = (
     "memoryless_minmax",
     "static_minmax",
@@ -37,7 +37,7 @@ OBSERVER_NAMES = (
     "imatrix_mse",
 )
 
-#: Registered beyond SPEC §1's table, as llm-compressor 0.14.0.1 registers them:
+#: Registered beyond docs/spec.md §1's table, as llm-compressor 0.14.0.1 registers them:
 #: the importance-weighted search over the NVFP4-expanded range, and the
 #: deprecated alias of nvfp4_expanded_mse.
 EXTRA_OBSERVER_NAMES = ("nvfp4_expanded_imatrix", "fouroversix")

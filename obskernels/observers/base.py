@@ -2,7 +2,7 @@
 
 An observer watches values (a weight, activations or attention states),
 keeps per-group statistics ``min_vals`` / ``max_vals`` and turns them into
-quantization parameters with compressed-tensors' ``calculate_qparams`` (SPEC §1).
+quantization parameters with compressed-tensors' ``calculate_qparams`` (docs/spec.md §1).
 Subclasses decide two things only:
 
 - ``_measure(value)``: the (min_vals, max_vals) of one value, computed by an
@@ -50,7 +50,7 @@ from obskernels.validation import (
     count_nonfinite,
 )
 
-__all__ = ["Observer", "QParamsDict", "MinMaxTuple", "NONFINITE_POLICIES"]
+__all__ = ["Observer", "QParamsDict", "MinMaxTuple", "NONFINITE_POLICIES", "UnknownObserverError"]
 
 #: values of the ``nonfinite`` observer kwarg (the first is the default)
 NONFINITE_POLICIES = ("error", "propagate")
@@ -82,11 +82,20 @@ def check_averaging_constant(c) -> float:
     return c
 
 
+class UnknownObserverError(KeyError):
+    """An observer name nobody registered. A KeyError like the registry's own,
+    printed as written (a plain KeyError shows its message quoted, with
+    literal \\n)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 class Observer(InternalModule, RegistryMixin):
     """Computes quantization parameters from observed values.
 
     :param base_name: "weight", "input", "output", "q", "k" or "v": how a value
-        is flattened into groups (SPEC §2).
+        is flattened into groups (docs/spec.md §2).
     :param args: compressed-tensors ``QuantizationArgs``; ``observer_kwargs`` are
         merged into ``args.observer_kwargs`` (the object is updated in place,
         as llm-compressor does).
@@ -102,6 +111,20 @@ class Observer(InternalModule, RegistryMixin):
 
     #: attributes that make up the per-group statistics
     _stats_attrs: Tuple[str, ...] = ("min_vals", "max_vals")
+
+    @classmethod
+    def get_value_from_registry(cls, name: str):
+        """The class registered as ``name`` ('_' and '-' are interchangeable);
+        an unknown name is an ``UnknownObserverError`` (a KeyError, as the
+        registry raises) listing the registered names one per line."""
+        try:
+            return super().get_value_from_registry(name=name)
+        except KeyError:
+            names = [n.replace("-", "_") for n in cls.registered_names()]
+            listed = "".join(f"\n  {n}" for n in names)
+            raise UnknownObserverError(
+                f"no observer is registered as {name!r}; registered observers:{listed}"
+            ) from None
 
     def __init__(self, base_name: str, args: QuantizationArgs, **observer_kwargs):
         super().__init__()
@@ -130,6 +153,8 @@ class Observer(InternalModule, RegistryMixin):
         # last read, (shape, dtype, tokens) to word an error with
         self._status = torch.tensor(STATUS_INIT, dtype=torch.int64)
         self._observations: List[Tuple[tuple, torch.dtype, int]] = []
+        # set when get_qparams dropped the statistics, for the error of a second call
+        self._consumed_by_get_qparams = False
 
     # ------------------------------------------------------------------ state
 
@@ -150,6 +175,13 @@ class Observer(InternalModule, RegistryMixin):
         return {a: getattr(self, a) for a in self._stats_attrs}
 
     def _require_statistics(self) -> None:
+        if not self.has_statistics and self._consumed_by_get_qparams:
+            raise RuntimeError(
+                f"{type(self).__name__} ({self.base_name!r}) holds no statistics: the "
+                "previous get_qparams() consumed them (it drops the statistics it "
+                "computes from); observe new values with observer(value) before "
+                "calling get_qparams() again"
+            )
         if not self.has_statistics:
             raise RuntimeError(
                 f"{type(self).__name__} ({self.base_name!r}) holds no statistics: "
@@ -163,7 +195,7 @@ class Observer(InternalModule, RegistryMixin):
         """Update the statistics from ``value``; returns the observer itself.
 
         ``g_idx`` (weights with the GROUP strategy only; activation ordering):
-        column j belongs to group ``g_idx[j]`` (SPEC §2). The min/max
+        column j belongs to group ``g_idx[j]`` (docs/spec.md §2). The min/max
         observers pass it to ``ops.min_max``, which reads the columns through
         gathered loads; the search observers search the columns in that
         order (their importance follows the same order).
@@ -185,6 +217,7 @@ class Observer(InternalModule, RegistryMixin):
                 self._accumulate(*self._compute_statistics(value))
         finally:
             object.__setattr__(self, "_g_idx", None)
+        self._consumed_by_get_qparams = False
         self._count_tokens(value)
         # like llm-compressor: observing one fused weight also observes the
         # weights of the modules fused with it, while they are at hand
@@ -209,7 +242,7 @@ class Observer(InternalModule, RegistryMixin):
           ops, one host sync); the value itself is scanned only on the error
           path, to count.
           ``nonfinite="propagate"``: NaN / inf flow into the statistics and
-          the qparams, as in llm-compressor (SPEC §2).
+          the qparams, as in llm-compressor (docs/spec.md §2).
         """
         min_vals, max_vals = self._measure(value)
         self._check_mergeable(value, min_vals)
@@ -237,7 +270,14 @@ class Observer(InternalModule, RegistryMixin):
                 value, held, c, status, len(self._observations)
             )
         except HeldStatisticsError as exc:
-            self._raise_mismatch(value, exc.new_shape, held[0].shape)
+            if self.args.strategy != QuantizationStrategy.TOKEN:
+                self._raise_mismatch(value, exc.new_shape, held[0].shape)
+            # TOKEN statistics of one position broadcast against any sequence
+            # length, as in llm-compressor (another mismatch raises here): the
+            # torch merge of _accumulate takes this rare case
+            self._check_token_positions(value, torch.empty(exc.new_shape, device="meta"), held[0])
+            self._accumulate(*self._compute_statistics(value))
+            return
         if status is not None:
             self._observations.append((tuple(value.shape), value.dtype, self._tokens_of(value)))
         self.min_vals, self.max_vals = min_vals, max_vals
@@ -276,7 +316,9 @@ class Observer(InternalModule, RegistryMixin):
         if not self.has_statistics or type(self)._accumulate is Observer._accumulate:
             return
         held = self.min_vals
-        if min_vals.shape != held.shape:
+        if min_vals.shape != held.shape and self.args.strategy == QuantizationStrategy.TOKEN:
+            self._check_token_positions(value, min_vals, held)
+        elif min_vals.shape != held.shape:
             self._raise_mismatch(value, min_vals.shape, held.shape)
         if min_vals.device != held.device:
             raise ValueError(
@@ -284,6 +326,27 @@ class Observer(InternalModule, RegistryMixin):
                 f"holds statistics on {held.device}; expected the same device on every "
                 "observation (statistics kept)"
             )
+
+    def _check_token_positions(self, value, min_vals, held) -> None:
+        """TOKEN statistics hold one entry per sequence position, so a value
+        with another sequence length gives another shape. Like llm-compressor
+        (its running min/max and moving average are broadcasting torch ops),
+        statistics of ONE position merge with any length (and any held length
+        with a one-token value); other lengths cannot be merged."""
+        try:
+            torch.broadcast_shapes(min_vals.shape, held.shape)
+            return
+        except RuntimeError:
+            pass
+        raise ValueError(
+            f"{self._describe()}: strategy 'token' keeps one statistic per sequence "
+            f"position; this value of shape {tuple(value.shape)} has "
+            f"{min_vals.numel()} token positions, but the observer holds statistics for "
+            f"{held.numel()} positions from earlier values (the hidden size is not the "
+            "problem). Observe values of the same sequence length (or of length 1, which "
+            "broadcasts as in llm-compressor), or use memoryless_minmax, which keeps only "
+            "the latest value (statistics kept)"
+        )
 
     def _raise_nonfinite(self, value, min_vals, max_vals) -> None:
         what = f"the observed {self.base_name} tensor (shape {tuple(value.shape)}, {value.dtype})"
@@ -352,6 +415,7 @@ class Observer(InternalModule, RegistryMixin):
         )
         self._check_qparams(scale, status)
         self.delete_statistics()
+        self._consumed_by_get_qparams = not self.has_statistics
         return {"scale": scale, "zero_point": zero_point, "global_scale": global_scale}
 
     def _check_qparams(self, scale: torch.Tensor, status: torch.Tensor) -> None:

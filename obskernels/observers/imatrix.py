@@ -3,7 +3,7 @@
 A forward-pre hook on the observed Linear accumulates, per input channel, the
 sum over tokens of x**2 (fp32) and the token count. When the weight is
 observed, importance = (sum / count) / (mean + fp32 tiny) weights each
-column's error in the search (SPEC §1, flavour "imatrix" of SPEC §4).
+column's error in the search (docs/spec.md §1, flavour "imatrix" of docs/spec.md §4).
 """
 
 from __future__ import annotations

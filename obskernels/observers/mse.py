@@ -1,4 +1,4 @@
-"""MSE observers: the range is chosen by the shrink-grid search of SPEC §4."""
+"""MSE observers: the range is chosen by the shrink-grid search of docs/spec.md §4."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ class SearchKwargsMixin:
     """Reads and validates the search kwargs at construction.
 
     ``_search_defaults`` names each kwarg's default; ``args.observer_kwargs``
-    overrides them. Invalid values raise ValueError naming the kwarg (SPEC §1).
+    overrides them. Invalid values raise ValueError naming the kwarg (docs/spec.md §1).
     ``chunk_size`` is accepted and validated; it never changes the result.
     ``triton_error_buffer`` (llm-compressor 0.14.0.1: the slack of the
     per-group patience of its CUDA-only Triton search) is accepted and kept
@@ -85,7 +85,7 @@ def search_with(observer, value: torch.Tensor, flavour: str, importance=None) ->
 
     An observer measuring a weight with a ``g_idx`` (``observer._g_idx``, set
     by ``Observer.forward``) searches its columns in the stable order of
-    g_idx, which is how SPEC §2 groups them; the importance follows."""
+    g_idx, which is how docs/spec.md §2 groups them; the importance follows."""
     g_idx = getattr(observer, "_g_idx", None)
     if g_idx is not None:
         value, importance = gather_columns(value, observer.base_name, observer.args, g_idx, importance)
