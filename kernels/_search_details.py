@@ -181,7 +181,7 @@ def _improved(err, best, ok):
 def _load_group(
     x_ptr, w_ptr, g, k, group_numel,
     G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e,
-    PAD: tl.constexpr, HAS_W: tl.constexpr,
+    PAD: tl.constexpr, HAS_W: tl.constexpr, FAST: tl.constexpr,
 ):
     """Elements k of groups g as an fp32 tile [len(g), len(k)] (k: position in
     the reference's flattened group, see ``_layout.load_flat``), the importance
@@ -192,7 +192,13 @@ def _load_group(
         x_ptr, x_ptr, g[:, None], k[None, :], valid,
         QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, PAD, False,
     )
-    x = widen(x)  # bf16 through its bits: exact for subnormals in the interpreter too
+    if FAST:
+        # the GPU's own widening is exact (subnormals too); in the step loop
+        # sm_90a keeps it cheaper than the bit form (int4 g128: 58.3 vs 60.8
+        # SASS per element and step)
+        x = x.to(tl.float32)
+    else:
+        x = widen(x)  # bf16 through its bits: the interpreter's cast gets subnormals wrong
     if HAS_W:
         # importance comes only with CHANNEL / GROUP layouts: col < cols, no padding
         w = tl.load(w_ptr + col, mask=valid, other=0.0)
@@ -252,7 +258,7 @@ def _search_kernel(
         gmask = g < G
         x, w, valid = _load_group(
             x_ptr, w_ptr, g, tl.arange(0, BLOCK_E), group_numel,
-            G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, PAD, False,
+            G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, PAD, False, FAST,
         )
         # importance comes only with CHANNEL / GROUP layouts: element k of
         # column block j is input column j * E + k, no padding
@@ -267,7 +273,7 @@ def _search_kernel(
         gmask = g < G
         x, w, valid = _load_group(
             x_ptr, w_ptr, g, tl.arange(0, BLOCK_E), group_numel,
-            G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, PAD, False,
+            G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, PAD, False, FAST,
         )
     mn, mx = _nan_minmax(x, valid)
     bmin = Q.rd(mn * expand, DTYPE)
@@ -435,7 +441,7 @@ def _minmax_part_kernel(
         e = (k * chunks_per_split + c) * BLOCK_E + e0
         x, w, valid = _load_group(
             x_ptr, x_ptr, g, e, group_numel,
-            G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, PAD, False,
+            G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, PAD, False, False,
         )
         cmn, cmx = _nan_minmax(x, valid)
         mn = Q.nan_min(mn, cmn)
@@ -524,7 +530,7 @@ def _search_part_kernel(
         e = (k * chunks_per_split + c) * BLOCK_E + e0
         x, w, valid = _load_group(
             x_ptr, w_ptr, g, e, group_numel,
-            G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, PAD, HAS_W,
+            G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, PAD, HAS_W, FAST,
         )
         if BLOCK_SB == 1:
             for i in range(n_steps):
