@@ -39,6 +39,7 @@ from compressed_tensors.quantization.utils.mxfp_utils import should_generate_mx_
 from obskernels.backends import KernelUnsupportedError
 from obskernels.kernels import quant as Q
 from obskernels.kernels._layout import LaunchConfig, current_config, device_guard, pow2_at_most
+from obskernels.kernels.stats import load_stat
 from obskernels.validation import FLOAT_DTYPES, STATUS_INIT, check_qparams_args
 
 __all__ = ["calculate_qparams", "CONFIG"]
@@ -71,17 +72,6 @@ def _nan_max_reduce(x, mask):
     return tl.where(has_nan, float("nan"), m)
 
 
-@triton.jit
-def _load_f32(ptr, offs, mask, BITS16: tl.constexpr):
-    """Statistics as fp32. BITS16: ``ptr`` is a bf16 tensor seen as uint16,
-    widened by its bits (the interpreter's bf16 load flushes subnormals)."""
-    if BITS16:
-        b = tl.load(ptr + offs, mask=mask, other=0).to(tl.uint32)
-        return (b << 16).to(tl.float32, bitcast=True)
-    else:
-        return tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32)
-
-
 @triton.jit(do_not_specialize=["N", "per_program", "part0"])
 def _absmax_kernel(min_ptr, max_ptr, parts_ptr, N, per_program, part0,
                    BITS16: tl.constexpr, BLOCK: tl.constexpr):
@@ -94,8 +84,8 @@ def _absmax_kernel(min_ptr, max_ptr, parts_ptr, N, per_program, part0,
     for start in range(0, per_program, BLOCK):
         offs = lo + start + tl.arange(0, BLOCK)
         m = (offs < N) & (start + tl.arange(0, BLOCK) < per_program)
-        mn = _load_f32(min_ptr, offs, m, BITS16)
-        mx = _load_f32(max_ptr, offs, m, BITS16)
+        mn = load_stat(min_ptr, offs, m, BITS16)
+        mx = load_stat(max_ptr, offs, m, BITS16)
         t = tl.maximum(mx, -mn)
         nan = nan | (m & ((mn != mn) | (mx != mx)))
         acc = tl.maximum(acc, tl.where(m, t, float("-inf")))
@@ -203,8 +193,8 @@ def _qparams_kernel(
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
-    mn = _load_f32(min_ptr, offs, mask, DTYPE == Q.BF16)
-    mx = _load_f32(max_ptr, offs, mask, DTYPE == Q.BF16)
+    mn = load_stat(min_ptr, offs, mask, DTYPE == Q.BF16)
+    mx = load_stat(max_ptr, offs, mask, DTYPE == Q.BF16)
     # eps 0 keeps zeros: compressed-tensors replaces them only after the
     # global scale and the scale_dtype rounding
     scale, zp = Q.qparams(
@@ -343,7 +333,7 @@ def _format(args, dtype, sdtype):
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
-    """1-D contiguous statistics; bf16 as its uint16 bits (see _load_f32)."""
+    """1-D contiguous statistics; bf16 as its uint16 bits (see stats.load_stat)."""
     t = t.reshape(-1) if t.is_contiguous() else t.contiguous().reshape(-1)
     return t.view(torch.uint16) if t.dtype == torch.bfloat16 else t
 

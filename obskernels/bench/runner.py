@@ -383,6 +383,15 @@ def _sass_in_subprocess(jobs: List[Tuple[Case, Target, str, Tuple[int, int]]], p
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _decode_job(job: Dict) -> Tuple[Case, Target]:
+    """(case, target) of a job the parent process sent as JSON to a worker."""
+    c = job["case"]
+    case = Case(c["kind"], tuple(c["shape"]), c["dtype"], c["scheme"],
+                tuple(c["full_shape"]) if c.get("full_shape") else None)
+    target = OPS[job["target"]] if job["target_kind"] == "op" else OBSERVERS[job["target"]]
+    return case, target
+
+
 def sass_worker(stdin: TextIO, stdout: TextIO) -> None:
     """Entry of the ``--sass-worker`` child: JSON jobs in, per-launch SASS profiles out."""
     import importlib
@@ -396,10 +405,7 @@ def sass_worker(stdin: TextIO, stdout: TextIO) -> None:
     cache: Dict = {}
     results = []
     for job in jobs:
-        c = job["case"]
-        case = Case(c["kind"], tuple(c["shape"]), c["dtype"], c["scheme"],
-                    tuple(c["full_shape"]) if c.get("full_shape") else None)
-        target = OPS[job["target"]] if job["target_kind"] == "op" else OBSERVERS[job["target"]]
+        case, target = _decode_job(job)
         res: Dict = {"status": "ok"}
         try:
             prepared = prepare(case, target, job["backend"], shape=tuple(job["shape"]), device="cpu")
@@ -446,10 +452,7 @@ def count_worker(stdin: TextIO, stdout: TextIO) -> None:
     jobs = json.loads(stdin.read())
     results = []
     for job in jobs:
-        c = job["case"]
-        case = Case(c["kind"], tuple(c["shape"]), c["dtype"], c["scheme"],
-                    tuple(c["full_shape"]) if c.get("full_shape") else None)
-        target = OPS[job["target"]] if job["target_kind"] == "op" else OBSERVERS[job["target"]]
+        case, target = _decode_job(job)
         results.append(model_counts(case, target, job["backend"], tuple(job["shape"])))
         sys.stderr.write(f"  [{len(results)}/{len(jobs)}] {case.label} {target.label} "
                          f"{job['backend']}: {results[-1]['status'][:70]}\n")
