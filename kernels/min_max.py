@@ -47,6 +47,21 @@ CONFIG = LaunchConfig()
 # Sizes that vary per call are not specialised on (one compiled variant per
 # block shape and mode, not per tensor size); strides stay specialised so a
 # unit stride is known at compile time and loads vectorise.
+@triton.jit
+def _epilogue(min_ptr, max_ptr, offs, lo_q, hi_q, qq, mask, held_min_ptr, held_max_ptr,
+              avg_a, avg_c, MODE: tl.constexpr, DTYPE: tl.constexpr, BITS16: tl.constexpr):
+    """Groups qq's (min, max) combined with the held statistics (MODE, see
+    kernels/stats.py) and stored at ``offs``; bf16 statistics through their bits."""
+    if MODE != ST.MODE_REPLACE or BITS16:
+        lo_q, hi_q = ST.combine(lo_q, hi_q, held_min_ptr, held_max_ptr, qq, mask, avg_a, avg_c,
+                                MODE, DTYPE, BITS16)
+        ST.store_stat(min_ptr, offs, lo_q, mask, BITS16)
+        ST.store_stat(max_ptr, offs, hi_q, mask, BITS16)
+    else:
+        store_exact(min_ptr + offs, lo_q, mask)
+        store_exact(max_ptr + offs, hi_q, mask)
+
+
 @triton.jit(do_not_specialize=["Q", "NR", "lim_r", "lim_e", "rows_per_split", "observation"])
 def _min_max_kernel(
     x_ptr, perm_ptr, min_ptr, max_ptr,
@@ -131,14 +146,8 @@ def _min_max_kernel(
                     c_pos += p1
                     c_neg += m1
         ST.record(status_ptr, c_nan, c_pos, c_neg, any_bad > 0, observation)
-    if MODE != ST.MODE_REPLACE or BITS16:
-        lo_q, hi_q = ST.combine(lo_q, hi_q, held_min_ptr, held_max_ptr, qq, qq < Q, avg_a, avg_c,
-                                MODE, DTYPE, BITS16)
-        ST.store_stat(min_ptr, out, lo_q, qq < Q, BITS16)
-        ST.store_stat(max_ptr, out, hi_q, qq < Q, BITS16)
-    else:
-        store_exact(min_ptr + out, lo_q, qq < Q)
-        store_exact(max_ptr + out, hi_q, qq < Q)
+    _epilogue(min_ptr, max_ptr, out, lo_q, hi_q, qq, qq < Q, held_min_ptr, held_max_ptr,
+              avg_a, avg_c, MODE, DTYPE, BITS16)
 
 
 @triton.jit(do_not_specialize=["Q", "SPLIT"])
@@ -168,14 +177,8 @@ def _min_max_finish_kernel(
     lo_q = tl.where(has_nan, float("nan"), tl.min(lo, axis=0))
     hi_q = tl.where(has_nan, float("nan"), tl.max(hi, axis=0))
     qq = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
-    if MODE != ST.MODE_REPLACE or BITS16:
-        lo_q, hi_q = ST.combine(lo_q, hi_q, held_min_ptr, held_max_ptr, qq, qq < Q, avg_a, avg_c,
-                                MODE, DTYPE, BITS16)
-        ST.store_stat(min_ptr, qq, lo_q, qq < Q, BITS16)
-        ST.store_stat(max_ptr, qq, hi_q, qq < Q, BITS16)
-    else:
-        store_exact(min_ptr + qq, lo_q, qq < Q)
-        store_exact(max_ptr + qq, hi_q, qq < Q)
+    _epilogue(min_ptr, max_ptr, qq, lo_q, hi_q, qq, qq < Q, held_min_ptr, held_max_ptr,
+              avg_a, avg_c, MODE, DTYPE, BITS16)
 
 
 def _warps(tile_elems: int, record: bool = False) -> int:
