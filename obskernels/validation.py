@@ -239,8 +239,12 @@ def count_nonfinite(t: torch.Tensor) -> tuple[int, str]:
     nan = int(torch.isnan(t).sum())
     pos = int(torch.isposinf(t).sum())
     neg = int(torch.isneginf(t).sum())
-    total = nan + pos + neg
-    return total, f"{total} non-finite ({nan} NaN, {pos} +inf, {neg} -inf) of {t.numel()} values"
+    return nan + pos + neg, describe_nonfinite(nan, pos, neg, t.numel())
+
+
+def describe_nonfinite(nan: int, pos: int, neg: int, numel: int) -> str:
+    """"N non-finite (a NaN, b +inf, c -inf) of M values"."""
+    return f"{nan + pos + neg} non-finite ({nan} NaN, {pos} +inf, {neg} -inf) of {numel} values"
 
 
 # --------------------------------------------------------------------------- #

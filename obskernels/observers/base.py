@@ -48,6 +48,7 @@ from obskernels.validation import (
     all_finite,
     check_base_name,
     count_nonfinite,
+    describe_nonfinite,
 )
 
 __all__ = ["Observer", "QParamsDict", "MinMaxTuple", "NONFINITE_POLICIES", "UnknownObserverError"]
@@ -349,20 +350,31 @@ class Observer(InternalModule, RegistryMixin):
         )
 
     def _raise_nonfinite(self, value, min_vals, max_vals) -> None:
-        what = f"the observed {self.base_name} tensor (shape {tuple(value.shape)}, {value.dtype})"
         bad, counts = count_nonfinite(value)
-        if bad == 0:
+        raise self._nonfinite_error(
+            tuple(value.shape), value.dtype, counts if bad else None,
+            float(min_vals.min()), float(max_vals.max()), "not updated",
+        )
+
+    def _nonfinite_error(self, shape, dtype, counts, low, high, fate) -> ValueError:
+        """The error of a refused observation of ``shape`` / ``dtype``: ``counts``
+        describes its non-finite elements, None when the value was finite and
+        only its statistics (range ``low`` .. ``high``) overflowed; ``fate``:
+        what became of the held statistics."""
+        what = f"the observed {self.base_name} tensor (shape {shape}, {dtype})"
+        if counts is None:
             # finite values, non-finite statistics: the search range overflowed
             expand = getattr(self, "expand", 1.0)
-            raise ValueError(
+            return ValueError(
                 f"{self._describe()}: {what} is finite but its statistics are not: the "
-                f"range times expand={expand} overflows {value.dtype} (statistics "
-                f"[{float(min_vals.min())}, {float(max_vals.max())}]); observe it in a "
-                "wider dtype, or pass nonfinite='propagate' to keep the non-finite statistics"
+                f"range times expand={expand} overflows {dtype} (statistics "
+                f"[{low}, {high}]); observe it in a "
+                "wider dtype, or pass nonfinite='propagate' to keep the non-finite statistics "
+                f"(statistics {fate})"
             )
-        raise ValueError(
+        return ValueError(
             f"{self._describe()}: {what} holds {counts}; expected finite values "
-            "(statistics not updated). Pass the observer kwarg nonfinite='propagate' to "
+            f"(statistics {fate}). Pass the observer kwarg nonfinite='propagate' to "
             "let them propagate into the statistics and scales as llm-compressor does"
         )
 
@@ -459,27 +471,10 @@ class Observer(InternalModule, RegistryMixin):
         # the statistics of every observation since the last read go, and their tokens
         self._num_observed_tokens -= sum(t for _, _, t in observations)
         nan, pos, neg = record[STATUS_NAN:STATUS_NAN + 3]
-        total = nan + pos + neg
-        numel = math.prod(shape)
-        what = f"the observed {self.base_name} tensor (shape {shape}, {dtype})"
-        mn, mx = self.min_vals, self.max_vals
-        low, high = float(mn.min()), float(mx.max())
+        counts = describe_nonfinite(nan, pos, neg, math.prod(shape)) if nan + pos + neg else None
+        low, high = float(self.min_vals.min()), float(self.max_vals.max())
         self._drop_statistics()
-        if total == 0:
-            expand = getattr(self, "expand", 1.0)
-            raise ValueError(
-                f"{self._describe()}: {what} is finite but its statistics are not: the "
-                f"range times expand={expand} overflows {dtype} (statistics "
-                f"[{low}, {high}]); observe it in a "
-                "wider dtype, or pass nonfinite='propagate' to keep the non-finite statistics "
-                "(statistics dropped)"
-            )
-        counts = f"{total} non-finite ({nan} NaN, {pos} +inf, {neg} -inf) of {numel} values"
-        raise ValueError(
-            f"{self._describe()}: {what} holds {counts}; expected finite values "
-            "(statistics dropped). Pass the observer kwarg nonfinite='propagate' to "
-            "let them propagate into the statistics and scales as llm-compressor does"
-        )
+        raise self._nonfinite_error(shape, dtype, counts, low, high, "dropped")
 
     def get_global_scale(self) -> Optional[torch.Tensor]:
         """``generate_gparam(-a, a)`` over the fusion group for TENSOR_GROUP, else None."""
