@@ -36,7 +36,7 @@ index k = r * E + e per element instead (mse_search walks groups that way).
 exactly on both a GPU and the interpreter (bf16 through its bits); every
 kernel that loads or stores values in the value's dtype goes through them.
 Every launcher (min_max, flatten, mse_search) gets its layout here, and with
-it the reference's checks; ``LaunchConfig`` and the block / split helpers
+it the checks of obskernels.spec; ``LaunchConfig`` and the block / split helpers
 below are the launchers' shared host-side policy.
 """
 
@@ -52,19 +52,16 @@ import triton
 import triton.language as tl
 from compressed_tensors.quantization import QuantizationStrategy as S
 
-from obskernels.reference.flatten import (
-    _unsupported,
-    block_shape,
-    group_size_of,
-)
-from obskernels.validation import (
+from obskernels.spec.checks import (
     ACTIVATIONS,
     WEIGHT,
-    check_base_name,
+    block_shape,
+    check_flatten,
     check_g_idx,
-    check_value,
-    strategy_of,
+    group_size_of,
+    unsupported,
 )
+from obskernels.spec.errors import KernelUnsupportedError
 
 __all__ = [
     "GroupLayout",
@@ -72,6 +69,7 @@ __all__ = [
     "launch_config",
     "current_config",
     "device_guard",
+    "check_launchable",
     "group_layout",
     "choose_blocks",
     "choose_split",
@@ -188,6 +186,17 @@ def device_guard(value: torch.Tensor, **others):
                 "every tensor of a call must be on the value's device"
             )
     return _device_context(value.device)
+
+
+def check_launchable(value, op: str) -> None:
+    """An empty value has nothing to launch (nor a layout to describe): the
+    front (obskernels.ops) computes it with the reference; called here directly
+    it is a KernelUnsupportedError."""
+    if isinstance(value, torch.Tensor) and value.numel() == 0:
+        raise KernelUnsupportedError(
+            f"{op}: an empty value (shape {tuple(value.shape)}) has nothing to launch; "
+            "obskernels.ops computes it with the reference"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -318,19 +327,16 @@ def _whole(value: torch.Tensor, dims: list[tuple[int, int]], qshape, flat_shape,
 def group_layout(value, base_name, args, g_idx=None, *, storage_order=True) -> GroupLayout:
     """The layout of ``flatten_for_calibration(value, base_name, args, g_idx)``.
 
-    Runs the reference's checks in the reference's order, so bad input raises
-    the same ValueError / TypeError on both backends before anything launches.
+    Runs the checks of obskernels.spec that the reference runs, in the same
+    order, so bad input raises the same ValueError / TypeError on both backends
+    before anything launches.
     The value must be non-empty (callers hand empty values to the reference).
 
     storage_order: for whole-value reductions (a single group reduced over
     every element), visit elements in memory order instead of the reference's
     flattened order. Order-insensitive reductions (min/max) want True.
     """
-    base_name = check_base_name(base_name)
-    strategy = strategy_of(args)
-    check_value(value, base_name)
-    if g_idx is not None and not (base_name == WEIGHT and strategy == S.GROUP):
-        raise ValueError("g_idx applies only to weights with the 'group' strategy")
+    base_name, strategy = check_flatten(value, base_name, args, g_idx)
     shape, strides = tuple(value.shape), tuple(value.stride())
 
     if base_name == WEIGHT:
@@ -380,7 +386,7 @@ def group_layout(value, base_name, args, g_idx=None, *, storage_order=True) -> G
                 elem_stride=sc,
                 pad_limits=(rows, cols) if partial else None,
             )
-        raise _unsupported(base_name, strategy)
+        raise unsupported(base_name, strategy)
 
     if base_name in ACTIVATIONS:
         hidden, sh = shape[-1], strides[-1]
@@ -416,7 +422,7 @@ def group_layout(value, base_name, args, g_idx=None, *, storage_order=True) -> G
                 elems=g,
                 elem_stride=sh,
             )
-        raise _unsupported(base_name, strategy)
+        raise unsupported(base_name, strategy)
 
     # attention q / k / v: (batch, heads, seq, head_dim)
     (batch, heads, seq, head_dim), (sb, shd, ss, sd) = shape, strides
@@ -435,7 +441,7 @@ def group_layout(value, base_name, args, g_idx=None, *, storage_order=True) -> G
             elems=head_dim,
             elem_stride=sd,
         )
-    raise _unsupported(base_name, strategy)
+    raise unsupported(base_name, strategy)
 
 
 def pow2_at_most(n: int, cap: int) -> int:

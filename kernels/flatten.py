@@ -6,7 +6,8 @@ Two layouts are not views of the value and must be materialised:
 - GROUP with g_idx: out[0, i, k, e] = w[i, perm[k*g + e]], perm the stable
   argsort of g_idx.
 Both are written in one pass by ``_flatten_kernel``. Every other strategy is a
-view (or the reference's reshape), so it is taken from the reference as is.
+view of the value (a reshape, attention's after moving heads behind tokens),
+returned as such.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from compressed_tensors.quantization import QuantizationStrategy
 
 from obskernels.kernels._layout import (
     LaunchConfig,
+    check_launchable,
     choose_blocks,
     current_config,
     device_guard,
@@ -27,8 +29,7 @@ from obskernels.kernels._layout import (
     num_warps_for,
     row_offsets,
 )
-from obskernels.reference.flatten import flatten_for_calibration as _reference_flatten
-from obskernels.validation import strategy_of
+from obskernels.spec.checks import ATTENTION, strategy_of
 
 __all__ = ["flatten_for_calibration", "CONFIG"]
 
@@ -67,11 +68,16 @@ def flatten_for_calibration(value, base_name, args, g_idx=None):
     BLOCK and g_idx layouts come back as new contiguous tensors written by the
     kernel; every other strategy returns the reference's view.
     """
-    if isinstance(value, torch.Tensor) and value.numel() == 0:
-        return _reference_flatten(value, base_name, args, g_idx=g_idx)
+    check_launchable(value, "flatten_for_calibration")
     layout = group_layout(value, base_name, args, g_idx)  # raises what the reference raises
-    if not (strategy_of(args) == QuantizationStrategy.BLOCK or layout.gather):
-        return _reference_flatten(value, base_name, args, g_idx=g_idx)
+    strategy = strategy_of(args)
+    if not (strategy == QuantizationStrategy.BLOCK or layout.gather):
+        # a view: the flattened order is the value's logical order (attention's
+        # with heads behind tokens); TOKEN keeps the value as it is
+        if strategy == QuantizationStrategy.TOKEN:
+            return value
+        src = value.transpose(1, 2) if base_name in ATTENTION else value
+        return src.reshape(layout.flat_shape)
     out = torch.empty(layout.flat_shape, dtype=value.dtype, device=value.device)
     Q, NR, E = layout.num_groups, layout.num_rows, layout.elems
     BQ, BR, BE = choose_blocks((Q, NR, E), layout.axis_strides(), current_config(CONFIG).tile)

@@ -21,6 +21,7 @@ import triton.language as tl
 
 from obskernels.kernels._layout import (
     LaunchConfig,
+    check_launchable,
     choose_blocks,
     choose_split,
     current_config,
@@ -36,8 +37,7 @@ from obskernels.kernels._layout import (
 )
 from obskernels.kernels import stats as ST
 from obskernels.kernels.quant import DTYPE_CODE
-from obskernels.reference.min_max import min_max as _reference_min_max
-from obskernels.validation import check_averaging, check_held, check_status
+from obskernels.spec.checks import check_averaging, check_held, check_status
 
 __all__ = ["min_max", "CONFIG"]
 
@@ -200,11 +200,7 @@ def min_max(value, base_name, args, g_idx=None, *, held=None, averaging_constant
     ``held`` / ``averaging_constant`` / ``status`` run the epilogue of
     kernels/stats.py in the same launch.
     """
-    if isinstance(value, torch.Tensor) and value.numel() == 0:
-        # Nothing to launch: the reference gives the empty result or its error.
-        return _reference_min_max(value, base_name, args, g_idx=g_idx, held=held,
-                                  averaging_constant=averaging_constant, status=status,
-                                  observation=observation)
+    check_launchable(value, "min_max")
     layout = group_layout(value, base_name, args, g_idx)
     check_averaging(averaging_constant)
     check_status(status)

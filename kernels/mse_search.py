@@ -63,18 +63,17 @@ import struct
 
 import torch
 import triton
-from compressed_tensors.quantization import QuantizationStrategy as S
 from compressed_tensors.quantization import QuantizationType
 from compressed_tensors.quantization.quant_args import FP4_E2M1_DATA, FP8_E4M3_DATA
 from compressed_tensors.quantization.utils.mxfp_utils import should_generate_mx_scales
 
-from obskernels.backends import KernelUnsupportedError
 from obskernels.kernels import quant as Q
 from obskernels.kernels._layout import (
     LaunchConfig,
     choose_split,
     current_config,
     device_guard,
+    check_launchable,
     group_layout,
     num_warps_for,
     pow2_at_most,
@@ -86,14 +85,9 @@ from obskernels.kernels._search_details import (  # noqa: F401 - _shrink: the st
     _search_part_kernel,
     _shrink,
 )
-from obskernels.reference.mse_search import (
-    broadcast_importance,
-    check_search_params,
-    num_steps,
-    search_args,
-)
-from obskernels.reference.mse_search import mse_search as _reference_mse_search
-from obskernels.validation import WEIGHT, strategy_of
+from obskernels.spec.checks import check_importance_target
+from obskernels.spec.errors import KernelUnsupportedError
+from obskernels.spec.search import check_search_params, num_steps, search_args
 
 __all__ = ["mse_search", "CONFIG"]
 
@@ -248,23 +242,11 @@ def mse_search(
 def _mse_search(value, base_name, args, *, maxshrink, patience, grid, norm, expand,
                 importance, flavour):
     check_search_params(maxshrink, patience, grid, norm, expand, flavour)
-    if isinstance(value, torch.Tensor) and value.numel() == 0:
-        # nothing to launch (nor a layout to describe): the reference raises
-        # what it raises for this empty value
-        return _reference_mse_search(
-            value, base_name, args, maxshrink=maxshrink, patience=patience, grid=grid,
-            norm=norm, expand=expand, importance=importance, flavour=flavour,
-        )
-    # the reference's flatten checks, in its order; elements in its flattened order
+    check_launchable(value, "mse_search")
+    # the flatten checks, in the reference's order; elements in its flattened order
     layout = group_layout(value, base_name, args, storage_order=False)
     if importance is not None:
-        if base_name != WEIGHT or strategy_of(args) not in (S.CHANNEL, S.GROUP, S.TENSOR_GROUP):
-            raise ValueError(
-                "importance applies only to weights with the 'channel', 'group' or "
-                f"'tensor_group' strategy, got base_name {base_name!r} and strategy "
-                f"{strategy_of(args).value!r}"
-            )
-        broadcast_importance(importance, value, args)  # same checks, views only
+        check_importance_target(importance, value, base_name, args)
 
     dtype = value.dtype
     qparam_args, _ = search_args(args)

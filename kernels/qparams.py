@@ -36,11 +36,11 @@ from compressed_tensors.quantization import QuantizationType
 from compressed_tensors.quantization.quant_args import FP4_E2M1_DATA, FP8_E4M3_DATA
 from compressed_tensors.quantization.utils.mxfp_utils import should_generate_mx_scales
 
-from obskernels.backends import KernelUnsupportedError
 from obskernels.kernels import quant as Q
 from obskernels.kernels._layout import LaunchConfig, current_config, device_guard, pow2_at_most
 from obskernels.kernels.stats import load_stat
-from obskernels.validation import FLOAT_DTYPES, STATUS_INIT, check_qparams_args
+from obskernels.spec.checks import FLOAT_DTYPES, STATUS_INIT, check_qparams_args
+from obskernels.spec.errors import KernelUnsupportedError
 
 __all__ = ["calculate_qparams", "CONFIG"]
 

@@ -167,7 +167,7 @@ def cases() -> List[Case]:
     ]
     # qparams (every mode switch: formats, scale_dtype, global scale, widen,
     # carry) and the statistics epilogues (min_max's and combine_statistics')
-    from obskernels.validation import STATUS_INIT
+    from obskernels.spec.checks import STATUS_INIT
 
     rn = torch.randn
     int4a = QA(num_bits=4, symmetric=False, strategy="group", group_size=16)

@@ -32,7 +32,7 @@ from obskernels.kernels._layout import (
     load_tile,
     row_offsets,
 )
-from obskernels.validation import (
+from obskernels.spec.checks import (
     STATUS_BAD_STATS,
     STATUS_FIRST_BAD,
     STATUS_NAN,

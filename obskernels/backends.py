@@ -34,6 +34,8 @@ from typing import Iterator
 
 import torch
 
+from obskernels.spec.errors import KernelUnsupportedError
+
 __all__ = [
     "BACKEND_NAMES",
     "BackendUnavailableError",
@@ -62,14 +64,6 @@ _scoped_choice: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 
 class BackendUnavailableError(RuntimeError):
     """A backend was asked for by name but cannot run here."""
-
-
-class KernelUnsupportedError(NotImplementedError):
-    """The triton backend does not cover this case (raised before any launch).
-
-    Under a forced "triton" backend it reaches the caller; under "auto" the
-    operation falls back to the reference with one logged message.
-    """
 
 
 def _check_name(name: str) -> str:

@@ -44,7 +44,7 @@ from torch.nn import Module
 from torch.utils.hooks import RemovableHandle
 
 from obskernels.observers import Observer
-from obskernels.validation import check_base_name
+from obskernels.spec.checks import check_base_name
 
 __all__ = [
     "ACTIVATION_BASE_NAMES",

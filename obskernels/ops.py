@@ -23,11 +23,18 @@ __all__ = ["flatten_for_calibration", "min_max", "mse_search", "accumulate_sq", 
 
 _fallbacks_logged: set[str] = set()
 
+# Operations whose kernels have nothing to launch for an empty value: the
+# reference computes those (its empty result, or its error), whichever backend
+# was chosen -- not a fallback, the same answer.
+_EMPTY_ON_REFERENCE = frozenset(("flatten_for_calibration", "min_max", "mse_search", "accumulate_sq"))
+
 
 def _dispatch(op: str, tensor: torch.Tensor, *args, **kwargs):
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{op}: expected a torch.Tensor, got {type(tensor).__name__}")
     name = resolve_backend(tensor)
+    if tensor.numel() == 0 and op in _EMPTY_ON_REFERENCE:
+        name = "reference"
     fn: Callable = getattr(backend_module(name), op)
     if name == "reference":
         return fn(tensor, *args, **kwargs)

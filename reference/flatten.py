@@ -6,57 +6,23 @@ import math
 
 import torch
 import torch.nn.functional as F
-from compressed_tensors.quantization import QuantizationArgs, QuantizationStrategy as S
+from compressed_tensors.quantization import QuantizationStrategy as S
 
-from obskernels.validation import (
+from obskernels.spec.checks import (
     ACTIVATIONS,
     WEIGHT,
-    check_base_name,
+    block_shape,
+    check_flatten,
     check_g_idx,
-    check_value,
-    strategy_of,
+    group_size_of,
+    unsupported,
 )
 
 __all__ = ["flatten_for_calibration", "block_shape", "group_size_of"]
 
 
-def group_size_of(args: QuantizationArgs, cols: int, name: str = "value") -> int:
-    g = args.group_size
-    if not isinstance(g, int) or g <= 0:
-        raise ValueError(f"args.group_size must be a positive integer, got {g!r}")
-    if cols % g != 0:
-        raise ValueError(
-            f"{name} has {cols} columns, not divisible by group_size {g}"
-        )
-    return g
-
-
-def block_shape(args: QuantizationArgs) -> tuple[int, int]:
-    bs = args.block_structure
-    if (
-        not isinstance(bs, (list, tuple))
-        or len(bs) != 2
-        or not all(isinstance(b, int) and b > 0 for b in bs)
-    ):
-        raise ValueError(
-            f"args.block_structure must be [block_height, block_width] of positive "
-            f"integers, got {bs!r}"
-        )
-    return int(bs[0]), int(bs[1])
-
-
-def _unsupported(base_name: str, strategy: S) -> ValueError:
-    return ValueError(
-        f"strategy {strategy.value!r} cannot be applied to base_name {base_name!r}"
-    )
-
-
 def flatten_for_calibration(value, base_name, args, g_idx=None):
-    base_name = check_base_name(base_name)
-    strategy = strategy_of(args)
-    check_value(value, base_name, float64=True)
-    if g_idx is not None and not (base_name == WEIGHT and strategy == S.GROUP):
-        raise ValueError("g_idx applies only to weights with the 'group' strategy")
+    base_name, strategy = check_flatten(value, base_name, args, g_idx, float64=True)
 
     if base_name == WEIGHT:
         rows, cols = value.shape
@@ -76,7 +42,7 @@ def flatten_for_calibration(value, base_name, args, g_idx=None):
             R, C = padded.shape
             blocks = padded.reshape(R // bh, bh, C // bw, bw).transpose(1, 2)
             return blocks.reshape(1, R // bh, C // bw, bh * bw)
-        raise _unsupported(base_name, strategy)
+        raise unsupported(base_name, strategy)
 
     if base_name in ACTIVATIONS:
         hidden = value.shape[-1]
@@ -90,7 +56,7 @@ def flatten_for_calibration(value, base_name, args, g_idx=None):
         if strategy in (S.GROUP, S.TENSOR_GROUP):
             g = group_size_of(args, hidden)
             return tokens.reshape(n, hidden // g, g)
-        raise _unsupported(base_name, strategy)
+        raise unsupported(base_name, strategy)
 
     # attention q / k / v: (batch, heads, seq, head_dim)
     batch, heads, seq, head_dim = value.shape
@@ -99,4 +65,4 @@ def flatten_for_calibration(value, base_name, args, g_idx=None):
         return per_token.reshape(batch * seq, 1, heads * head_dim)
     if strategy == S.ATTN_HEAD:
         return per_token.reshape(batch * seq, heads, 1, 1, head_dim)
-    raise _unsupported(base_name, strategy)
+    raise unsupported(base_name, strategy)

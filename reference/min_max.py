@@ -11,7 +11,7 @@ import torch
 
 from obskernels.reference.flatten import flatten_for_calibration
 from obskernels.reference.stats import combine, record
-from obskernels.validation import check_averaging, check_groups_nonempty, check_status
+from obskernels.spec.checks import check_averaging, check_groups_nonempty, check_status
 
 __all__ = ["min_max"]
 

@@ -7,53 +7,19 @@ search stops after ``patience`` consecutive steps in which no group improved.
 
 from __future__ import annotations
 
-import math
-
 import torch
-from compressed_tensors.quantization import QuantizationStrategy as S
 from compressed_tensors.quantization.lifecycle import fake_quantize
 from compressed_tensors.quantization.utils import calculate_qparams
 
 from obskernels.reference.flatten import flatten_for_calibration
-from obskernels.validation import WEIGHT, check_groups_nonempty, check_importance, strategy_of
+from obskernels.spec.checks import WEIGHT, check_groups_nonempty, check_importance_target
+from obskernels.spec.search import check_search_params, num_steps, search_args
 
 __all__ = ["mse_search", "search_args", "num_steps", "broadcast_importance"]
-
-FLAVOURS = ("mse", "imatrix")
-
-
-def check_search_params(maxshrink, patience, grid, norm, expand, flavour) -> None:
-    if flavour not in FLAVOURS:
-        raise ValueError(f"flavour must be one of {FLAVOURS}, got {flavour!r}")
-    if not isinstance(grid, (int, float)) or not math.isfinite(grid) or grid <= 0:
-        raise ValueError(f"grid must be a finite number > 0, got {grid!r}")
-    if not isinstance(patience, int) or isinstance(patience, bool) or patience < 0:
-        raise ValueError(f"patience must be an integer >= 0, got {patience!r}")
-    if not isinstance(maxshrink, (int, float)) or not 0 <= maxshrink <= 1:
-        raise ValueError(f"maxshrink must be in [0, 1], got {maxshrink!r}")
-    if not isinstance(norm, (int, float)) or not math.isfinite(norm) or norm <= 0:
-        raise ValueError(f"norm must be a finite positive number, got {norm!r}")
-    if not isinstance(expand, (int, float)) or not math.isfinite(expand) or expand < 1:
-        raise ValueError(f"expand must be a finite number >= 1, got {expand!r}")
-
-
-def search_args(args):
-    """(args for qparams, args for fake quantization) used during the search."""
-    if strategy_of(args) == S.TENSOR_GROUP and args.scale_dtype is not None:
-        args = args.model_copy(update={"scale_dtype": None})
-    return args, args.model_copy(update={"strategy": S.TOKEN})
-
-
-def num_steps(maxshrink: float, grid: float, flavour: str) -> int:
-    """How many grid steps the search may take (i = 0 .. num_steps - 1)."""
-    if flavour == "mse":
-        return int(maxshrink * grid)
-    return max(1, int(maxshrink * grid)) + 1
 
 
 def broadcast_importance(importance, value, args):
     """Per-column importance, broadcast over rows and flattened like the weight."""
-    check_importance(importance, value)
     rows, cols = value.shape
     full = importance.to(torch.float32).unsqueeze(0).expand(rows, cols)
     return flatten_for_calibration(full, WEIGHT, args)
@@ -76,12 +42,7 @@ def mse_search(
     observed = flatten_for_calibration(value, base_name, args)
     weights = None
     if importance is not None:
-        if base_name != WEIGHT or strategy_of(args) not in (S.CHANNEL, S.GROUP, S.TENSOR_GROUP):
-            raise ValueError(
-                "importance applies only to weights with the 'channel', 'group' or "
-                f"'tensor_group' strategy, got base_name {base_name!r} and strategy "
-                f"{strategy_of(args).value!r}"
-            )
+        check_importance_target(importance, value, base_name, args)
         weights = broadcast_importance(importance, value, args)
     check_groups_nonempty(observed, value, "mse_search")
     if observed.numel() == 0:  # no groups: nothing to search

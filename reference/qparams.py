@@ -28,7 +28,7 @@ import torch
 from compressed_tensors.quantization.utils import calculate_qparams as _ct_calculate_qparams
 from compressed_tensors.quantization.utils import generate_gparam
 
-from obskernels.validation import STATUS_INIT, check_qparams_args
+from obskernels.spec.checks import STATUS_INIT, check_qparams_args
 
 __all__ = ["calculate_qparams", "fused_absmax"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from obskernels.validation import (
+from obskernels.spec.checks import (
     STATUS_BAD_STATS,
     STATUS_FIRST_BAD,
     STATUS_NAN,

@@ -18,6 +18,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from obskernels.observers import OBSERVER_NAMES
+from obskernels.spec.search import IMATRIX_DEFAULTS, MSE_DEFAULTS
 
 __all__ = [
     "Scheme",
@@ -159,8 +160,10 @@ class Target:
         return self.variant == "imatrix" or self.name == "imatrix_mse"
 
 
-MSE_PARAMS = (("maxshrink", 0.20), ("patience", 5), ("grid", 100), ("norm", 2.4))
-IMATRIX_PARAMS = (("maxshrink", 0.95), ("patience", 5), ("grid", 20), ("norm", 3.0))
+# the observers' search defaults (obskernels.spec.search)
+_SEARCH_KEYS = ("maxshrink", "patience", "grid", "norm")
+MSE_PARAMS = tuple((k, MSE_DEFAULTS[k]) for k in _SEARCH_KEYS)
+IMATRIX_PARAMS = tuple((k, IMATRIX_DEFAULTS[k]) for k in _SEARCH_KEYS)
 
 OPS: Dict[str, Target] = {
     t.label: t

@@ -46,6 +46,7 @@ from obskernels.bench.backends import (
 from obskernels.bench.cases import OBSERVERS, OPS, Case, Target, make_value, sweep, targets_for
 from obskernels.bench.model import H100_SXM, GpuModel, affine_extrapolate, overlap_model
 from obskernels.bench.traffic import Counts, count_traffic, peak_memory
+from obskernels.spec.search import IMATRIX_DEFAULTS, MSE_DEFAULTS, NVFP4_EXPANDED, num_steps
 
 __all__ = ["Options", "run", "count_call", "model_counts", "machine_info", "REQUIRED_KEYS"]
 
@@ -566,24 +567,23 @@ def _fill_model(rec: Dict, counts: Dict, compulsory: Optional[int], gpu: GpuMode
     rec["bound"] = result["bound"]
     rec["count_method"] = counts.get("count_method")
 
-_OBSERVER_SEARCH = {  # (maxshrink, grid, flavour) of each searching observer's defaults
-    "memoryless_mse": (0.20, 100, "mse"),
-    "mse": (0.20, 100, "mse"),
-    "nvfp4_expanded_mse": (1 - 0.8 / 1.8, 200, "mse"),
-    "imatrix_mse": (0.95, 20, "imatrix"),
+_OBSERVER_SEARCH = {  # (search defaults, flavour) of each searching observer
+    "memoryless_mse": (MSE_DEFAULTS, "mse"),
+    "mse": (MSE_DEFAULTS, "mse"),
+    "nvfp4_expanded_mse": ({**MSE_DEFAULTS, **NVFP4_EXPANDED}, "mse"),
+    "imatrix_mse": (IMATRIX_DEFAULTS, "imatrix"),
 }
 
 def search_steps(target: Target) -> Optional[int]:
     """Grid steps the search may take (the kernels evaluate all of them)."""
-    from obskernels.reference.mse_search import num_steps
-
     if target.kind == "op":
         if target.name != "mse_search":
             return None
         kw = target.kwargs
         return num_steps(kw["maxshrink"], kw["grid"], kw["flavour"])
     if target.name in _OBSERVER_SEARCH:
-        return num_steps(*_OBSERVER_SEARCH[target.name])
+        defaults, flavour = _OBSERVER_SEARCH[target.name]
+        return num_steps(defaults["maxshrink"], defaults["grid"], flavour)
     return None
 
 def _per_element(rec: Dict, target: Target, shape) -> None:

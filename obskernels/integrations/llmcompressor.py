@@ -54,8 +54,9 @@ import torch
 
 from obskernels import ops
 from obskernels.backends import use_backend
+from obskernels.observers.base import hook_input
 from obskernels.observers.mse import search_with
-from obskernels.validation import FLOAT_DTYPES
+from obskernels.spec.checks import FLOAT_DTYPES
 
 __all__ = ["enable", "disable", "enabled", "is_enabled", "SUPPORTED_VERSIONS"]
 
@@ -184,9 +185,7 @@ def _build_adapters(lc_obs) -> list[tuple[type, tuple[type, ...]]]:
                     and getattr(observer, "_imatrix_hook", None) not in HooksMixin._HOOKS_KEEP_ENABLED
                 ):
                     return
-                x = args[0] if isinstance(args, tuple) else args
-                if isinstance(x, tuple):
-                    x = x[0]
+                x = hook_input(args)
                 if x is None or not isinstance(x, torch.Tensor):
                     return
                 x = x.detach()

@@ -59,6 +59,7 @@ from torch.utils.hooks import RemovableHandle
 
 from obskernels.calibration import CalibrationWarning, weight_g_idx
 from obskernels.legacy.observers import Observer
+from obskernels.observers.base import hook_input
 
 __all__ = [
     "initialize_observer",
@@ -197,7 +198,7 @@ def calibrate_activations(module: Module, value: torch.Tensor, base_name: str) -
 
 def calibrate_input_hook(module: Module, args: Any) -> None:
     """Forward-pre hook: calibrates the first input before the module runs."""
-    value = args[0] if isinstance(args, tuple) else args
+    value = hook_input(args, unwrap=False)
     calibrate_activations(module, value, "input")
 
 

@@ -46,6 +46,7 @@ from torch import Tensor
 
 from obskernels import ops
 from obskernels.observers.base import _number, check_averaging_constant
+from obskernels.spec.search import check_search_params
 
 __all__ = [
     "Observer",
@@ -371,14 +372,7 @@ class MovingAverageMSEObserver(_RunningMinMax, Observer):
         self.patience = _number("patience", patience, integer=True)
         self.grid = _number("grid", grid)
         self.norm = _number("norm", norm)
-        if not math.isfinite(self.grid) or self.grid <= 0:
-            raise ValueError(f"observer kwarg 'grid' must be a finite number > 0, got {grid!r}")
-        if self.patience < 0:
-            raise ValueError(f"observer kwarg 'patience' must be >= 0, got {patience!r}")
-        if not 0 <= self.maxshrink <= 1:
-            raise ValueError(f"observer kwarg 'maxshrink' must be in [0, 1], got {maxshrink!r}")
-        if not math.isfinite(self.norm) or self.norm <= 0:
-            raise ValueError(f"observer kwarg 'norm' must be a finite positive number, got {norm!r}")
+        check_search_params(self.maxshrink, self.patience, self.grid, self.norm, 1.0, "mse")
 
     def calculate_mse_min_max(
         self,

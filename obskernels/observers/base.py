@@ -36,7 +36,7 @@ from obskernels import ops
 from obskernels.backends import resolve_backend
 from obskernels.observers.sync import SNAPSHOTS, SyncHandle, sync_statistics
 from obskernels.reference.stats import moving_average  # noqa: F401 (re-exported: minmax, tests)
-from obskernels.validation import (
+from obskernels.spec.checks import (
     ACTIVATIONS,
     ATTENTION,
     STATUS_BAD_STATS,
@@ -51,7 +51,8 @@ from obskernels.validation import (
     describe_nonfinite,
 )
 
-__all__ = ["Observer", "QParamsDict", "MinMaxTuple", "NONFINITE_POLICIES", "UnknownObserverError"]
+__all__ = ["Observer", "QParamsDict", "MinMaxTuple", "NONFINITE_POLICIES", "UnknownObserverError",
+           "hook_input"]
 
 #: values of the ``nonfinite`` observer kwarg (the first is the default)
 NONFINITE_POLICIES = ("error", "propagate")
@@ -65,6 +66,17 @@ class QParamsDict(TypedDict, total=False):
     scale: torch.Tensor
     zero_point: torch.Tensor
     global_scale: Optional[torch.Tensor]
+
+
+def hook_input(args, *, unwrap: bool = True):
+    """The observed input among a forward-pre hook's ``args``: the first
+    positional argument, None when there is none; with ``unwrap``, a tuple
+    there stands for its first element (None when empty)."""
+    if isinstance(args, tuple):
+        args = args[0] if args else None
+    if unwrap and isinstance(args, tuple):
+        args = args[0] if args else None
+    return args
 
 
 def _number(name: str, value, *, integer: bool = False):

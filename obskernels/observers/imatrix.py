@@ -18,8 +18,9 @@ import torch.distributed as dist
 from compressed_tensors.quantization import QuantizationStrategy as S
 
 from obskernels import ops
-from obskernels.observers.base import MinMaxTuple, Observer
+from obskernels.observers.base import MinMaxTuple, Observer, hook_input
 from obskernels.observers.mse import SearchKwargsMixin
+from obskernels.spec.search import IMATRIX_DEFAULTS, NVFP4_EXPANDED
 
 __all__ = ["IMatrixMSEObserver", "ImportanceFallbackWarning", "NVFP4ExpandedIMatrixObserver"]
 
@@ -52,14 +53,7 @@ class IMatrixMSEObserver(SearchKwargsMixin, Observer):
         "_imatrix_sum": dist.ReduceOp.SUM,
         "_imatrix_count": dist.ReduceOp.SUM,
     }
-    _search_defaults = {
-        "maxshrink": 0.95,
-        "patience": 5,
-        "grid": 20,
-        "norm": 3.0,
-        "expand": 1.0,
-        "chunk_size": 5,
-    }
+    _search_defaults = dict(IMATRIX_DEFAULTS)
 
     def __init__(self, base_name, args, **observer_kwargs):
         super().__init__(base_name, args, **observer_kwargs)
@@ -141,9 +135,7 @@ class IMatrixMSEObserver(SearchKwargsMixin, Observer):
         self._imatrix_count = torch.zeros((), dtype=torch.int64, device=device)
 
     def _imatrix_pre_hook(self, module, args) -> None:
-        x = args[0] if isinstance(args, tuple) and args else args
-        if isinstance(x, tuple):
-            x = x[0] if x else None
+        x = hook_input(args)
         if not isinstance(x, torch.Tensor) or x.numel() == 0:
             return
         if self._imatrix_sum is None or self._imatrix_count is None:
@@ -231,10 +223,4 @@ class NVFP4ExpandedIMatrixObserver(IMatrixMSEObserver):
     norm 3.0, strict False.
     """
 
-    _search_defaults = {
-        **IMatrixMSEObserver._search_defaults,
-        "expand": 1.8,
-        "maxshrink": 1 - 0.8 / 1.8,
-        "grid": 200,
-        "patience": 1000,
-    }
+    _search_defaults = {**IMatrixMSEObserver._search_defaults, **NVFP4_EXPANDED}

@@ -12,6 +12,7 @@ import torch.distributed as dist
 from obskernels import ops
 from obskernels.observers.base import MinMaxTuple, Observer, _number
 from obskernels.observers.minmax import MovingAverageMixin
+from obskernels.spec.search import MSE_DEFAULTS, NVFP4_EXPANDED, check_search_params
 
 __all__ = [
     "FourOverSixObserver",
@@ -44,20 +45,8 @@ class SearchKwargsMixin:
         self.grid = _number("grid", kw["grid"])
         self.norm = _number("norm", kw["norm"])
         self.expand = _number("expand", kw["expand"])
-        if not math.isfinite(self.grid) or self.grid <= 0:
-            raise ValueError(f"observer kwarg 'grid' must be a finite number > 0, got {self.grid!r}")
-        if self.patience < 0:
-            raise ValueError(f"observer kwarg 'patience' must be >= 0, got {self.patience!r}")
-        if not 0 <= self.maxshrink <= 1:
-            raise ValueError(
-                f"observer kwarg 'maxshrink' must be in [0, 1], got {self.maxshrink!r}"
-            )
-        if not math.isfinite(self.norm) or self.norm <= 0:
-            raise ValueError(
-                f"observer kwarg 'norm' must be a finite positive number, got {self.norm!r}"
-            )
-        if not math.isfinite(self.expand) or self.expand < 1:
-            raise ValueError(f"observer kwarg 'expand' must be >= 1, got {self.expand!r}")
+        check_search_params(self.maxshrink, self.patience, self.grid, self.norm, self.expand,
+                            "mse")
         buffer = kw.get("triton_error_buffer")
         if buffer is not None:
             _number("triton_error_buffer", buffer)
@@ -115,14 +104,7 @@ def gather_columns(value, base_name, args, g_idx, importance=None):
     return value, importance
 
 
-_MSE_DEFAULTS = {
-    "maxshrink": 0.20,
-    "patience": 5,
-    "grid": 100.0,
-    "norm": 2.4,
-    "expand": 1.0,
-    "chunk_size": 5,
-}
+_MSE_DEFAULTS = dict(MSE_DEFAULTS)
 
 
 @Observer.register("memoryless_mse")
@@ -161,13 +143,7 @@ class NVFP4ExpandedMSEObserver(MemorylessMSEObserver):
     Defaults: expand 1.8, maxshrink 1 - 0.8/1.8, grid 200, patience 1000.
     """
 
-    _search_defaults = {
-        **_MSE_DEFAULTS,
-        "expand": 1.8,
-        "maxshrink": 1 - 0.8 / 1.8,
-        "grid": 200.0,
-        "patience": 1000,
-    }
+    _search_defaults = {**_MSE_DEFAULTS, **NVFP4_EXPANDED}
 
 
 @Observer.register("fouroversix")

@@ -1,0 +1,106 @@
+"""The layers' import rule, read from the source.
+
+``kernels/`` (obskernels.kernels) and ``reference/`` (obskernels.reference)
+stand on ``obskernels.spec`` only: neither imports the other (a kernel that
+took its step count from the oracle it is tested against would pass parity
+while both are wrong), nor the front (obskernels.ops, .backends, .observers,
+.validation, ...). Besides, they may import torch, triton, numpy,
+compressed-tensors and the standard library.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+THIRD_PARTY = {"torch", "triton", "numpy", "compressed_tensors"}
+LAYERS = {"kernels": "obskernels.kernels", "reference": "obskernels.reference"}
+
+
+def imported_modules(path: Path) -> list[tuple[int, str]]:
+    """(line, dotted module) of every import in ``path``, nested ones included;
+    ``from obskernels import x`` counts as ``obskernels.x``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: inside the layer's own package
+                found.append((node.lineno, "." * node.level + (node.module or "")))
+            elif node.module == "obskernels":
+                found += [(node.lineno, f"obskernels.{alias.name}") for alias in node.names]
+            else:
+                found.append((node.lineno, node.module))
+    return found
+
+
+def allowed(module: str, own: str) -> bool:
+    if module.startswith("."):
+        return True
+    top = module.split(".")[0]
+    if top == "obskernels":
+        return any(module == p or module.startswith(p + ".") for p in ("obskernels.spec", own))
+    if top == "__future__" or top in sys.stdlib_module_names:
+        return True
+    return top in THIRD_PARTY
+
+
+@pytest.mark.parametrize("folder", sorted(LAYERS))
+def test_backends_import_only_spec(folder):
+    own = LAYERS[folder]
+    files = sorted((ROOT / folder).glob("*.py"))
+    assert files, f"no modules found in {folder}/"
+    bad = [
+        f"{path.relative_to(ROOT)}:{line}: {module}"
+        for path in files
+        for line, module in imported_modules(path)
+        if not allowed(module, own)
+    ]
+    assert not bad, f"{folder}/ may import only obskernels.spec and {own}:\n" + "\n".join(bad)
+
+
+def test_the_rule_catches_a_cross_import(tmp_path):
+    """The reader above sees the forms a leak would take."""
+    leak = tmp_path / "leak.py"
+    leak.write_text(
+        "from obskernels.reference.mse_search import num_steps\n"
+        "def f():\n    from obskernels import ops\n    import obskernels.backends\n"
+    )
+    got = [m for _, m in imported_modules(leak) if not allowed(m, "obskernels.kernels")]
+    assert got == ["obskernels.reference.mse_search", "obskernels.ops", "obskernels.backends"]
+
+
+FRONT = ("obskernels.backends", "obskernels.observers", "obskernels.ops", "obskernels.validation",
+         "obskernels.calibration", "obskernels.kernels")
+
+
+def _loaded_after(statement: str) -> list[str]:
+    code = (
+        "import sys\n"
+        f"{statement}\n"
+        "print('\\n'.join(sorted(m for m in sys.modules if m.startswith('obskernels'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=tempfile.gettempdir())
+    return out.stdout.split()
+
+
+def test_importing_the_reference_loads_no_front():
+    loaded = _loaded_after("import obskernels.reference")
+    assert "obskernels.reference" in loaded and "obskernels.spec" in loaded
+    leaked = [m for m in loaded if any(m == f or m.startswith(f + ".") for f in FRONT)]
+    assert not leaked, f"import obskernels.reference loaded {leaked}"
+
+
+def test_importing_the_kernels_loads_no_front():
+    pytest.importorskip("triton")
+    loaded = _loaded_after("import obskernels.kernels")
+    front = [f for f in FRONT if f != "obskernels.kernels"] + ["obskernels.reference"]
+    leaked = [m for m in loaded if any(m == f or m.startswith(f + ".") for f in front)]
+    assert not leaked, f"import obskernels.kernels loaded {leaked}"
