@@ -1,7 +1,9 @@
 """Fused Triton kernels for the observer operations.
 
 One launcher per operation, each with the signature of its twin in
-obskernels.reference. Importing this package requires triton; obskernels
+obskernels.reference. The rules both share (checks, errors, the search's
+step rule, the group layout) come from obskernels.spec; this package never
+imports the reference nor the front. Importing it requires triton; obskernels
 imports it only when the triton backend is used.
 """
 

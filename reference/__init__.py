@@ -1,6 +1,8 @@
 """Pure-PyTorch reference of every obskernels operation: the oracle.
 
 Each function has the exact signature of its Triton twin in obskernels.kernels.
+Its checks come from obskernels.spec (one function per rule); this package
+never imports the kernels nor the front.
 """
 
 from obskernels.reference.accumulate_sq import accumulate_sq

@@ -65,6 +65,20 @@ def test_backends_import_only_spec(folder):
     assert not bad, f"{folder}/ may import only obskernels.spec and {own}:\n" + "\n".join(bad)
 
 
+def test_spec_stands_alone():
+    """The bottom layer imports neither backend nor the front, and no triton
+    (``import obskernels`` works without it)."""
+    files = sorted((ROOT / "obskernels" / "spec").glob("*.py"))
+    assert files
+    bad = [
+        f"{path.relative_to(ROOT)}:{line}: {module}"
+        for path in files
+        for line, module in imported_modules(path)
+        if not allowed(module, "obskernels.spec") or module.split(".")[0] == "triton"
+    ]
+    assert not bad, "obskernels/spec may import only itself:\n" + "\n".join(bad)
+
+
 def test_the_rule_catches_a_cross_import(tmp_path):
     """The reader above sees the forms a leak would take."""
     leak = tmp_path / "leak.py"

@@ -12,14 +12,18 @@ observers). What both must agree on lives here once:
   policy and the layout of an observer's non-finite record.
 - ``search``: the search's parameter bounds, step rule (``num_steps``),
   quantization arguments (``search_args``) and the observers' defaults.
+- ``layout``: ``GroupLayout``, the frozen index map a flattening call is
+  checked into (``group_layout``), by which the kernels address raw storage.
 """
 
-from obskernels.spec import checks, errors, search
+from obskernels.spec import checks, errors, layout, search
 from obskernels.spec.checks import *  # noqa: F401,F403
 from obskernels.spec.checks import __all__ as _checks_all
 from obskernels.spec.errors import HeldStatisticsError, KernelUnsupportedError
+from obskernels.spec.layout import GroupLayout, group_layout
 from obskernels.spec.search import *  # noqa: F401,F403
 from obskernels.spec.search import __all__ as _search_all
 
-__all__ = ["checks", "errors", "search", "KernelUnsupportedError", "HeldStatisticsError",
+__all__ = ["checks", "errors", "layout", "search", "KernelUnsupportedError", "HeldStatisticsError",
+           "GroupLayout", "group_layout",
            *_checks_all, *_search_all]
