@@ -257,15 +257,12 @@ def _pinned_search_steps(target: Target):
     arithmetic. Pinning the largest power of two that leaves (almost) no surplus
     counts the arithmetic a GPU does; results do not change. The configuration
     is passed in through ``launch_config`` (kernels/_layout.py), not patched
-    into the kernel module.
+    into the kernel module. A pin set by an enclosing ``launch_config`` block
+    (a caller's own configuration) is left as it is.
     """
     steps = search_steps(target)
-    try:
-        layout = importlib.import_module("obskernels.kernels._layout")
-        config = importlib.import_module("obskernels.kernels.mse_search").CONFIG
-    except Exception:
-        layout = config = None
-    if not steps or layout is None or getattr(config, "steps_per_iter", 0) is not None:
+    layout = importlib.import_module("obskernels.kernels._layout")
+    if not steps or layout.current_config(layout.LaunchConfig()).steps_per_iter is not None:
         yield None
         return
     per_iter = 1
@@ -396,11 +393,9 @@ def sass_worker(stdin: TextIO, stdout: TextIO) -> None:
     """Entry of the ``--sass-worker`` child: JSON jobs in, per-launch SASS profiles out."""
     import importlib
 
-    from obskernels import backends as obk_backends
+    from obskernels.backends import recorded_launches
 
     report = importlib.import_module("obskernels.kernels.report")
-    # nothing runs (every kernel is a recorder): let the triton backend accept CPU tensors
-    obk_backends._interpreter_on = lambda: True
     jobs = json.loads(stdin.read())
     cache: Dict = {}
     results = []
@@ -409,7 +404,8 @@ def sass_worker(stdin: TextIO, stdout: TextIO) -> None:
         res: Dict = {"status": "ok"}
         try:
             prepared = prepare(case, target, job["backend"], shape=tuple(job["shape"]), device="cpu")
-            with report.recording() as sink:
+            # nothing runs (every kernel is a recorder): the triton backend takes CPU tensors
+            with report.recording() as sink, recorded_launches():
                 prepared.setup()  # e.g. the imatrix hook's statistics: not part of the call
                 sink.clear()
                 try:
