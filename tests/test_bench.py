@@ -336,6 +336,29 @@ def test_reduced_shape_extrapolation_matches_a_direct_count():
     assert modelled["compulsory_bytes"] == comp
 
 
+# The keys of a results.jsonl line as obskernels/bench/README.md lists them
+# ("Records"): in every line, and only when the record has them.
+DOCUMENTED_KEYS = (
+    "op target_kind backend case kind base_name shape full_shape scaled dtype strategy format "
+    "scheme measured_s measured_reps measured_min_s timer throughput_gbs peak_bytes peak_method "
+    "bytes_moved bytes_read bytes_written compulsory_bytes traffic_ratio launches flops modelled_s "
+    "modelled_lanes_s model sass_per_elem_step registers spills bound model_gpu count_method status "
+    "note mode scope machine versions timestamp"
+).split()
+DOCUMENTED_OPTIONAL = (
+    "aten_ops triton_launches syncs triton_unique_bytes atomics op_names "
+    "triton_programs_at_counted_shape sass_kernel model_gpu_s model_cpu_s model_sync_s search_steps "
+    "flops_per_element_step"
+).split()
+
+
+def test_bench_readme_documents_the_record_keys():
+    readme = os.path.join(os.path.dirname(__file__), "..", "obskernels", "bench", "README.md")
+    text = open(readme).read()
+    missing = [k for k in DOCUMENTED_KEYS + DOCUMENTED_OPTIONAL if f"`{k}`" not in text]
+    assert not missing, f"obskernels/bench/README.md does not list {missing}"
+
+
 def test_tiny_harness_run_writes_valid_records(tmp_path):
     from obskernels.bench import report
 
@@ -362,6 +385,15 @@ def test_tiny_harness_run_writes_valid_records(tmp_path):
         missing = [k for k in REQUIRED_KEYS if k not in r]
         assert not missing, f"record {r['op']}/{r['backend']} lacks {missing}"
         assert r["versions"]["torch"] and r["machine"]["cpu_cores"] and r["timestamp"]
+        # the documented keys, in that order, then documented optional ones only
+        assert list(r)[:len(DOCUMENTED_KEYS)] == DOCUMENTED_KEYS, (r["op"], r["backend"])
+        extra = [k for k in list(r)[len(DOCUMENTED_KEYS):] if k not in DOCUMENTED_OPTIONAL]
+        assert not extra, f"record {r['op']}/{r['backend']}: undocumented keys {extra}"
+    assert any("op_names" in r and "model_gpu_s" in r for r in parsed)
+    # a record read back from its line writes the same line
+    back = report.read_jsonl(str(tmp_path / "results.jsonl"))
+    assert [json.dumps(r.to_dict()) for r in back] == lines
+    assert back == list(records)
     run_recs = {(r["op"], r["backend"]): r for r in parsed if r["scope"] == "run"}
     ref = run_recs[("min_max", "reference")]
     assert ref["measured_s"] > 0 and ref["bytes_moved"] > 0 and ref["modelled_s"] > 0
