@@ -359,6 +359,24 @@ def test_bench_readme_documents_the_record_keys():
     assert not missing, f"obskernels/bench/README.md does not list {missing}"
 
 
+def test_record_json_keys_without_a_run():
+    from obskernels.bench.records import CaseInfo, Provenance, Record, Traffic
+
+    case = CaseInfo("w16x256 bf16 int4-group128", "weight", "weight", (16, 256), (4096, 4096), True,
+                    "bf16", "group", "int4 sym g128", "int4-group128")
+    rec = Record("min_max", "op", "reference", case, Provenance("tiny"), status="n/a: test")
+    d = rec.to_dict()
+    # a record that took no figure still has every documented key, null
+    assert list(d) == DOCUMENTED_KEYS
+    assert d["shape"] == [16, 256] and d["measured_s"] is None and d["scope"] == "run"
+    # an optional key appears once the record has it, after the documented ones
+    d = rec.replace(traffic=Traffic(bytes_moved=8, op_names={"amin": 1})).to_dict()
+    assert list(d)[len(DOCUMENTED_KEYS):] == ["op_names"] and d["bytes_moved"] == 8
+    assert Record.from_dict(json.loads(json.dumps(d))).to_dict() == d
+    with pytest.raises(ValueError, match="status"):
+        Record.from_dict({k: v for k, v in d.items() if k != "status"})
+
+
 def test_tiny_harness_run_writes_valid_records(tmp_path):
     from obskernels.bench import report
 
