@@ -58,11 +58,11 @@ def main(argv=None) -> int:
     if os.path.exists(jsonl):
         from obskernels.bench import report
 
-        records = [json.loads(line) for line in open(jsonl)]
+        records = report.read_jsonl(jsonl)
         lead = report.lead_table(records)
         summary["bench"]["observers_full_size"] = report.lead_speedups(records)
         summary["bench"]["measured_triton_rows"] = sum(
-            1 for r in records if r["backend"] == "triton" and r.get("measured_s"))
+            1 for r in records if r.backend == "triton" and r.timing.measured_s)
 
     summary["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     with open(os.path.join(out, "summary.json"), "w") as f:

@@ -83,10 +83,44 @@ def test_triton_counter_counts_only_live_lanes():
 def test_triton_counter_restores_the_interpreter():
     from triton.runtime import interpreter as ti
 
-    before = ti.InterpreterBuilder.__dict__["create_masked_load"]
+    owners = (ti.InterpreterBuilder, ti.GridExecutor, ti.ReduceScanOpInterface)
+    before = [dict(o.__dict__) for o in owners]
     with count_traffic("cpu", triton=True):
-        assert ti.InterpreterBuilder.__dict__["create_masked_load"] is not before
-    assert ti.InterpreterBuilder.__dict__["create_masked_load"] is before
+        assert ti.InterpreterBuilder.__dict__["create_masked_load"] is not before[0]["create_masked_load"]
+        assert ti.InterpreterBuilder.__dict__["binary_op"] is not before[0]["binary_op"]
+        assert ti.GridExecutor.__dict__["__call__"] is not before[1]["__call__"]
+    after = [dict(o.__dict__) for o in owners]
+    for o, b, a in zip(owners, before, after):
+        changed = sorted(k for k in set(b) | set(a) if b.get(k) is not a.get(k))
+        assert not changed, f"{o.__name__}: not restored: {changed}"
+
+
+@needs_interpreter
+@pytest.mark.kernel
+@pytest.mark.parametrize(
+    "shape, scheme, groups_per_row",
+    [((64, 256), "int4-group128", 2), ((48, 272), "int8-channel", 1)],
+)
+def test_triton_min_max_bytes_by_hand(shape, scheme, groups_per_row):
+    """obskernels' min_max kernel reads every bf16 element once (rows x cols x 2
+    bytes) and writes one bf16 min and one bf16 max per group, in one launch."""
+    from obskernels import ops
+    from obskernels.backends import triton_unavailable_reason, use_backend
+
+    if triton_unavailable_reason(None) is not None:
+        pytest.skip(f"triton backend unavailable: {triton_unavailable_reason(None)}")
+    rows, cols = shape
+    value = torch.randn(shape, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
+    args = bench_cases.SCHEMES[scheme].qargs()
+    with use_backend("triton"), count_traffic("cpu", triton=True) as c:
+        mins, maxs = ops.min_max(value, "weight", args)
+    groups = rows * groups_per_row
+    assert mins.numel() == maxs.numel() == groups
+    assert c.bytes_read == rows * cols * 2, c.bytes_read
+    assert c.bytes_written == 2 * groups * 2, c.bytes_written
+    assert (c.launches, c.triton_launches, c.aten_ops) == (1, 1, 0), c.op_names
+    # every byte touched is distinct: the lower bound equals the count
+    assert c.triton_unique_bytes == rows * cols * 2 + 2 * groups * 2
 
 
 # -------------------------------------------------------------------- aten counter
@@ -211,9 +245,59 @@ def test_targets_follow_the_spec():
     assert "accumulate_sq" in {t.label for t in bench_cases.targets_for(act, ops, obs)}
 
 
-def test_values_are_the_same_in_every_call():
-    case = bench_cases.sweep("tiny")[0]
-    assert torch.equal(bench_cases.make_value(case), bench_cases.make_value(case))
+def test_stable_hash_is_fnv1a():
+    # the published 32-bit FNV-1a test vectors
+    assert bench_cases.hash_str("") == 0x811C9DC5
+    assert bench_cases.hash_str("a") == 0xE40C292C
+    assert bench_cases.hash_str("foobar") == 0xBF9CF968
+
+
+def test_values_come_from_torchs_generator_seeded_by_the_case():
+    """A weight's value is torch's normal draw from a generator seeded by a
+    stable hash of (kind, shape, scheme), made in fp32 and cast: rebuilt here
+    from torch's own generator and the FNV-1a vectors above."""
+    case = bench_cases.Case("weight", (24, 256), "bf16", "int4-group128")
+    seed = (bench_cases.hash_str("weight(24, 256)int4-group128") ^ 0x5EED) & 0x7FFFFFFF
+    expected = torch.randn((24, 256), generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+    got = bench_cases.make_value(case)
+    assert got.dtype == torch.bfloat16 and got.shape == (24, 256)
+    assert torch.equal(got, expected)
+    # another shape, another scheme or another kind: other data
+    same_seed = torch.randn((24, 128), generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+    assert not torch.equal(bench_cases.make_value(case, shape=(24, 128)), same_seed)
+    other = bench_cases.make_value(bench_cases.Case("weight", (24, 256), "bf16", "int8-channel"))
+    assert not torch.equal(other, got)
+    # activations: the same draw with a few outlier columns scaled by 8
+    act = bench_cases.Case("activation", (16, 256), "fp32", "fp8-tensor-act")
+    a = bench_cases.make_value(act)
+    seed = (bench_cases.hash_str("activation(16, 256)fp8-tensor-act") ^ 0x5EED) & 0x7FFFFFFF
+    base = torch.randn((16, 256), generator=torch.Generator().manual_seed(seed))
+    ratio = a / base
+    scaled = (ratio == 8.0).all(0)
+    assert ((ratio == 1.0).all(0) | scaled).all() and 1 <= int(scaled.sum()) <= 256 // 64
+
+
+def test_values_are_the_same_in_every_process():
+    """Seeds do not depend on Python's per-process string hash: two processes
+    with different hash seeds build the same bytes as this one."""
+    import hashlib
+    import subprocess
+    import sys
+
+    code = (
+        "import hashlib, sys\n"
+        "from obskernels.bench import cases\n"
+        "for c in cases.sweep('tiny'):\n"
+        "    v = cases.make_value(c).float().numpy().tobytes()\n"
+        "    print(hashlib.sha256(v).hexdigest())\n"
+    )
+    here = [hashlib.sha256(bench_cases.make_value(c).float().numpy().tobytes()).hexdigest()
+            for c in bench_cases.sweep("tiny")]
+    for hash_seed in ("1", "2"):
+        env = dict(os.environ, PYTHONHASHSEED=hash_seed, PYTHONSAFEPATH="1")
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, check=True, cwd=os.path.dirname(os.path.abspath(__file__)))
+        assert out.stdout.split() == here, f"PYTHONHASHSEED={hash_seed}: {out.stderr[-500:]}"
 
 
 # ------------------------------------------------------------------------- harness
@@ -252,6 +336,47 @@ def test_reduced_shape_extrapolation_matches_a_direct_count():
     assert modelled["compulsory_bytes"] == comp
 
 
+# The keys of a results.jsonl line as obskernels/bench/README.md lists them
+# ("Records"): in every line, and only when the record has them.
+DOCUMENTED_KEYS = (
+    "op target_kind backend case kind base_name shape full_shape scaled dtype strategy format "
+    "scheme measured_s measured_reps measured_min_s timer throughput_gbs peak_bytes peak_method "
+    "bytes_moved bytes_read bytes_written compulsory_bytes traffic_ratio launches flops modelled_s "
+    "modelled_lanes_s model sass_per_elem_step registers spills bound model_gpu count_method status "
+    "note mode scope machine versions timestamp"
+).split()
+DOCUMENTED_OPTIONAL = (
+    "aten_ops triton_launches syncs triton_unique_bytes atomics op_names "
+    "triton_programs_at_counted_shape sass_kernel model_gpu_s model_cpu_s model_sync_s search_steps "
+    "flops_per_element_step"
+).split()
+
+
+def test_bench_readme_documents_the_record_keys():
+    readme = os.path.join(os.path.dirname(__file__), "..", "obskernels", "bench", "README.md")
+    text = open(readme).read()
+    missing = [k for k in DOCUMENTED_KEYS + DOCUMENTED_OPTIONAL if f"`{k}`" not in text]
+    assert not missing, f"obskernels/bench/README.md does not list {missing}"
+
+
+def test_record_json_keys_without_a_run():
+    from obskernels.bench.records import CaseInfo, Provenance, Record, Traffic
+
+    case = CaseInfo("w16x256 bf16 int4-group128", "weight", "weight", (16, 256), (4096, 4096), True,
+                    "bf16", "group", "int4 sym g128", "int4-group128")
+    rec = Record("min_max", "op", "reference", case, Provenance("tiny"), status="n/a: test")
+    d = rec.to_dict()
+    # a record that took no figure still has every documented key, null
+    assert list(d) == DOCUMENTED_KEYS
+    assert d["shape"] == [16, 256] and d["measured_s"] is None and d["scope"] == "run"
+    # an optional key appears once the record has it, after the documented ones
+    d = rec.replace(traffic=Traffic(bytes_moved=8, op_names={"amin": 1})).to_dict()
+    assert list(d)[len(DOCUMENTED_KEYS):] == ["op_names"] and d["bytes_moved"] == 8
+    assert Record.from_dict(json.loads(json.dumps(d))).to_dict() == d
+    with pytest.raises(ValueError, match="status"):
+        Record.from_dict({k: v for k, v in d.items() if k != "status"})
+
+
 def test_tiny_harness_run_writes_valid_records(tmp_path):
     from obskernels.bench import report
 
@@ -278,6 +403,15 @@ def test_tiny_harness_run_writes_valid_records(tmp_path):
         missing = [k for k in REQUIRED_KEYS if k not in r]
         assert not missing, f"record {r['op']}/{r['backend']} lacks {missing}"
         assert r["versions"]["torch"] and r["machine"]["cpu_cores"] and r["timestamp"]
+        # the documented keys, in that order, then documented optional ones only
+        assert list(r)[:len(DOCUMENTED_KEYS)] == DOCUMENTED_KEYS, (r["op"], r["backend"])
+        extra = [k for k in list(r)[len(DOCUMENTED_KEYS):] if k not in DOCUMENTED_OPTIONAL]
+        assert not extra, f"record {r['op']}/{r['backend']}: undocumented keys {extra}"
+    assert any("op_names" in r and "model_gpu_s" in r for r in parsed)
+    # a record read back from its line writes the same line
+    back = report.read_jsonl(str(tmp_path / "results.jsonl"))
+    assert [json.dumps(r.to_dict()) for r in back] == lines
+    assert back == list(records)
     run_recs = {(r["op"], r["backend"]): r for r in parsed if r["scope"] == "run"}
     ref = run_recs[("min_max", "reference")]
     assert ref["measured_s"] > 0 and ref["bytes_moved"] > 0 and ref["modelled_s"] > 0

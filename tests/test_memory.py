@@ -146,7 +146,7 @@ def test_harness_records_a_peak_for_triton_rows(tmp_path):
         out=str(tmp_path), cases=[case], min_reps=1, max_reps=1, min_time_s=0.0,
         project_full=False, progress=None,
     ))
-    rows = {r["backend"]: r for r in records if r["scope"] == "run"}
+    rows = {r["backend"]: r for r in (rec.to_dict() for rec in records) if r["scope"] == "run"}
     tri, ref = rows["triton"], rows["reference"]
     assert tri["status"] == "modelled", tri["status"]
     groups = 16 * 256 // 128

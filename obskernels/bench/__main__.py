@@ -157,7 +157,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     for line in report.legend(records):
         print(line)
     print()
-    if any(r.get("scaled") for r in records if r.get("scope", "run") == "run"):
+    if any(r.case.scaled for r in records if r.scope == "run"):
         print(report.SCALED_NOTE)
     print(report.console_table(records, "run"))
     proj = report.console_table(records, "full-size projection")

@@ -216,7 +216,12 @@ def _observer_prepared(registry, case: Case, target: Target, value, wrap) -> Pre
 
 @contextlib.contextmanager
 def _llmc_path(path: str):
-    """Forces llm-compressor's ``_grid_search_mse`` onto "eager" or "triton"."""
+    """Forces llm-compressor's ``_grid_search_mse`` onto "eager" or "triton".
+
+    compressed-tensors takes no argument for this: its only switches are its
+    module flag ``ENFORCE_EAGER`` (read from CT_ENFORCE_EAGER at import) and
+    its backend registry, so they are set for the call and restored after it.
+    """
     from compressed_tensors.utils import impl_backend
 
     saved_flag = getattr(impl_backend, "ENFORCE_EAGER", False)

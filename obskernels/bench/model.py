@@ -35,9 +35,11 @@ Default GPU: H100 SXM, 3.35 TB/s HBM3, 67 TFLOP/s fp32 (non-tensor-core),
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
+
+from obskernels.bench.records import Model, Traffic
 
 __all__ = [
     "GpuModel",
@@ -47,6 +49,9 @@ __all__ = [
     "bound",
     "compulsory_bytes",
     "affine_extrapolate",
+    "model_call",
+    "MODEL",
+    "MODEL_LANES",
 ]
 
 
@@ -171,3 +176,82 @@ def overlap_model(per_launch: Sequence, syncs: int, gpu: GpuModel = H100_SXM,
         "bound": max(terms, key=terms.get),
         "compute": "sass" if used_sass else "lanes",
     }
+
+
+MODEL = ("max(GPU, CPU issue) + syncs x drain; GPU = sum per launch of max(bytes/bandwidth, "
+         "compute); Triton compute from sm_90a SASS")
+MODEL_LANES = MODEL.replace("from sm_90a SASS", "from interpreter lanes (proxy)")
+
+# counters a record keeps when the counts have them (Traffic's breakdown fields)
+_BREAKDOWN = ("aten_ops", "triton_launches", "syncs", "triton_unique_bytes", "atomics", "op_names",
+              "triton_programs_at_counted_shape")
+
+
+def model_call(counts: Dict, compulsory: Optional[int], gpu: GpuModel = H100_SXM,
+               sass: Optional[Dict] = None) -> Tuple[Traffic, Model]:
+    """A record's traffic and model groups from one call's counts.
+
+    ``counts``: the counters' figures (``Counts.to_dict()`` or the runner's
+    extrapolated dict) with ``per_launch`` and ``count_method``; ``sass``: the
+    SASS worker's profile of the call's Triton launches (None: none taken).
+    Every Triton launch is priced by the SASS of the launch with its kernel
+    name, in order; a launch only the GPU configuration makes (a split's
+    finish pass) joins with its compute and no counted bytes.
+    """
+    moved, launches, flops = counts.get("bytes_moved"), counts.get("launches"), counts.get("flops")
+    traffic = Traffic(
+        bytes_moved=moved,
+        bytes_read=counts.get("bytes_read"),
+        bytes_written=counts.get("bytes_written"),
+        compulsory_bytes=compulsory,
+        traffic_ratio=round(moved / compulsory, 3) if compulsory else None,
+        launches=launches,
+        flops=flops,
+        count_method=counts.get("count_method"),
+        **{k: counts[k] for k in _BREAKDOWN if k in counts},
+    )
+    per_launch = counts.get("per_launch")
+    if per_launch is None:  # counts without a per-launch breakdown: one launch per op
+        per_launch = [["aten", "op", moved / max(launches, 1), flops / max(launches, 1)]] * int(launches or 0)
+    syncs = int(counts.get("syncs") or 0)
+    lanes = overlap_model(per_launch, syncs, gpu)
+    result, formula, heavy_fields = lanes, MODEL_LANES, {}
+    profiled = (sass or {}).get("launches") or []
+    if profiled:
+        pending = list(profiled)
+        compute = []
+        for kind, name, _, _ in per_launch:
+            if kind != "triton":
+                continue
+            hit = next((p for p in pending if p["kernel"].split(".")[-1] == name), None)
+            if hit is not None:
+                pending.remove(hit)
+            compute.append(hit.get("issue_s") if hit else None)
+        per_launch = list(per_launch) + [["triton", p["kernel"], 0, 0] for p in pending]
+        compute += [p.get("issue_s") for p in pending]
+        result = overlap_model(per_launch, syncs, gpu, compute)
+        ok = [p for p in profiled if not p.get("error")]
+        if ok:
+            heavy = max(ok, key=lambda p: p.get("issue_s") or 0.0)
+            heavy_fields = dict(
+                sass_per_elem_step=round(heavy["sass_per_elem_step"], 1),
+                sass_kernel=heavy["kernel"],
+                registers=max(p["registers"] for p in ok),
+                spills=max(p["spills"] for p in ok),
+            )
+        if result["compute"] == "sass":
+            formula = MODEL
+    elif (sass or {}).get("status") == "ok" and not any(k == "triton" for k, *_ in per_launch):
+        formula = MODEL  # no Triton launch in the call: nothing for SASS to price
+    model = Model(
+        modelled_s=result["modelled_s"],
+        modelled_lanes_s=lanes["modelled_s"],
+        formula=formula,
+        bound=result["bound"],
+        gpu=gpu.describe(),
+        gpu_s=result["gpu_s"],
+        cpu_s=result["cpu_s"],
+        sync_s=result["sync_s"],
+        **heavy_fields,
+    )
+    return traffic, model

@@ -7,8 +7,10 @@ import os
 from collections import OrderedDict
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-__all__ = ["console_table", "lead_table", "SCALED_NOTE", "write_jsonl", "write_report", "plot",
-           "write_all", "legend"]
+from obskernels.bench.records import Record
+
+__all__ = ["console_table", "lead_table", "SCALED_NOTE", "write_jsonl", "read_jsonl", "write_report",
+           "plot", "write_all", "legend"]
 
 SCALED_NOTE = (
     "Scaled shapes (1/32 per side in quick mode): these OVERSTATE the search's speedup. "
@@ -27,51 +29,56 @@ def _us(x: Optional[float]) -> str:
     return "-" if x is None else (f"{x * 1e6:.1f}" if x < 1e-3 else f"{x * 1e6:.0f}")
 
 
-def _ratio(r: Optional[Dict]) -> str:
-    if r is None or r.get("bytes_moved") is None:
+def _ratio(r: Optional[Record]) -> str:
+    if r is None or r.traffic.bytes_moved is None:
         return "-"
-    if not r.get("compulsory_bytes"):
-        return "view" if r["bytes_moved"] == 0 else "inf"
-    return f"{r['bytes_moved'] / r['compulsory_bytes']:.2f}"
+    if not r.traffic.compulsory_bytes:
+        return "view" if r.traffic.bytes_moved == 0 else "inf"
+    return f"{r.traffic.bytes_moved / r.traffic.compulsory_bytes:.2f}"
 
 
-def _short_status(r: Optional[Dict]) -> str:
+def _short_status(r: Optional[Record]) -> str:
     if r is None:
         return "-"
-    s = r.get("status") or ""
+    s = r.status or ""
     for key in ("unsupported", "unavailable", "n/a", "error", "not modelled"):
         if s.startswith(key):
             return key
     return ""
 
 
-def _group(records: Iterable[Dict], scope: str) -> "OrderedDict[Tuple[str, str], Dict[str, Dict]]":
-    rows: "OrderedDict[Tuple[str, str], Dict[str, Dict]]" = OrderedDict()
+def _group(records: Iterable[Record], scope: str) -> "OrderedDict[Tuple[str, str], Dict[str, Record]]":
+    rows: "OrderedDict[Tuple[str, str], Dict[str, Record]]" = OrderedDict()
     for r in records:
-        if r.get("scope", "run") != scope:
+        if r.scope != scope:
             continue
-        rows.setdefault((r["case"], r["op"]), {})[r["backend"]] = r
+        rows.setdefault((r.case.label, r.op), {})[r.backend] = r
     return rows
 
 
-def _backends(records: Sequence[Dict]) -> List[str]:
+def _backends(records: Sequence[Record]) -> List[str]:
     order = ["reference", "llmc-eager", "triton", "llmc-triton"]
-    present = {r["backend"] for r in records}
+    present = {r.backend for r in records}
     return [b for b in order if b in present]
 
 
-def legend(records: Sequence[Dict]) -> List[str]:
+def _scaled_run(records: Sequence[Record]) -> bool:
+    """Whether the run's own rows (not the projection) are at scaled shapes."""
+    return any(r.case.scaled for r in records if r.scope == "run")
+
+
+def legend(records: Sequence[Record]) -> List[str]:
     """Lines explaining the columns and where each figure comes from."""
     if not records:
         return []
     r0 = records[0]
-    m = r0["machine"]
+    m = r0.provenance.machine
     where = m.get("gpu") or (f"{m.get('cpu')} ({m.get('cpu_cores')} cores, no GPU; torch uses "
                              f"{m.get('torch_threads')} thread(s))")
-    scaled = any(r.get("scaled") for r in records if r.get("scope") == "run")
+    scaled = _scaled_run(records)
     lines = [
         f"machine: {where}; load average at start {m.get('loadavg')}, at end {m.get('loadavg_end')}",
-        f"mode: {r0['mode']}"
+        f"mode: {r0.provenance.mode}"
         + (" -- shapes SCALED DOWN (full sizes in the projection table / records' full_shape)" if scaled else ""),
         "MEASURED here: 'ms' (median wall time of one call after a warm-up), 'GB/s' (compulsory"
         " bytes / that time; peak memory is in results.jsonl). "
@@ -79,7 +86,7 @@ def legend(records: Sequence[Dict]) -> List[str]:
            else "No CUDA device: the Triton rows are MODELLED only (no time measured)."),
         "MODELLED: 'x' = bytes moved / compulsory bytes (input read once, outputs written once,"
         " 'view' when none is needed); 'L' = launches per call (aten ops + Triton grids);",
-        f"  'GPU us' = modelled time on {r0['model_gpu']}, the same formula for every backend:"
+        f"  'GPU us' = modelled time on {r0.model.gpu}, the same formula for every backend:"
         " max(GPU time, CPU issue time) + syncs x drain cost; GPU time = sum over launches of"
         " max(bytes/bandwidth, compute); CPU issue time = launches x launch cost.",
         "  compute: aten ops one lane per element at the fp32 rate; Triton launches the sm_90a"
@@ -94,11 +101,19 @@ def legend(records: Sequence[Dict]) -> List[str]:
 SHORT = {"reference": "ref", "llmc-eager": "llmc", "triton": "triton", "llmc-triton": "llmc-tri"}
 
 
-def _has_figures(r: Dict) -> bool:
-    return r.get("measured_s") is not None or r.get("modelled_s") is not None
+def _has_figures(r: Record) -> bool:
+    return r.timing.measured_s is not None or r.model.modelled_s is not None
 
 
-def console_table(records: Sequence[Dict], scope: str = "run") -> str:
+def _measured_s(r: Optional[Record]) -> Optional[float]:
+    return None if r is None else r.timing.measured_s
+
+
+def _modelled_s(r: Optional[Record]) -> Optional[float]:
+    return None if r is None else r.model.modelled_s
+
+
+def console_table(records: Sequence[Record], scope: str = "run") -> str:
     """One line per (case, op): each backend's figures side by side.
 
     Columns: '<backend> ms' measured, 'GB/s' compulsory bytes / measured time;
@@ -110,8 +125,8 @@ def console_table(records: Sequence[Dict], scope: str = "run") -> str:
     if not rows:
         return ""
     all_recs = [r for g in rows.values() for r in g.values()]
-    backends = [b for b in _backends(all_recs) if any(_has_figures(r) for r in all_recs if r["backend"] == b)]
-    measured_bk = [b for b in backends if any(g.get(b, {}).get("measured_s") is not None for g in rows.values())]
+    backends = [b for b in _backends(all_recs) if any(_has_figures(r) for r in all_recs if r.backend == b)]
+    measured_bk = [b for b in backends if any(_measured_s(g.get(b)) is not None for g in rows.values())]
     head = ["case", "op"]
     for b in measured_bk:
         head += [f"{SHORT[b]} ms", f"{SHORT[b]} GB/s"]
@@ -128,21 +143,22 @@ def console_table(records: Sequence[Dict], scope: str = "run") -> str:
     for (case, op), g in rows.items():
         line = [case, op]
         for b in measured_bk:
-            r = g.get(b, {})
-            line.append(_ms(r.get("measured_s")))
-            gbs = r.get("throughput_gbs")
+            r = g.get(b)
+            line.append(_ms(_measured_s(r)))
+            gbs = None if r is None else r.timing.throughput_gbs
             line.append("-" if gbs is None else f"{gbs:.3g}")
         for b in backends:
             r = g.get(b)
             line.append(_ratio(r))
-            line.append("-" if r is None or r.get("launches") is None else str(r["launches"]))
+            line.append("-" if r is None or r.traffic.launches is None else str(r.traffic.launches))
         for b in backends:
-            line.append(_us((g.get(b) or {}).get("modelled_s")))
+            line.append(_us(_modelled_s(g.get(b))))
         if speedup:
-            t, ref = (g.get("triton") or {}).get("modelled_s"), (g.get("reference") or {}).get("modelled_s")
+            t, ref = _modelled_s(g.get("triton")), _modelled_s(g.get("reference"))
             line.append(f"{ref / t:.1f}x" if t and ref else "-")
         if "triton" in backends:
-            line.append((g.get("triton") or {}).get("bound") or "-")
+            tri = g.get("triton")
+            line.append((tri.model.bound if tri is not None else None) or "-")
         notes = sorted({f"{SHORT[b]} {_short_status(g[b])}" for b in g
                         if _short_status(g[b]) and _short_status(g[b]) != "unavailable"})
         line.append(", ".join(notes))
@@ -154,47 +170,49 @@ def console_table(records: Sequence[Dict], scope: str = "run") -> str:
                              for i, (c, w) in enumerate(zip(row, widths))).rstrip())
         if k == 0:
             out.append("  ".join("-" * w for w in widths).rstrip())
-    missing = sorted({(r["backend"], r["status"]) for r in all_recs
-                      if (r.get("status") or "").startswith("unavailable")})
+    missing = sorted({(r.backend, r.status) for r in all_recs
+                      if (r.status or "").startswith("unavailable")})
     for b, status in missing:
         out.append(f"({b} not run: {status[len('unavailable: '):]})")
     return "\n".join(out)
 
 
-def _lead_records(records: Sequence[Dict]) -> List[Dict]:
+def _lead_records(records: Sequence[Record]) -> List[Record]:
     """Observer rows at the full size: the projection of scaled cases, or the
     run's own rows when they were not scaled (full mode)."""
-    return [r for r in records if r.get("target_kind") == "observer" and (
-        r.get("scope") == "full-size projection" or (r.get("scope", "run") == "run" and not r.get("scaled")))]
+    return [r for r in records if r.target_kind == "observer" and (
+        r.scope == "full-size projection" or (r.scope == "run" and not r.case.scaled))]
 
 
-def lead_speedups(records: Sequence[Dict]) -> List[Dict]:
+def lead_speedups(records: Sequence[Record]) -> List[Dict]:
     """Per (case, observer) at the full size: modelled us of llm-compressor eager,
     obskernels triton (SASS model and lanes model) and the reference, and the
     speedups of triton over llm-compressor eager under both."""
-    rows: "OrderedDict[Tuple[str, str], Dict[str, Dict]]" = OrderedDict()
+    rows: "OrderedDict[Tuple[str, str], Dict[str, Record]]" = OrderedDict()
     for r in _lead_records(records):
-        rows.setdefault((r["case"], r["op"]), {})[r["backend"]] = r
+        rows.setdefault((r.case.label, r.op), {})[r.backend] = r
     out = []
     for (case, op), g in rows.items():
-        t, l, ref = g.get("triton") or {}, g.get("llmc-eager") or {}, g.get("reference") or {}
-        ts, tl_, ls, rs = t.get("modelled_s"), t.get("modelled_lanes_s"), l.get("modelled_s"), ref.get("modelled_s")
+        t, l, ref = g.get("triton"), g.get("llmc-eager"), g.get("reference")
+        ts, ls, rs = _modelled_s(t), _modelled_s(l), _modelled_s(ref)
+        tl_ = None if t is None else t.model.modelled_lanes_s
+        tm, lm = _measured_s(t), _measured_s(l)
         out.append(dict(
             case=case, op=op, llmc_us=ls and ls * 1e6, triton_us=ts and ts * 1e6,
             triton_lanes_us=tl_ and tl_ * 1e6, reference_us=rs and rs * 1e6,
             speedup_vs_llmc=(ls / ts) if ls and ts else None,
             speedup_vs_llmc_lanes=(ls / tl_) if ls and tl_ else None,
             speedup_vs_reference=(rs / ts) if rs and ts else None,
-            triton_launches=t.get("launches"), llmc_launches=l.get("launches"),
-            triton_bound=t.get("bound"), sass_per_elem_step=t.get("sass_per_elem_step"),
-            registers=t.get("registers"), spills=t.get("spills"),
-            triton_measured_us=t.get("measured_s") and t["measured_s"] * 1e6,
-            llmc_measured_us=l.get("measured_s") and l["measured_s"] * 1e6,
+            triton_launches=t and t.traffic.launches, llmc_launches=l and l.traffic.launches,
+            triton_bound=t and t.model.bound, sass_per_elem_step=t and t.model.sass_per_elem_step,
+            registers=t and t.model.registers, spills=t and t.model.spills,
+            triton_measured_us=tm and tm * 1e6,
+            llmc_measured_us=lm and lm * 1e6,
         ))
     return out
 
 
-def lead_table(records: Sequence[Dict]) -> str:
+def lead_table(records: Sequence[Record]) -> str:
     """What a user will see first: each observer at the full size (4096 x 4096
     and the other real shapes) vs llm-compressor eager, modelled with one
     formula for every backend."""
@@ -227,31 +245,38 @@ def lead_table(records: Sequence[Dict]) -> str:
     if not any(r["llmc_us"] for r in rows):
         out.append("(no llm-compressor rows: it is not importable here; run the bench from "
                    ".venv-llmcompressor, built by `make llmcompressor-env`)")
-    out.append("modelled, not measured: 'us' on " + (records[0].get("model_gpu") or "the model GPU")
+    out.append("modelled, not measured: 'us' on " + (records[0].model.gpu or "the model GPU")
                + "; 'lanes' = the same model with interpreter lanes as Triton compute (proxy)")
     return "\n".join(out)
 
 
-def write_jsonl(records: Sequence[Dict], path: str) -> None:
+def write_jsonl(records: Sequence[Record], path: str) -> None:
+    """One JSON object per record and line (``Record.to_dict``)."""
     with open(path, "w") as f:
         for r in records:
-            f.write(json.dumps(r, sort_keys=False) + "\n")
+            f.write(json.dumps(r.to_dict(), sort_keys=False) + "\n")
+
+
+def read_jsonl(path: str) -> List[Record]:
+    """The records of a results.jsonl written by ``write_jsonl``."""
+    with open(path) as f:
+        return [Record.from_dict(json.loads(line)) for line in f if line.strip()]
 
 
 def _md_table(text: str) -> str:
     return "```\n" + text + "\n```\n"
 
 
-def write_report(records: Sequence[Dict], path: str, plots: Sequence[str]) -> None:
-    r0 = records[0] if records else {}
+def write_report(records: Sequence[Record], path: str, plots: Sequence[str]) -> None:
     statuses: Dict[str, int] = {}
     for r in records:
-        key = (r.get("status") or "").split(":")[0]
+        key = (r.status or "").split(":")[0]
         statuses[key] = statuses.get(key, 0) + 1
     lines = ["# obskernels benchmark report", ""]
-    if r0:
-        lines += [f"- generated: {r0['timestamp']}", f"- versions: {json.dumps(r0['versions'])}",
-                  f"- machine: {json.dumps(r0['machine'])}", ""]
+    if records:
+        p = records[0].provenance
+        lines += [f"- generated: {p.timestamp}", f"- versions: {json.dumps(p.versions)}",
+                  f"- machine: {json.dumps(p.machine)}", ""]
     lead = lead_table(records)
     if lead:
         lines += ["## Observers at the full size vs llm-compressor eager (modelled)", "",
@@ -259,16 +284,15 @@ def write_report(records: Sequence[Dict], path: str, plots: Sequence[str]) -> No
                   "backend under the same model (see How to read it).", "", _md_table(lead)]
     lines += ["## How to read it", ""] + [f"- {x}" for x in legend(records)] + [""]
     lines += ["Record statuses: " + ", ".join(f"{k}: {v}" for k, v in sorted(statuses.items())), ""]
-    problems = sorted({(r["backend"], r["status"]) for r in records
-                       if (r.get("status") or "").startswith(("unsupported", "error", "unavailable"))})
+    problems = sorted({(r.backend, r.status) for r in records
+                       if (r.status or "").startswith(("unsupported", "error", "unavailable"))})
     if problems:
         lines += ["Rows without figures, and why:", ""]
         lines += [f"- {b}: {s}" for b, s in problems[:40]]
         if len(problems) > 40:
             lines.append(f"- ... and {len(problems) - 40} more (see results.jsonl)")
         lines.append("")
-    scaled = any(r.get("scaled") for r in records if r.get("scope", "run") == "run")
-    lines += ["## This run", ""] + ([SCALED_NOTE, ""] if scaled else []) + [_md_table(console_table(records, "run"))]
+    lines += ["## This run", ""] + ([SCALED_NOTE, ""] if _scaled_run(records) else []) + [_md_table(console_table(records, "run"))]
     proj = console_table(records, "full-size projection")
     if proj:
         lines += ["## Modelled at the full sizes (no measurement)", "",
@@ -281,7 +305,7 @@ def write_report(records: Sequence[Dict], path: str, plots: Sequence[str]) -> No
         f.write("\n".join(lines) + "\n")
 
 
-def plot(records: Sequence[Dict], out_dir: str) -> List[str]:
+def plot(records: Sequence[Record], out_dir: str) -> List[str]:
     """speedup.png and traffic.png (and projection.png when there are projections)."""
     try:
         import matplotlib
@@ -309,7 +333,7 @@ def plot(records: Sequence[Dict], out_dir: str) -> List[str]:
         ax.axvline(1.0, color="k", lw=0.8, ls="--")
         ax.set_xlabel(f"modelled speedup vs {'llm-compressor eager' if base == 'llmc' else 'the reference'}")
         ax.legend(fontsize=7)
-        fig.suptitle("Observers at the full size (modelled, " + (records[0]["model_gpu"] if records else "")
+        fig.suptitle("Observers at the full size (modelled, " + (records[0].model.gpu if records else "")
                      + ")", fontsize=10)
         fig.tight_layout()
         path = os.path.join(out_dir, "lead.png")
@@ -324,7 +348,7 @@ def plot(records: Sequence[Dict], out_dir: str) -> List[str]:
         cases = list(OrderedDict.fromkeys(case for case, _ in rows))
         recs = [r for g in rows.values() for r in g.values()]
         backends = [b for b in _backends(recs)
-                    if any(_has_figures(r) for r in recs if r["backend"] == b)]
+                    if any(_has_figures(r) for r in recs if r.backend == b)]
         if name in ("speedup", "projection"):
             shown = [b for b in backends if b != "reference"]
         else:
@@ -344,13 +368,13 @@ def plot(records: Sequence[Dict], out_dir: str) -> List[str]:
                     r, ref = g.get(b), g.get("reference")
                     v = None
                     if r is not None and name == "traffic":
-                        if r.get("bytes_moved") is not None and r.get("compulsory_bytes"):
-                            v = r["bytes_moved"] / r["compulsory_bytes"]
+                        if r.traffic.bytes_moved is not None and r.traffic.compulsory_bytes:
+                            v = r.traffic.bytes_moved / r.traffic.compulsory_bytes
                     elif r is not None and ref is not None:
-                        if r.get("measured_s") and ref.get("measured_s"):
-                            v = ref["measured_s"] / r["measured_s"]
-                        elif r.get("modelled_s") and ref.get("modelled_s"):
-                            v = ref["modelled_s"] / r["modelled_s"]
+                        if r.timing.measured_s and ref.timing.measured_s:
+                            v = ref.timing.measured_s / r.timing.measured_s
+                        elif r.model.modelled_s and ref.model.modelled_s:
+                            v = ref.model.modelled_s / r.model.modelled_s
                     vals.append(v if v is not None else 0.0)
                 pos = [i + (k - (len(shown) - 1) / 2) * width for i in range(len(xs))]
                 if any(vals):
@@ -377,9 +401,9 @@ def plot(records: Sequence[Dict], out_dir: str) -> List[str]:
                        "dashed 1x, dotted 2x = the kernels' mse_search target)",
             "speedup": "SCALED shapes (overstate the search's speedup). Speedup vs the reference: "
                        "measured where both are measured, else the GPU model's ratio ("
-                       + (records[0]["model_gpu"] if records else "") + ")",
+                       + (records[0].model.gpu if records else "") + ")",
             "projection": "Full-size shapes: modelled GPU speedup vs the reference ("
-                          + (records[0]["model_gpu"] if records else "") + ")",
+                          + (records[0].model.gpu if records else "") + ")",
         }
         fig.suptitle(titles[name] + ("" if drew else "  [no figures for these backends yet]"), fontsize=11)
         fig.tight_layout(rect=(0, 0, 1, 0.97))
@@ -390,7 +414,7 @@ def plot(records: Sequence[Dict], out_dir: str) -> List[str]:
     return paths
 
 
-def write_all(records: Sequence[Dict], out_dir: str) -> Dict[str, str]:
+def write_all(records: Sequence[Record], out_dir: str) -> Dict[str, str]:
     os.makedirs(out_dir, exist_ok=True)
     jsonl = os.path.join(out_dir, "results.jsonl")
     write_jsonl(records, jsonl)

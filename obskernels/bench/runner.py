@@ -44,7 +44,8 @@ from obskernels.bench.backends import (
     prepare,
 )
 from obskernels.bench.cases import OBSERVERS, OPS, Case, Target, make_value, sweep, targets_for
-from obskernels.bench.model import H100_SXM, GpuModel, affine_extrapolate, overlap_model
+from obskernels.bench.model import H100_SXM, GpuModel, affine_extrapolate, model_call
+from obskernels.bench.records import CaseInfo, Model, Provenance, Record, Timing
 from obskernels.bench.traffic import Counts, count_traffic, peak_memory
 from obskernels.spec.search import IMATRIX_DEFAULTS, MSE_DEFAULTS, NVFP4_EXPANDED, num_steps
 
@@ -258,15 +259,12 @@ def _pinned_search_steps(target: Target):
     arithmetic. Pinning the largest power of two that leaves (almost) no surplus
     counts the arithmetic a GPU does; results do not change. The configuration
     is passed in through ``launch_config`` (kernels/_layout.py), not patched
-    into the kernel module.
+    into the kernel module. A pin set by an enclosing ``launch_config`` block
+    (a caller's own configuration) is left as it is.
     """
     steps = search_steps(target)
-    try:
-        layout = importlib.import_module("obskernels.kernels._layout")
-        config = importlib.import_module("obskernels.kernels.mse_search").CONFIG
-    except Exception:
-        layout = config = None
-    if not steps or layout is None or getattr(config, "steps_per_iter", 0) is not None:
+    layout = importlib.import_module("obskernels.kernels._layout")
+    if not steps or layout.current_config(layout.LaunchConfig()).steps_per_iter is not None:
         yield None
         return
     per_iter = 1
@@ -397,11 +395,9 @@ def sass_worker(stdin: TextIO, stdout: TextIO) -> None:
     """Entry of the ``--sass-worker`` child: JSON jobs in, per-launch SASS profiles out."""
     import importlib
 
-    from obskernels import backends as obk_backends
+    from obskernels.backends import recorded_launches
 
     report = importlib.import_module("obskernels.kernels.report")
-    # nothing runs (every kernel is a recorder): let the triton backend accept CPU tensors
-    obk_backends._interpreter_on = lambda: True
     jobs = json.loads(stdin.read())
     cache: Dict = {}
     results = []
@@ -410,7 +406,8 @@ def sass_worker(stdin: TextIO, stdout: TextIO) -> None:
         res: Dict = {"status": "ok"}
         try:
             prepared = prepare(case, target, job["backend"], shape=tuple(job["shape"]), device="cpu")
-            with report.recording() as sink:
+            # nothing runs (every kernel is a recorder): the triton backend takes CPU tensors
+            with report.recording() as sink, recorded_launches():
                 prepared.setup()  # e.g. the imatrix hook's statistics: not part of the call
                 sink.clear()
                 try:
@@ -461,111 +458,29 @@ def count_worker(stdin: TextIO, stdout: TextIO) -> None:
 
 # -------------------------------------------------------------------- records
 
-def _base_record(case: Case, target: Target, backend: str, shape, ctx: Dict) -> Dict:
+def _base_record(case: Case, target: Target, backend: str, shape, ctx: Dict) -> Record:
+    """A record of ``target`` on ``case`` at ``shape`` with no figures yet."""
     spec = case.spec
-    return {
-        "op": target.label,
-        "target_kind": target.kind,
-        "backend": backend,
-        "case": case.label,
-        "kind": case.kind,
-        "base_name": case.base_name,
-        "shape": list(shape),
-        "full_shape": list(case.full_shape or shape),
-        "scaled": tuple(shape) != tuple(case.full_shape or shape),
-        "dtype": case.dtype,
-        "strategy": spec.strategy,
-        "format": spec.fmt,
-        "scheme": spec.name,
-        "measured_s": None,
-        "measured_reps": None,
-        "measured_min_s": None,
-        "timer": None,
-        "throughput_gbs": None,
-        "peak_bytes": None,
-        "peak_method": None,
-        "bytes_moved": None,
-        "bytes_read": None,
-        "bytes_written": None,
-        "compulsory_bytes": None,
-        "traffic_ratio": None,
-        "launches": None,
-        "flops": None,
-        "modelled_s": None,
-        "modelled_lanes_s": None,
-        "model": None,
-        "sass_per_elem_step": None,
-        "registers": None,
-        "spills": None,
-        "bound": None,
-        "model_gpu": ctx["gpu"].describe(),
-        "count_method": None,
-        "status": None,
-        "note": None,
-        "mode": ctx["mode"],
-        "scope": "run",
-        "machine": ctx["machine"],
-        "versions": ctx["versions"],
-        "timestamp": None,
-    }
-
-MODEL = ("max(GPU, CPU issue) + syncs x drain; GPU = sum per launch of max(bytes/bandwidth, "
-         "compute); Triton compute from sm_90a SASS")
-MODEL_LANES = MODEL.replace("from sm_90a SASS", "from interpreter lanes (proxy)")
-
-
-def _fill_model(rec: Dict, counts: Dict, compulsory: Optional[int], gpu: GpuModel,
-                sass: Optional[Dict] = None) -> None:
-    for k in ("bytes_moved", "bytes_read", "bytes_written", "launches", "flops"):
-        rec[k] = counts.get(k)
-    for k in ("aten_ops", "triton_launches", "syncs", "triton_unique_bytes", "atomics", "op_names",
-              "triton_programs_at_counted_shape"):
-        if k in counts:
-            rec[k] = counts[k]
-    rec["compulsory_bytes"] = compulsory
-    if compulsory:
-        rec["traffic_ratio"] = round(rec["bytes_moved"] / compulsory, 3)
-    per_launch = counts.get("per_launch")
-    if per_launch is None:  # counts without a per-launch breakdown: one launch per op
-        per_launch = [["aten", "op", rec["bytes_moved"] / max(rec["launches"], 1),
-                       rec["flops"] / max(rec["launches"], 1)]] * int(rec["launches"] or 0)
-    syncs = int(counts.get("syncs") or 0)
-    lanes = overlap_model(per_launch, syncs, gpu)
-    rec["modelled_lanes_s"] = lanes["modelled_s"]
-    rec["model"] = MODEL_LANES
-    result = lanes
-    profiled = (sass or {}).get("launches") or []
-    if profiled:
-        # match the interpreter's Triton launches to the GPU configuration's by
-        # kernel name, in order; a launch only the GPU configuration makes (a
-        # split's finish pass) joins with its compute and no counted bytes
-        pending = list(profiled)
-        compute = []
-        for kind, name, _, _ in per_launch:
-            if kind != "triton":
-                continue
-            hit = next((p for p in pending if p["kernel"].split(".")[-1] == name), None)
-            if hit is not None:
-                pending.remove(hit)
-            compute.append(hit.get("issue_s") if hit else None)
-        per_launch = list(per_launch) + [["triton", p["kernel"], 0, 0] for p in pending]
-        compute += [p.get("issue_s") for p in pending]
-        result = overlap_model(per_launch, syncs, gpu, compute)
-        ok = [p for p in profiled if not p.get("error")]
-        if ok:
-            heavy = max(ok, key=lambda p: p.get("issue_s") or 0.0)
-            rec["sass_per_elem_step"] = round(heavy["sass_per_elem_step"], 1)
-            rec["sass_kernel"] = heavy["kernel"]
-            rec["registers"] = max(p["registers"] for p in ok)
-            rec["spills"] = max(p["spills"] for p in ok)
-        if result["compute"] == "sass":
-            rec["model"] = MODEL
-    elif (sass or {}).get("status") == "ok" and not any(k == "triton" for k, *_ in per_launch):
-        rec["model"] = MODEL  # no Triton launch in the call: nothing for SASS to price
-    rec["modelled_s"] = result["modelled_s"]
-    rec["model_gpu_s"], rec["model_cpu_s"], rec["model_sync_s"] = result["gpu_s"], result["cpu_s"], result["sync_s"]
-    rec["bound"] = result["bound"]
-    rec["count_method"] = counts.get("count_method")
+    full = tuple(case.full_shape or shape)
+    return Record(
+        op=target.label,
+        target_kind=target.kind,
+        backend=backend,
+        case=CaseInfo(
+            label=case.with_shape(shape).label,
+            kind=case.kind,
+            base_name=case.base_name,
+            shape=tuple(shape),
+            full_shape=full,
+            scaled=tuple(shape) != full,
+            dtype=case.dtype,
+            strategy=spec.strategy,
+            format=spec.fmt,
+            scheme=spec.name,
+        ),
+        provenance=Provenance(mode=ctx["mode"], machine=ctx["machine"], versions=ctx["versions"]),
+        model=Model(gpu=ctx["gpu"].describe()),
+    )
 
 _OBSERVER_SEARCH = {  # (search defaults, flavour) of each searching observer
     "memoryless_mse": (MSE_DEFAULTS, "mse"),
@@ -586,11 +501,13 @@ def search_steps(target: Target) -> Optional[int]:
         return num_steps(defaults["maxshrink"], defaults["grid"], flavour)
     return None
 
-def _per_element(rec: Dict, target: Target, shape) -> None:
+def _per_element(rec: Record, target: Target, shape) -> Record:
     steps = search_steps(target)
-    if steps and rec.get("flops"):
-        rec["search_steps"] = steps
-        rec["flops_per_element_step"] = round(rec["flops"] / (shape[0] * shape[1] * steps), 1)
+    if steps and rec.traffic.flops:
+        per = round(rec.traffic.flops / (shape[0] * shape[1] * steps), 1)
+        return rec.replace(traffic=dataclasses.replace(
+            rec.traffic, search_steps=steps, flops_per_element_step=per))
+    return rec
 
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
@@ -599,60 +516,62 @@ class _Progress:
     def __init__(self, stream: Optional[TextIO], total: int):
         self.stream, self.total, self.i, self.t0 = stream, total, 0, time.perf_counter()
 
-    def __call__(self, rec: Dict) -> None:
+    def __call__(self, rec: Record) -> None:
         self.i += 1
         if self.stream is None:
             return
-        if rec["measured_s"] is not None:
-            what = f"measured {rec['measured_s'] * 1e3:9.3f} ms"
-        elif rec["modelled_s"] is not None:
-            what = f"modelled {rec['modelled_s'] * 1e6:9.1f} us on GPU"
+        if rec.timing.measured_s is not None:
+            what = f"measured {rec.timing.measured_s * 1e3:9.3f} ms"
+        elif rec.model.modelled_s is not None:
+            what = f"modelled {rec.model.modelled_s * 1e6:9.1f} us on GPU"
         else:
-            what = rec["status"][:60]
+            what = rec.status[:60]
         self.stream.write(
             f"[{self.i:4d}/{self.total}] {time.perf_counter() - self.t0:6.1f}s  "
-            f"{rec['case']:<34} {rec['op']:<22} {rec['backend']:<12} {what}\n"
+            f"{rec.case.label:<34} {rec.op:<22} {rec.backend:<12} {what}\n"
         )
         self.stream.flush()
 
-def _torch_path(case, target, backend, value, device, opts, rec) -> None:
-    """A path whose every launch is an aten op: count exactly, then time."""
+def _measured(prepared, device: str, opts: Options, peak_bytes: Optional[int] = None,
+              peak_method: Optional[str] = None) -> Timing:
+    """Times ``prepared``; the peak is CUDA's on a GPU, else the one given."""
+    median, reps, fastest = time_calls(prepared, device, opts)
+    if device == "cuda":
+        peak_bytes, peak_method = cuda_peak(prepared), "torch.cuda.max_memory_allocated"
+    return Timing(measured_s=median, measured_reps=reps, measured_min_s=fastest,
+                  timer="cuda events, median" if device == "cuda" else "perf_counter, median",
+                  peak_bytes=peak_bytes, peak_method=peak_method)
+
+def _torch_path(case, target, backend, value, device, opts, rec: Record) -> Tuple[Record, List]:
+    """A path whose every launch is an aten op: count exactly, then time.
+    Returns the record and the call's per-launch counts (for the projection)."""
     prepared = prepare(case, target, backend, device=device, value=value)
     counts, comp, _ = count_call(prepared, device, triton=False)  # also the warm-up
     d = counts.to_dict()
     d["count_method"] = "exact: aten ops counted at this shape"
-    _fill_model(rec, d, comp, opts.gpu)
-    rec["_per_launch"] = d["per_launch"]  # for the full-size projection; not written
-    rec["measured_s"], rec["measured_reps"], rec["measured_min_s"] = time_calls(prepared, device, opts)
-    rec["timer"] = "cuda events, median" if device == "cuda" else "perf_counter, median"
-    if device == "cuda":
-        rec["peak_bytes"], rec["peak_method"] = cuda_peak(prepared), "torch.cuda.max_memory_allocated"
-    else:
-        rec["peak_bytes"] = counts.peak_bytes
-        rec["peak_method"] = "live storage of aten outputs during the call (TorchDispatchMode)"
-    rec["status"] = "measured"
+    traffic, model = model_call(d, comp, opts.gpu)
+    timing = _measured(prepared, device, opts, counts.peak_bytes,
+                       "live storage of aten outputs during the call (TorchDispatchMode)")
+    return rec.replace(traffic=traffic, model=model, timing=timing, status="measured"), d["per_launch"]
 
-def _triton_path(case, target, backend, value, device, opts, rec, modelled: Dict,
-                 sass: Optional[Dict] = None) -> None:
+def _triton_path(case, target, backend, value, device, opts, rec: Record, modelled: Dict,
+                 sass: Optional[Dict] = None) -> Record:
     if modelled.get("status") == "ok":
-        _fill_model(rec, modelled, modelled.get("compulsory_bytes"), opts.gpu, sass)
-        rec["status"] = "modelled"
+        traffic, model = model_call(modelled, modelled.get("compulsory_bytes"), opts.gpu, sass)
+        rec = rec.replace(traffic=traffic, model=model, status="modelled")
     else:
-        rec["status"] = modelled.get("status", "not modelled")
+        rec = rec.replace(status=modelled.get("status", "not modelled"))
     if device != "cuda":
-        if rec["status"] == "modelled":
-            rec["note"] = "not measured: no CUDA device (the interpreter's time means nothing)"
-            _interpreter_peak(case, target, backend, value, rec)
-        return
-    if rec["status"].startswith(("unsupported", "n/a")):
-        return
+        if rec.status == "modelled":
+            rec = rec.replace(note="not measured: no CUDA device (the interpreter's time means nothing)",
+                              timing=_interpreter_peak(case, target, backend, value))
+        return rec
+    if rec.status.startswith(("unsupported", "n/a")):
+        return rec
     prepared = prepare(case, target, backend, device=device, value=value)
     prepared.setup()
     prepared.fn()  # warm-up (compiles)
-    rec["measured_s"], rec["measured_reps"], rec["measured_min_s"] = time_calls(prepared, device, opts)
-    rec["timer"] = "cuda events, median"
-    rec["peak_bytes"], rec["peak_method"] = cuda_peak(prepared), "torch.cuda.max_memory_allocated"
-    rec["status"] = "measured"
+    return rec.replace(timing=_measured(prepared, device, opts), status="measured")
 
 def interpreter_peak_bytes(prepared) -> int:
     """Peak extra memory of one call of a Triton path run by triton's interpreter."""
@@ -663,19 +582,36 @@ def interpreter_peak_bytes(prepared) -> int:
             prepared.fn()
     return counts.peak_bytes
 
-def _interpreter_peak(case, target, backend, value, rec) -> None:
+def _interpreter_peak(case, target, backend, value) -> Timing:
     if case.numel > PEAK_DIRECT_LIMIT:
-        rec["peak_method"] = f"not taken: over {PEAK_DIRECT_LIMIT} elements for triton's interpreter"
-        return
+        return Timing(peak_method=f"not taken: over {PEAK_DIRECT_LIMIT} elements for triton's interpreter")
     try:
-        rec["peak_bytes"] = interpreter_peak_bytes(prepare(case, target, backend, device="cpu", value=value))
+        peak = interpreter_peak_bytes(prepare(case, target, backend, device="cpu", value=value))
     except Exception as exc:  # the modelled row stays; only its peak is missing
-        rec["peak_method"] = f"not taken: {type(exc).__name__}: {str(exc)[:200]}"
-        return
-    rec["peak_method"] = ("live storage created by torch during one call in triton's interpreter "
-                          "(launcher allocations and host code; the interpreter's own copies excluded)")
+        return Timing(peak_method=f"not taken: {type(exc).__name__}: {str(exc)[:200]}")
+    return Timing(peak_bytes=peak, peak_method=(
+        "live storage created by torch during one call in triton's interpreter "
+        "(launcher allocations and host code; the interpreter's own copies excluded)"))
 
-def run(opts: Options) -> List[Dict]:
+def _projected_torch_counts(case: Case, src: Record, per_launch: List, n_full: int) -> Dict:
+    """A PyTorch path's counts at the full size: the scaled run's, times the element ratio."""
+    scale = n_full / case.numel
+    t = src.traffic
+    return {
+        "bytes_moved": int(t.bytes_moved * scale),
+        "bytes_read": int(t.bytes_read * scale),
+        "bytes_written": int(t.bytes_written * scale),
+        "launches": t.launches,
+        "flops": int(t.flops * scale),
+        "syncs": t.syncs or 0,
+        "per_launch": [[k, nm, b * scale, f * scale] for k, nm, b, f in per_launch],
+        "count_method": (
+            f"aten counts at {case.shape[0]}x{case.shape[1]} scaled by the element "
+            "count (approximate: the search's early stop depends on the data)"
+        ),
+    }
+
+def run(opts: Options) -> List[Record]:
     """Runs the sweep; writes nothing (see report.write_all). Returns the records."""
     device = opts.device
     cases = opts.cases if opts.cases is not None else sweep(opts.mode)
@@ -729,7 +665,8 @@ def run(opts: Options) -> List[Dict]:
             sass[(c, t, b, tuple(s))] = r
 
     # 2. measure (and count the PyTorch paths exactly)
-    records: List[Dict] = []
+    records: List[Record] = []
+    torch_launches: Dict[Tuple, List] = {}  # per-launch counts of the PyTorch paths
     progress = _Progress(opts.progress, len(plan))
     value_cache: Dict[Case, torch.Tensor] = {}
     for case, target, backend in plan:
@@ -740,68 +677,53 @@ def run(opts: Options) -> List[Dict]:
         rec = _base_record(case, target, backend, case.shape, ctx)
         try:
             if unavailable[backend]:
-                rec["status"] = f"unavailable: {unavailable[backend]}"
+                rec = rec.replace(status=f"unavailable: {unavailable[backend]}")
             elif backend in ("triton", "llmc-triton"):
                 m = modelled.get((case, target, backend, tuple(case.shape)), {})
-                _triton_path(case, target, backend, value, device, opts, rec, m,
-                             sass.get((case, target, backend, tuple(case.shape))))
+                rec = _triton_path(case, target, backend, value, device, opts, rec, m,
+                                   sass.get((case, target, backend, tuple(case.shape))))
             else:
-                _torch_path(case, target, backend, value, device, opts, rec)
+                rec, torch_launches[(case, target, backend)] = _torch_path(
+                    case, target, backend, value, device, opts, rec)
         except NotApplicable as exc:
-            rec["status"] = f"n/a: {exc}"
+            rec = rec.replace(status=f"n/a: {exc}")
         except Exception as exc:
-            rec["status"] = f"error: {type(exc).__name__}: {str(exc)[:300]}"
-        _per_element(rec, target, case.shape)
-        if rec["measured_s"] and rec["compulsory_bytes"]:
-            rec["throughput_gbs"] = rec["compulsory_bytes"] / rec["measured_s"] / 1e9
-        rec["timestamp"] = _now()
+            rec = rec.replace(status=f"error: {type(exc).__name__}: {str(exc)[:300]}")
+        rec = _per_element(rec, target, case.shape)
+        if rec.timing.measured_s and rec.traffic.compulsory_bytes:
+            rec = rec.replace(timing=dataclasses.replace(
+                rec.timing, throughput_gbs=rec.traffic.compulsory_bytes / rec.timing.measured_s / 1e9))
+        rec = rec.replace(provenance=dataclasses.replace(rec.provenance, timestamp=_now()))
         records.append(rec)
         progress(rec)
 
     # 3. full-size projections of the scaled (quick) cases: modelled only
-    by_key = {(r["case"], r["op"], r["backend"]): r for r in records}
+    by_key = {(r.case.label, r.op, r.backend): r for r in records}
     for case, target, backend in projections:
         src = by_key.get((case.label, target.label, backend))
         full = case.full_shape
-        rec = _base_record(case, target, backend, full, ctx)
-        rec["scope"] = "full-size projection"
-        rec["case"] = case.with_shape(full).label
-        rec["timestamp"] = _now()
+        rec = _base_record(case, target, backend, full, ctx).replace(scope="full-size projection")
+        rec = rec.replace(provenance=dataclasses.replace(rec.provenance, timestamp=_now()))
         if unavailable[backend]:
             continue
-        n_full, n = full[0] * full[1], case.numel
         if backend in triton_backends:
             m = modelled.get((case, target, backend, tuple(full)), {})
             if m.get("status") != "ok":
-                rec["status"] = m.get("status", "not modelled")
+                rec = rec.replace(status=m.get("status", "not modelled"))
             else:
-                _fill_model(rec, m, m.get("compulsory_bytes"), opts.gpu,
-                            sass.get((case, target, backend, tuple(full))))
-                rec["status"] = "modelled"
-        elif src and src["bytes_moved"] is not None:
-            scale = n_full / n
-            counts = {
-                "bytes_moved": int(src["bytes_moved"] * scale),
-                "bytes_read": int(src["bytes_read"] * scale),
-                "bytes_written": int(src["bytes_written"] * scale),
-                "launches": src["launches"],
-                "flops": int(src["flops"] * scale),
-                "syncs": src.get("syncs") or 0,
-                "per_launch": [[k, nm, b * scale, f * scale] for k, nm, b, f in src.get("_per_launch") or []],
-                "count_method": (
-                    f"aten counts at {case.shape[0]}x{case.shape[1]} scaled by the element "
-                    "count (approximate: the search's early stop depends on the data)"
-                ),
-            }
-            comp = int(src["compulsory_bytes"] * scale) if src["compulsory_bytes"] else src["compulsory_bytes"]
-            _fill_model(rec, counts, comp, opts.gpu)
-            rec["status"] = "modelled"
+                traffic, model = model_call(m, m.get("compulsory_bytes"), opts.gpu,
+                                            sass.get((case, target, backend, tuple(full))))
+                rec = rec.replace(traffic=traffic, model=model, status="modelled")
+        elif src and src.traffic.bytes_moved is not None:
+            counts = _projected_torch_counts(case, src, torch_launches.get((case, target, backend)) or [],
+                                             full[0] * full[1])
+            comp = src.traffic.compulsory_bytes
+            comp = int(comp * (full[0] * full[1] / case.numel)) if comp else comp
+            traffic, model = model_call(counts, comp, opts.gpu)
+            rec = rec.replace(traffic=traffic, model=model, status="modelled")
         else:
             continue
-        _per_element(rec, target, full)
-        records.append(rec)
-    end_machine = machine_info(device)
-    for r in records:
-        r.pop("_per_launch", None)
-        r["machine"] = dict(r["machine"], loadavg_end=end_machine["loadavg"])
-    return records
+        records.append(_per_element(rec, target, full))
+    end = machine_info(device)["loadavg"]
+    return [r.replace(provenance=dataclasses.replace(
+        r.provenance, machine=dict(r.provenance.machine, loadavg_end=end))) for r in records]

@@ -225,10 +225,58 @@ def _elem_bytes(tl_dtype) -> int:
     return max(1, math.ceil(tl_dtype.primitive_bitwidth / 8))
 
 
+# Interpreter entry points that evaluate arithmetic: one "op" per lane of their
+# result (the flop figure). Names a triton version lacks are skipped.
+_ARITH_ENTRIES = (
+    "binary_op",
+    "unary_op",
+    "ternary_op",
+    "create_fma",
+    "create_fabs",
+    "cast_impl",
+    "create_fp_to_fp",
+    "create_idiv",
+    "create_ashr",
+    "create_umulhi",
+    "create_erf",
+    "create_rsqrt",
+)
+
+
+def _interpreter():
+    """triton's interpreter module, when it is the one running kernels (else an error)."""
+    from triton.runtime import interpreter as ti
+
+    if not getattr(ti, "interpreter_builder", None):
+        raise RuntimeError("triton's interpreter is not available")
+    import triton.knobs
+
+    if not triton.knobs.runtime.interpret:
+        raise RuntimeError("TritonTraffic needs TRITON_INTERPRET=1 set before triton is imported")
+    return ti
+
+
+def _kernel_name(executor) -> str:
+    return getattr(executor.fn, "__name__", "kernel")
+
+
 class TritonTraffic:
     """Counts the traffic, launches and arithmetic of kernels run by triton's interpreter.
 
-    A context manager; patches the interpreter while active and restores it.
+    A context manager; while active it wraps these interpreter entry points
+    (each wrapper is one ``_on_*`` method below) and restores them on exit:
+
+    - ``create_masked_load`` / ``create_masked_store``: bytes read / written
+      (``_on_load``, ``_on_store``);
+    - ``create_atomic_rmw`` / ``create_atomic_cas``: a read and a write per
+      lane, and the atomics count (``_on_atomic_rmw``, ``_on_atomic_cas``);
+    - the arithmetic entries of ``_ARITH_ENTRIES`` and reductions: lanes
+      (``_on_arith``, ``_on_reduce``);
+    - ``set_grid_idx``: programs (``_on_program``);
+    - ``GridExecutor.__call__``: launches and the per-launch breakdown
+      (``_on_launch``);
+    - ``Autotuner._bench``: timing runs are not counted (``_on_autotune``).
+
     Requires TRITON_INTERPRET=1 to have been set before triton was imported
     (otherwise kernels compile for a GPU and nothing would be counted: an error).
     """
@@ -237,15 +285,10 @@ class TritonTraffic:
         self.counts = counts if counts is not None else Counts()
         self.unique = unique
         self._saved: List[tuple] = []
-        self._depth = 0
         self._addrs: Dict[int, list] = {}
+        self._op_depth = 0  # > 0 inside an arithmetic entry (nested calls count once)
 
-    # -- helpers
-    def _patch(self, owner, name, make):
-        original = owner.__dict__[name]
-        self._saved.append((owner, name, original))
-        setattr(owner, name, make(original))
-
+    # -- what one access, one arithmetic result and one launch add
     def _lanes(self, ptrs, mask):
         import numpy as np
 
@@ -278,173 +321,155 @@ class TritonTraffic:
             data = getattr(result, "data", None)
             self.counts.flops += int(np.size(data)) if data is not None else 1
 
-    # -- context manager
-    def __enter__(self):
-        from triton.runtime import interpreter as ti
+    def _open_launch(self, executor):
+        c = self.counts
+        c.triton_launches += 1
+        c.launches += 1
+        name = f"triton:{_kernel_name(executor)}"
+        c.op_names[name] = c.op_names.get(name, 0) + 1
+        _state.in_kernel = getattr(_state, "in_kernel", 0) + 1
+        return c.bytes_moved, c.flops
 
-        if not getattr(ti, "interpreter_builder", None):
-            raise RuntimeError("triton's interpreter is not available")
-        import triton.knobs
+    def _close_launch(self, executor, start):
+        import numpy as np
 
-        if not triton.knobs.runtime.interpret:
-            raise RuntimeError(
-                "TritonTraffic needs TRITON_INTERPRET=1 set before triton is imported"
-            )
-        counter = self
-        self._depth_kernel = 0
-        self._op_depth = 0
+        _state.in_kernel -= 1
+        c = self.counts
+        if self.unique:
+            for size, chunks in self._addrs.items():
+                c.triton_unique_bytes += int(np.unique(np.concatenate(chunks)).size) * size
+            self._addrs = {}
+        b0, f0 = start
+        c.per_launch.append(["triton", _kernel_name(executor), c.bytes_moved - b0, c.flops - f0])
+
+    # -- the hooks: each takes the original entry point and returns its wrapper
+    def _on_load(self, orig):
+        def create_masked_load(builder, ptrs, mask, other, cache_policy, is_volatile):
+            self._access(ptrs, mask, written=False)
+            return orig(builder, ptrs, mask, other, cache_policy, is_volatile)
+
+        return create_masked_load
+
+    def _on_store(self, orig):
+        def create_masked_store(builder, ptrs, value, mask, cache_policy):
+            self._access(ptrs, mask, written=True)
+            return orig(builder, ptrs, value, mask, cache_policy)
+
+        return create_masked_store
+
+    def _on_atomic_rmw(self, orig):
+        def create_atomic_rmw(builder, rmwOp, ptr, val, mask, sem, scope):
+            self._access(ptr, mask, written=False)
+            self._access(ptr, mask, written=True)
+            self.counts.atomics += int(self._lanes(ptr, mask).sum())
+            return orig(builder, rmwOp, ptr, val, mask, sem, scope)
+
+        return create_atomic_rmw
+
+    def _on_atomic_cas(self, orig):
+        def create_atomic_cas(builder, ptr, cmp, val, sem, scope):
+            self._access(ptr, None, written=False)
+            self._access(ptr, None, written=True)
+            self.counts.atomics += int(self._lanes(ptr, None).sum())
+            return orig(builder, ptr, cmp, val, sem, scope)
+
+        return create_atomic_cas
+
+    def _on_arith(self, orig):
+        def op(builder, *args, **kwargs):
+            self._op_depth += 1
+            try:
+                result = orig(builder, *args, **kwargs)
+                self._arith(result)
+                return result
+            finally:
+                self._op_depth -= 1
+
+        return op
+
+    def _on_reduce(self, orig):
+        def apply(op, input):
+            import numpy as np
+
+            if self._op_depth == 0:
+                items = input if isinstance(input, tuple) else (input,)
+                self.counts.flops += sum(
+                    int(np.size(t.handle.data)) for t in items if hasattr(t, "handle")
+                )
+            self._op_depth += 1
+            try:
+                return orig(op, input)
+            finally:
+                self._op_depth -= 1
+
+        return apply
+
+    def _on_program(self, orig):
+        def set_grid_idx(builder, x, y, z):
+            self.counts.triton_programs += 1
+            return orig(builder, x, y, z)
+
+        return set_grid_idx
+
+    def _on_launch(self, orig):
+        def __call__(executor, *args, **kwargs):
+            start = self._open_launch(executor)
+            try:
+                return orig(executor, *args, **kwargs)
+            finally:
+                self._close_launch(executor, start)
+
+        return __call__
+
+    def _on_autotune(self, orig):
+        """Timing runs of an autotuner are not part of the call: not counted."""
+
+        def _bench(tuner, *args, **kwargs):
+            saved = dataclasses.replace(self.counts)
+            try:
+                return orig(tuner, *args, **kwargs)
+            finally:
+                # drop whatever the timing runs added
+                for f in dataclasses.fields(Counts):
+                    setattr(self.counts, f.name, getattr(saved, f.name))
+
+        return _bench
+
+    def _hooks(self, ti):
+        """(owner, attribute, hook) of every entry point wrapped while active."""
         B = ti.InterpreterBuilder
-
-        def load(orig):
-            def create_masked_load(builder, ptrs, mask, other, cache_policy, is_volatile):
-                counter._access(ptrs, mask, written=False)
-                return orig(builder, ptrs, mask, other, cache_policy, is_volatile)
-
-            return create_masked_load
-
-        def store(orig):
-            def create_masked_store(builder, ptrs, value, mask, cache_policy):
-                counter._access(ptrs, mask, written=True)
-                return orig(builder, ptrs, value, mask, cache_policy)
-
-            return create_masked_store
-
-        def atomic_rmw(orig):
-            def create_atomic_rmw(builder, rmwOp, ptr, val, mask, sem, scope):
-                counter._access(ptr, mask, written=False)
-                counter._access(ptr, mask, written=True)
-                counter.counts.atomics += int(counter._lanes(ptr, mask).sum())
-                return orig(builder, rmwOp, ptr, val, mask, sem, scope)
-
-            return create_atomic_rmw
-
-        def atomic_cas(orig):
-            def create_atomic_cas(builder, ptr, cmp, val, sem, scope):
-                counter._access(ptr, None, written=False)
-                counter._access(ptr, None, written=True)
-                counter.counts.atomics += int(counter._lanes(ptr, None).sum())
-                return orig(builder, ptr, cmp, val, sem, scope)
-
-            return create_atomic_cas
-
-        def arith(orig):
-            def op(builder, *args, **kwargs):
-                counter._op_depth += 1
-                try:
-                    result = orig(builder, *args, **kwargs)
-                    counter._arith(result)
-                    return result
-                finally:
-                    counter._op_depth -= 1
-
-            return op
-
-        def set_grid_idx(orig):
-            def f(builder, x, y, z):
-                counter.counts.triton_programs += 1
-                return orig(builder, x, y, z)
-
-            return f
-
-        def grid_call(orig):
-            def __call__(executor, *args, **kwargs):
-                counter.counts.triton_launches += 1
-                counter.counts.launches += 1
-                name = f"triton:{getattr(executor.fn, '__name__', 'kernel')}"
-                counter.counts.op_names[name] = counter.counts.op_names.get(name, 0) + 1
-                counter._depth_kernel += 1
-                _state.in_kernel = getattr(_state, "in_kernel", 0) + 1
-                c = counter.counts
-                b0, f0 = c.bytes_moved, c.flops
-                try:
-                    return orig(executor, *args, **kwargs)
-                finally:
-                    _state.in_kernel -= 1
-                    counter._depth_kernel -= 1
-                    counter._close_launch()
-                    c.per_launch.append([
-                        "triton", getattr(executor.fn, "__name__", "kernel"),
-                        c.bytes_moved - b0, c.flops - f0,
-                    ])
-
-            return __call__
-
-        def reduce_apply(orig):
-            def apply(op, input):
-                import numpy as np
-
-                if counter._op_depth == 0:
-                    items = input if isinstance(input, tuple) else (input,)
-                    counter.counts.flops += sum(
-                        int(np.size(t.handle.data)) for t in items if hasattr(t, "handle")
-                    )
-                counter._op_depth += 1
-                try:
-                    return orig(op, input)
-                finally:
-                    counter._op_depth -= 1
-
-            return apply
-
-        self._patch(B, "create_masked_load", load)
-        self._patch(B, "create_masked_store", store)
-        self._patch(B, "create_atomic_rmw", atomic_rmw)
-        self._patch(B, "create_atomic_cas", atomic_cas)
-        for name in (
-            "binary_op",
-            "unary_op",
-            "ternary_op",
-            "create_fma",
-            "create_fabs",
-            "cast_impl",
-            "create_fp_to_fp",
-            "create_idiv",
-            "create_ashr",
-            "create_umulhi",
-            "create_erf",
-            "create_rsqrt",
-        ):
-            if name in B.__dict__:
-                self._patch(B, name, arith)
-        self._patch(B, "set_grid_idx", set_grid_idx)
-        self._patch(ti.GridExecutor, "__call__", grid_call)
-        self._patch(ti.ReduceScanOpInterface, "apply", reduce_apply)
-        self._patch_autotuner()
-        return self
-
-    def _patch_autotuner(self):
-        """Timing runs of an autotuner are not part of the call: they are not counted."""
+        hooks = [
+            (B, "create_masked_load", self._on_load),
+            (B, "create_masked_store", self._on_store),
+            (B, "create_atomic_rmw", self._on_atomic_rmw),
+            (B, "create_atomic_cas", self._on_atomic_cas),
+        ]
+        hooks += [(B, name, self._on_arith) for name in _ARITH_ENTRIES if name in B.__dict__]
+        hooks += [
+            (B, "set_grid_idx", self._on_program),
+            (ti.GridExecutor, "__call__", self._on_launch),
+            (ti.ReduceScanOpInterface, "apply", self._on_reduce),
+        ]
         try:
             from triton.runtime.autotuner import Autotuner
         except ImportError:  # pragma: no cover - layout of another triton version
-            return
-        counter = self
+            Autotuner = None
+        if Autotuner is not None and "_bench" in Autotuner.__dict__:
+            hooks.append((Autotuner, "_bench", self._on_autotune))
+        return hooks
 
-        def bench(orig):
-            def _bench(tuner, *args, **kwargs):
-                saved = dataclasses.replace(counter.counts)
-                try:
-                    return orig(tuner, *args, **kwargs)
-                finally:
-                    # drop whatever the timing runs added
-                    for f in dataclasses.fields(Counts):
-                        setattr(counter.counts, f.name, getattr(saved, f.name))
-
-            return _bench
-
-        if "_bench" in Autotuner.__dict__:
-            self._patch(Autotuner, "_bench", bench)
-
-    def _close_launch(self):
-        import numpy as np
-
-        if not self.unique:
-            return
-        total = 0
-        for size, chunks in self._addrs.items():
-            total += int(np.unique(np.concatenate(chunks)).size) * size
-        self.counts.triton_unique_bytes += total
-        self._addrs = {}
+    # -- context manager
+    def __enter__(self):
+        ti = _interpreter()
+        self._op_depth = 0
+        try:
+            for owner, name, hook in self._hooks(ti):
+                self._saved.append((owner, name, owner.__dict__[name]))
+                setattr(owner, name, hook(owner.__dict__[name]))
+        except BaseException:
+            self.__exit__()  # an entry point missing in this triton: restore the others
+            raise
+        return self
 
     def __exit__(self, *exc):
         while self._saved:
