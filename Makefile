@@ -11,8 +11,10 @@ VENV ?= .venv
 BASE_PYTHON ?= python3
 PYTHON ?= $(VENV)/bin/python
 
-# PYTHONSAFEPATH keeps the source root off sys.path: its top-level kernels/ folder
-# must never be importable as a package named `kernels` (transformers probes it).
+# PYTHONSAFEPATH keeps the source root off sys.path, so the tests import the
+# installed obskernels. (Without it the top-level kernels/ folder is also seen
+# as a package named plain `kernels`, which transformers probes; the folder
+# stays empty under that name, and tests/test_packaging.py checks the import.)
 # Kernel tests run the Triton kernels on the CPU through triton's interpreter.
 TEST_ENV = TRITON_INTERPRET=1 OMP_NUM_THREADS=2 PYTHONSAFEPATH=1
 

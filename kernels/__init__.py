@@ -7,11 +7,21 @@ imports the reference nor the front. Importing it requires triton; obskernels
 imports it only when the triton backend is used.
 """
 
-from obskernels.kernels.accumulate_sq import accumulate_sq
-from obskernels.kernels.flatten import flatten_for_calibration
-from obskernels.kernels.min_max import min_max
-from obskernels.kernels.mse_search import mse_search
-from obskernels.kernels.qparams import calculate_qparams
-from obskernels.kernels.stats import combine_statistics
+# This folder is installed as obskernels.kernels (pyproject.toml maps it). Run from
+# the repository root, it is also visible as a top-level package named plain
+# `kernels`: the name of an unrelated package (the hub's kernel loader) that
+# transformers probes by importing it.
+# Imported under any name but its own it stays empty: no functions, no
+# version, and no import of obskernels in the middle of another package's
+# import.
+if __name__ == "obskernels.kernels":
+    from obskernels.kernels.accumulate_sq import accumulate_sq
+    from obskernels.kernels.flatten import flatten_for_calibration
+    from obskernels.kernels.min_max import min_max
+    from obskernels.kernels.mse_search import mse_search
+    from obskernels.kernels.qparams import calculate_qparams
+    from obskernels.kernels.stats import combine_statistics
 
-__all__ = ["flatten_for_calibration", "min_max", "mse_search", "accumulate_sq", "calculate_qparams", "combine_statistics"]
+    __all__ = ["flatten_for_calibration", "min_max", "mse_search", "accumulate_sq", "calculate_qparams", "combine_statistics"]
+else:
+    __all__ = []

@@ -5,11 +5,20 @@ Its checks come from obskernels.spec (one function per rule); this package
 never imports the kernels nor the front.
 """
 
-from obskernels.reference.accumulate_sq import accumulate_sq
-from obskernels.reference.flatten import flatten_for_calibration
-from obskernels.reference.min_max import min_max
-from obskernels.reference.mse_search import mse_search
-from obskernels.reference.qparams import calculate_qparams
-from obskernels.reference.stats import combine_statistics
+# This folder is installed as obskernels.reference (pyproject.toml maps it). Run from
+# the repository root, it is also visible as a top-level package named plain
+# `reference`.
+# Imported under any name but its own it stays empty: no functions, no
+# version, and no import of obskernels in the middle of another package's
+# import.
+if __name__ == "obskernels.reference":
+    from obskernels.reference.accumulate_sq import accumulate_sq
+    from obskernels.reference.flatten import flatten_for_calibration
+    from obskernels.reference.min_max import min_max
+    from obskernels.reference.mse_search import mse_search
+    from obskernels.reference.qparams import calculate_qparams
+    from obskernels.reference.stats import combine_statistics
 
-__all__ = ["flatten_for_calibration", "min_max", "mse_search", "accumulate_sq", "calculate_qparams", "combine_statistics"]
+    __all__ = ["flatten_for_calibration", "min_max", "mse_search", "accumulate_sq", "calculate_qparams", "combine_statistics"]
+else:
+    __all__ = []

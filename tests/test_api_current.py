@@ -40,14 +40,9 @@ from obskernels.calibration import (
 )
 from obskernels.observers import ALL_OBSERVER_NAMES
 
+from helpers import nvfp4_args
+
 NVFP4_EXPANDED = dict(expand=1.8, maxshrink=1 - 0.8 / 1.8, grid=200, patience=1000)
-
-
-def nvfp4_args():
-    return QuantizationArgs(
-        num_bits=4, type="float", symmetric=True, strategy="tensor_group", group_size=16,
-        scale_dtype=torch.float8_e4m3fn, zp_dtype=torch.float8_e4m3fn,
-    )
 
 
 def loud_inputs(n, cols, seed=1):

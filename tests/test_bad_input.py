@@ -24,7 +24,6 @@ import re
 
 import pytest
 import torch
-from compressed_tensors.quantization import QuantizationArgs
 
 from obskernels import Observer, ops
 from obskernels.backends import (
@@ -34,14 +33,15 @@ from obskernels.backends import (
     use_backend,
 )
 
+from helpers import outcome
+from helpers import qargs as _qargs
+
 MSE = dict(maxshrink=0.2, patience=5, grid=20, norm=2.4)
 VALUE_OPS = ("flatten_for_calibration", "min_max", "mse_search")
 
 
-def qargs(strategy="channel", **kw):
-    if strategy == "token":
-        kw.setdefault("dynamic", True)  # compressed-tensors refuses static token args
-    return QuantizationArgs(num_bits=8, symmetric=True, strategy=strategy, **kw)
+def qargs(strategy="channel", **kw):  # the rows below default to per-channel args
+    return _qargs(strategy, **kw)
 
 
 def unchecked(base="group", **update):
@@ -54,14 +54,6 @@ def call(op, value, base_name, args, **kw):
     if op == "mse_search":
         return ops.mse_search(value, base_name, args, **{**MSE, **kw})
     return getattr(ops, op)(value, base_name, args, **kw)
-
-
-def outcome(fn):
-    try:
-        fn()
-    except Exception as exc:  # noqa: BLE001 - type and message are what is compared
-        return type(exc), str(exc)
-    return None
 
 
 # --------------------------------------------------------------------------- #

@@ -35,6 +35,8 @@ from obskernels.calibration import (
     update_qparams,
 )
 
+from helpers import tiny_llama
+
 transformers = pytest.importorskip("transformers", reason="the kv-cache hooks need transformers")
 from compressed_tensors.modeling.kvcache import register_key_hook, register_value_hook  # noqa: E402
 
@@ -57,17 +59,6 @@ OBSERVER_PAIRS = [
     ("nvfp4_expanded_mse", "static_minmax"),
     ("imatrix_mse", "minmax"),
 ]
-
-
-def tiny_llama(layers: int = 1):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-    )
-    return LlamaForCausalLM(cfg).eval()
 
 
 def batches(n=3):

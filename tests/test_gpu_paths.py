@@ -23,6 +23,7 @@ from obskernels.reference.accumulate_sq import accumulate_sq as reference_accumu
 from obskernels.reference.min_max import min_max as reference_min_max
 
 pytestmark = pytest.mark.kernel
+pytest.importorskip("triton", reason="the Triton kernels need triton")
 
 layout_module = importlib.import_module("obskernels.kernels._layout")
 min_max_module = importlib.import_module("obskernels.kernels.min_max")

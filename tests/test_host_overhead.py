@@ -49,7 +49,10 @@ from obskernels.bench.traffic import count_traffic, interpreter_active
 from obskernels.observers import Observer
 from obskernels.validation import all_finite, check_g_idx
 
+from helpers import IMATRIX, MSE
+
 pytestmark = pytest.mark.kernel
+pytest.importorskip("triton", reason="the Triton kernels need triton")
 
 INTERPRETER = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 needs_interpreter = pytest.mark.skipif(
@@ -60,8 +63,6 @@ mse_module = importlib.import_module("obskernels.kernels.mse_search")
 
 # Python-level reads of a tensor's value (each a device -> host sync on a GPU)
 READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__")
-MSE = dict(maxshrink=0.20, patience=5, grid=100, norm=2.4)
-IMATRIX = dict(maxshrink=0.95, patience=5, grid=20, norm=3.0, flavour="imatrix")
 # groups of more than 64 elements take the search's split path
 SPLIT_CONFIG = mse_module.LaunchConfig(max_reg_group=64, chunk=64)
 

@@ -13,36 +13,19 @@ import importlib
 
 import pytest
 import torch
-from compressed_tensors.quantization import QuantizationArgs
 
 from obskernels import ops
 from obskernels.backends import use_backend
 
+from helpers import DTYPES, make_value, permuted_g_idx, qargs
+
 pytestmark = pytest.mark.kernel
+pytest.importorskip("triton", reason="the Triton kernels need triton")
 
 flatten_module = importlib.import_module("obskernels.kernels.flatten")
 layout_module = importlib.import_module("obskernels.kernels._layout")
 
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 BITS = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
-
-
-def qargs(strategy, **kw):
-    if strategy == "token":
-        kw.setdefault("dynamic", True)  # compressed-tensors refuses static token args
-    return QuantizationArgs(num_bits=8, strategy=strategy, **kw)
-
-
-def make_value(shape, dtype, layout="contiguous"):
-    if layout == "contiguous":
-        return torch.randn(shape).to(dtype)
-    if layout == "transposed":
-        dims = tuple(reversed(range(len(shape))))
-        return torch.randn(tuple(shape[d] for d in dims)).to(dtype).permute(dims)
-    if layout == "sliced":
-        big = torch.randn(tuple(2 * n + 1 for n in shape)).to(dtype)
-        return big[tuple(slice(1, 1 + 2 * n, 2) for n in shape)]
-    raise ValueError(layout)
 
 
 def with_specials(value):
@@ -93,10 +76,6 @@ def test_block_layout_bitwise(shape, block, dtype, layout):
     got, want = flatten_both(value, "weight", qargs("block", block_structure=block))
     assert_bitwise(got, want, f"block {block} {shape} {dtype} {layout}")
     assert got.is_contiguous()
-
-
-def permuted_g_idx(cols, group_size, dtype=torch.int64):
-    return (torch.arange(cols) // group_size)[torch.randperm(cols)].to(dtype)
 
 
 @pytest.mark.parametrize("layout", ("contiguous", "transposed", "sliced"))

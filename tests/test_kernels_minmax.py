@@ -13,23 +13,18 @@ import importlib
 
 import pytest
 import torch
-from compressed_tensors.quantization import QuantizationArgs
 
 from obskernels import ops
 from obskernels.backends import use_backend
 
+from helpers import DTYPES, assert_same, make_value, outcome, permuted_g_idx, qargs
+
 pytestmark = pytest.mark.kernel
+pytest.importorskip("triton", reason="the Triton kernels need triton")
 
 min_max_module = importlib.import_module("obskernels.kernels.min_max")
 layout_module = importlib.import_module("obskernels.kernels._layout")
 
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def qargs(strategy, **kw):
-    if strategy == "token":
-        kw.setdefault("dynamic", True)  # compressed-tensors refuses static token args
-    return QuantizationArgs(num_bits=8, strategy=strategy, **kw)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,41 +82,12 @@ CASES = [
 LAYOUTS = ("contiguous", "transposed", "sliced")
 
 
-def make_value(shape, dtype, layout="contiguous", base=None):
-    """A value of ``shape`` whose storage is laid out as named (all views)."""
-    base = torch.randn if base is None else base
-    if layout == "contiguous":
-        return base(shape).to(dtype)
-    if layout == "transposed":  # every dim's stride reversed
-        dims = tuple(reversed(range(len(shape))))
-        return base(tuple(shape[d] for d in dims)).to(dtype).permute(dims)
-    if layout == "sliced":  # every other element of a larger tensor, offset by one
-        big = base(tuple(2 * n + 1 for n in shape)).to(dtype)
-        return big[tuple(slice(1, 1 + 2 * n, 2) for n in shape)]
-    raise ValueError(layout)
-
-
 def run_both(op, value, *args, **kwargs):
     with use_backend("reference"):
         want = getattr(ops, op)(value, *args, **kwargs)
     with use_backend("triton"):
         got = getattr(ops, op)(value, *args, **kwargs)
     return got, want
-
-
-def assert_same(got, want, what):
-    """Bitwise parity per docs/spec.md §5; names the groups and values that differ."""
-    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
-    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
-    nan_g, nan_w = torch.isnan(got), torch.isnan(want)
-    bad = (nan_g != nan_w) | (~nan_w & (got != want))
-    if bool(bad.any()):
-        idx = bad.nonzero().tolist()[:5]
-        detail = ", ".join(
-            f"group {tuple(i)}: got {got[tuple(i)].item()!r} want {want[tuple(i)].item()!r}"
-            for i in idx
-        )
-        raise AssertionError(f"{what}: {int(bad.sum())} of {want.numel()} groups differ; {detail}")
 
 
 def check_min_max(value, case_or_base, args=None, g_idx=None, what=""):
@@ -211,11 +177,6 @@ def test_all_nan_and_all_inf_groups():
     value[3, 5] = float("nan")
     for strategy, kw in (("channel", {}), ("group", {"group_size": 16}), ("tensor", {})):
         check_min_max(value, "weight", qargs(strategy, **kw), what=f"{strategy} all-nan/inf")
-
-
-def permuted_g_idx(cols, group_size, dtype=torch.int64):
-    """Every group gets group_size columns, scattered by a random permutation."""
-    return (torch.arange(cols) // group_size)[torch.randperm(cols)].to(dtype)
 
 
 @pytest.mark.parametrize(
@@ -325,14 +286,6 @@ BAD_INPUTS = [
     ("g_idx-range", lambda: (torch.randn(4, 16), "weight", qargs("group", group_size=8), torch.arange(16) // 4)),
     ("g_idx-counts", lambda: (torch.randn(4, 16), "weight", qargs("group", group_size=8), (torch.arange(16) > 2).long())),
 ]
-
-
-def outcome(fn):
-    try:
-        fn()
-    except Exception as exc:  # noqa: BLE001 - the type and message are what we compare
-        return type(exc), str(exc)
-    return None
 
 
 @pytest.mark.parametrize("make", [m for _, m in BAD_INPUTS], ids=[n for n, _ in BAD_INPUTS])

@@ -3,7 +3,8 @@
 Per group, the kernel's (min, max) is re-evaluated through compressed-tensors
 (calculate_qparams + fake_quantize + the flavour's error) and compared with the
 reference's choice: error within (1 + tol) of the reference's best, and at
-least 99% of groups picking exactly the reference's candidate. Kernels run
+least 99% of groups picking exactly the reference's candidate
+(helpers.assert_search_parity). Kernels run
 under TRITON_INTERPRET=1 on the CPU (conftest); shapes stay tiny.
 """
 
@@ -15,16 +16,15 @@ import importlib
 import pytest
 import torch
 from compressed_tensors.quantization import QuantizationArgs
-from compressed_tensors.quantization.lifecycle import fake_quantize
-from compressed_tensors.quantization.utils import calculate_qparams
 
 from obskernels import ops
 from obskernels.backends import KernelUnsupportedError, use_backend
-from obskernels.reference.flatten import flatten_for_calibration
-from obskernels.reference.mse_search import broadcast_importance, search_args
 from obskernels.reference.mse_search import mse_search as reference_search
 
+from helpers import DTYPES, FORMATS, IMATRIX, MSE, assert_search_parity
+
 pytestmark = pytest.mark.kernel
+pytest.importorskip("triton", reason="the Triton kernels need triton")
 
 mse_module = importlib.import_module("obskernels.kernels.mse_search")
 layout_module = importlib.import_module("obskernels.kernels._layout")
@@ -35,85 +35,13 @@ def pin_config(monkeypatch, **fields):
     """The launcher's one tuning switch (kernels/_layout.py, LaunchConfig)."""
     monkeypatch.setattr(mse_module, "CONFIG", dataclasses.replace(mse_module.CONFIG, **fields))
 
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-# docs/spec.md §5: relative slack on the reference error of the kernel's choice. The
-# kernel reproduces every rounding, but sums in another order than torch.sum
-# (and fp32 pow differs from torch's by an ulp), so near-ties may flip.
-TOL = {torch.float32: 1e-6, torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
-EXACT_FRACTION = 0.99
 
-MSE = dict(maxshrink=0.20, patience=5, grid=100, norm=2.4)  # memoryless_mse defaults
-IMATRIX = dict(maxshrink=0.95, patience=5, grid=20, norm=3.0, flavour="imatrix")
 NVFP4_EXPANDED = dict(maxshrink=1 - 0.8 / 1.8, patience=1000, grid=200, norm=2.4, expand=1.8)
-
-
-# --------------------------------------------------------------------------- #
-# the per-group parity check
-# --------------------------------------------------------------------------- #
-def group_errors(value, base_name, args, mins, maxs, *, norm, importance=None, flavour="mse"):
-    """Reference error of each group for the ranges (mins, maxs), as the
-    reference search computes it for a candidate."""
-    observed = flatten_for_calibration(value, base_name, args)
-    qparam_args, token_args = search_args(args)
-    scale, zp = calculate_qparams(mins, maxs, qparam_args, None)
-    q = fake_quantize(observed, scale.unsqueeze(-1), zp.unsqueeze(-1), token_args)
-    if flavour == "mse":
-        return torch.sum((q.to(observed.dtype) - observed).abs().pow(norm), dim=(0, -1))
-    diff = (q.float() - observed.float()).abs().pow(norm)
-    if importance is not None:
-        diff = diff * broadcast_importance(importance, value, args)
-    return diff.sum(dim=(0, -1))
-
-
-def _same(a, b):
-    return (a == b) | (torch.isnan(a) & torch.isnan(b))
-
-
-def assert_search_parity(value, base_name, args, got, **kw):
-    """docs/spec.md §5 for the MSE search; the message names the first failing group."""
-    ref_min, ref_max = reference_search(value, base_name, args, **kw)
-    got_min, got_max = got
-    assert got_min.shape == ref_min.shape and got_max.shape == ref_max.shape
-    assert got_min.dtype == ref_min.dtype and got_max.dtype == ref_max.dtype
-    ekw = dict(norm=kw["norm"], importance=kw.get("importance"), flavour=kw.get("flavour", "mse"))
-    e_ref = group_errors(value, base_name, args, ref_min, ref_max, **ekw).double().flatten()
-    e_got = group_errors(value, base_name, args, got_min, got_max, **ekw).double().flatten()
-    same = (_same(got_min, ref_min) & _same(got_max, ref_max)).flatten()
-    tol = TOL[value.dtype]
-    ok = same | (e_got <= e_ref * (1 + tol))
-    if not bool(ok.all()):
-        g = int((~ok).nonzero()[0])
-        raise AssertionError(
-            f"group {g}: kernel range ({got_min.flatten()[g].item()!r}, "
-            f"{got_max.flatten()[g].item()!r}) has error {e_got[g].item()!r}, reference range "
-            f"({ref_min.flatten()[g].item()!r}, {ref_max.flatten()[g].item()!r}) has "
-            f"{e_ref[g].item()!r} (tol {tol}); {int((~ok).sum())} of {ok.numel()} groups fail"
-        )
-    frac = same.double().mean().item()
-    assert frac >= EXACT_FRACTION, (
-        f"only {frac:.4f} of {same.numel()} groups pick the reference's candidate; "
-        f"first differing group {int((~same).nonzero()[0])}"
-    )
-    return frac
 
 
 # --------------------------------------------------------------------------- #
 # cases
 # --------------------------------------------------------------------------- #
-FORMATS = {
-    "int8-sym": dict(num_bits=8, symmetric=True),
-    "int8-asym": dict(num_bits=8, symmetric=False),
-    "int4-sym": dict(num_bits=4, symmetric=True),
-    "int4-asym": dict(num_bits=4, symmetric=False),
-    "int2-asym": dict(num_bits=2, symmetric=False),
-    "fp8": dict(num_bits=8, type="float", symmetric=True),
-    "fp8-asym": dict(num_bits=8, type="float", symmetric=False),
-    "nvfp4": dict(num_bits=4, type="float", symmetric=True, scale_dtype=torch.float8_e4m3fn),
-    "mxfp4": dict(num_bits=4, type="float", symmetric=True, scale_dtype=torch.uint8),
-    "mxfp8": dict(num_bits=8, type="float", symmetric=True, scale_dtype=torch.uint8),
-}
-
-
 @dataclasses.dataclass(frozen=True)
 class Case:
     fmt: str
@@ -405,13 +333,16 @@ def test_split_path_gpu_launch_config(flavour):
 
 @pytest.mark.parametrize("steps_per_iter", (1, 4))
 def test_steps_per_iter_does_not_change_results(monkeypatch, steps_per_iter):
-    """The GPU evaluates one step per iteration; blocks of steps must agree."""
+    """The GPU evaluates one step per iteration; blocks of steps must agree
+    with the default launch, bit for bit, and both with the reference."""
     args = QuantizationArgs(num_bits=4, symmetric=False, strategy="group", group_size=16)
     value = sample((6, 32), torch.bfloat16, seed=9)
     kw = dict(maxshrink=0.5, patience=2, grid=20, norm=2.4)
     want = kernel_search(value, "weight", args, **kw)
+    assert_search_parity(value, "weight", args, want, **kw)
     pin_config(monkeypatch, steps_per_iter=steps_per_iter)
     got = kernel_search(value, "weight", args, **kw)
+    assert_search_parity(value, "weight", args, got, **kw)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
@@ -447,13 +378,13 @@ def test_gpu_arithmetic_cannot_run_in_the_interpreter(monkeypatch):
         kernel_search(sample((4, 32), torch.bfloat16), "weight", args, **MSE)
 
 
-def test_deterministic_and_through_ops():
+def test_through_ops_matches_reference():
+    """``ops.mse_search`` on the triton backend, against the reference."""
     args = QuantizationArgs(num_bits=8, symmetric=False, strategy="tensor")
     value = sample((17, 33), torch.float32, seed=10)
-    a = kernel_search(value, "weight", args, **MSE)
     with use_backend("triton"):
-        b = ops.mse_search(value, "weight", args, **MSE)
-    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+        got = ops.mse_search(value, "weight", args, **MSE)
+    assert_search_parity(value, "weight", args, got, **MSE)
 
 
 def test_noncontiguous_weight():

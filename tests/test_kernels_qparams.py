@@ -20,29 +20,16 @@ from obskernels import ops
 from obskernels.backends import KernelUnsupportedError
 from obskernels.validation import STATUS_INIT
 
+from helpers import DTYPES, assert_same, formats
+
 pytestmark = pytest.mark.kernel
 
 FORMATS = {
-    "int8-sym": dict(num_bits=8, symmetric=True),
-    "int8-asym": dict(num_bits=8, symmetric=False),
-    "int4-sym": dict(num_bits=4, symmetric=True),
-    "int4-asym": dict(num_bits=4, symmetric=False),
-    "int2-asym": dict(num_bits=2, symmetric=False),
-    "int1-sym": dict(num_bits=1, symmetric=True),
-    "int3-asym-int32zp": dict(num_bits=3, symmetric=False, zp_dtype=torch.int32),
-    "fp8": dict(num_bits=8, type="float", symmetric=True),
-    "fp8-asym": dict(num_bits=8, type="float", symmetric=False),
-    "fp4": dict(num_bits=4, type="float", symmetric=True),
-    "nvfp4": dict(num_bits=4, type="float", symmetric=True, scale_dtype=torch.float8_e4m3fn),
-    "mxfp4": dict(num_bits=4, type="float", symmetric=True, scale_dtype=torch.uint8,
-                  strategy="group", group_size=32),
-    "mxfp8": dict(num_bits=8, type="float", symmetric=True, scale_dtype=torch.uint8,
-                  strategy="group", group_size=32),
-    "int8-asym-bf16scale": dict(num_bits=8, symmetric=False, scale_dtype=torch.bfloat16),
-    "int4-sym-fp16scale": dict(num_bits=4, symmetric=True, scale_dtype=torch.float16),
-    "int8-fp32scale": dict(num_bits=8, symmetric=True, scale_dtype=torch.float32),
+    **formats("int8-sym", "int8-asym", "int4-sym", "int4-asym", "int2-asym", "int1-sym",
+              "int3-asym-int32zp", "fp8", "fp8-asym", "fp4", "nvfp4"),
+    **formats("mxfp4", "mxfp8", strategy="group", group_size=32),  # mx scales need groups of 32
+    **formats("int8-asym-bf16scale", "int4-sym-fp16scale", "int8-fp32scale"),
 }
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def statistics(dtype, n=300, seed=0):
@@ -76,18 +63,6 @@ def expected(mn, mx, args, global_scale, widen):
         zp.view(torch.uint8 if zp.element_size() == 1 else zp.dtype)[redo] = \
             wide_z.to(zp.dtype).view(torch.uint8 if zp.element_size() == 1 else zp.dtype)[redo]
     return scale, zp
-
-
-def assert_same(got, want, what, stats):
-    assert got.dtype == want.dtype and got.shape == want.shape, (
-        f"{what}: {got.dtype} {tuple(got.shape)} != {want.dtype} {tuple(want.shape)}")
-    g, w = got.float(), want.float()
-    same = (g == w) | (g.isnan() & w.isnan())
-    if not bool(same.all()):
-        i = (~same).flatten().nonzero().flatten()[:4].tolist()
-        raise AssertionError(
-            f"{what}: groups {i}: got {g.flatten()[i].tolist()}, want {w.flatten()[i].tolist()} "
-            f"(min {stats[0].flatten()[i].tolist()}, max {stats[1].flatten()[i].tolist()})")
 
 
 def _unsupported_by_ct(args, dtype):

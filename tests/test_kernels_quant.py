@@ -13,8 +13,6 @@ import math
 
 import pytest
 import torch
-import triton
-import triton.language as tl
 from compressed_tensors.quantization.utils.fp4_utils import cast_to_fp4
 from compressed_tensors.quantization.utils.mxfp_utils import (
     generate_mx_scales,
@@ -22,6 +20,8 @@ from compressed_tensors.quantization.utils.mxfp_utils import (
 )
 from compressed_tensors.quantization import QuantizationArgs
 
+triton = pytest.importorskip("triton", reason="the Triton kernels need triton")
+tl = triton.language
 Q = importlib.import_module("obskernels.kernels.quant")
 
 pytestmark = pytest.mark.kernel

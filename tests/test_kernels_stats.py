@@ -20,10 +20,12 @@ from obskernels import ops
 from obskernels.reference.flatten import flatten_for_calibration
 from obskernels.validation import STATUS_INIT, HeldStatisticsError
 
+from helpers import DTYPES, assert_same
+
 pytestmark = pytest.mark.kernel
+pytest.importorskip("triton", reason="the Triton kernels need triton")
 
 mm_module = importlib.import_module("obskernels.kernels.min_max")
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 SCHEMES = {
     "group16": ("weight", (8, 64), dict(num_bits=8, strategy="group", group_size=16)),
     "channel": ("weight", (9, 40), dict(num_bits=8, strategy="channel")),
@@ -60,16 +62,6 @@ def oracle_record(value, new, observation):
     bad = not (bool(torch.isfinite(new[0]).all()) and bool(torch.isfinite(new[1]).all()))
     init = list(STATUS_INIT)
     return [init[0] + nan, init[1] + pos, init[2] + neg, int(bad), observation if bad else init[4]]
-
-
-def assert_same(got, want, what):
-    assert got.dtype == want.dtype and got.shape == want.shape, what
-    g, w = got.float(), want.float()
-    same = (g == w) | (g.isnan() & w.isnan())
-    if not bool(same.all()):
-        i = (~same).flatten().nonzero().flatten()[:4].tolist()
-        raise AssertionError(f"{what}: groups {i}: got {g.flatten()[i].tolist()}, "
-                             f"want {w.flatten()[i].tolist()}")
 
 
 def held_for(base_name, shape, args, dtype):

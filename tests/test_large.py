@@ -27,14 +27,17 @@ import importlib
 
 import pytest
 import torch
-import triton
-import triton.language as tl
-from compressed_tensors.quantization import QuantizationArgs
 
 from obskernels import ops
 from obskernels.backends import triton_unavailable_reason, use_backend
-from obskernels.kernels._layout import group_layout, load_flat
-from test_kernels_mse import assert_search_parity
+
+from helpers import assert_search_parity
+from helpers import qargs as _qargs
+
+triton = pytest.importorskip("triton", reason="the Triton kernels need triton")
+tl = triton.language
+_layout = importlib.import_module("obskernels.kernels._layout")
+group_layout, load_flat = _layout.group_layout, _layout.load_flat
 
 pytestmark = [
     pytest.mark.kernel,
@@ -58,9 +61,7 @@ def mem_available_gib() -> float:
 
 
 def qargs(strategy, **kw):
-    if strategy == "token":
-        kw.setdefault("dynamic", True)
-    return QuantizationArgs(num_bits=8, symmetric=False, strategy=strategy, **kw)
+    return _qargs(strategy, symmetric=False, **kw)
 
 
 def pin(monkeypatch, module_name, **fields):

@@ -42,21 +42,12 @@ from obskernels.legacy.calibration import (
     update_weight_zp_scale,
 )
 
+from helpers import tiny_llama
+
 transformers = pytest.importorskip("transformers", reason="the quantized kv-cache is a transformers Cache")
 from compressed_tensors.modeling.kvcache import QuantizedKVCache, register_key_hook, register_value_hook  # noqa: E402
 
 from obskernels.legacy.kv_cache import QuantizedKVParameterCache  # noqa: E402
-
-
-def tiny_llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-    )
-    return LlamaForCausalLM(cfg).eval()
 
 
 def batches(n):

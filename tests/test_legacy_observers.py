@@ -12,24 +12,19 @@ from collections import Counter
 
 import pytest
 import torch
-from compressed_tensors.quantization import QuantizationArgs
 from compressed_tensors.quantization.utils import calculate_qparams, generate_gparam
 
 import obskernels
 from obskernels import legacy
 
+from helpers import nvfp4_args
+from helpers import qargs as _qargs
+
 C = 0.01
 
 
-def qargs(strategy="tensor", num_bits=4, symmetric=True, **kw):
-    return QuantizationArgs(num_bits=num_bits, strategy=strategy, symmetric=symmetric, **kw)
-
-
-def nvfp4_args():
-    return QuantizationArgs(
-        num_bits=4, type="float", symmetric=True, strategy="tensor_group", group_size=16,
-        scale_dtype=torch.float8_e4m3fn, zp_dtype=torch.float8_e4m3fn,
-    )
+def qargs(strategy="tensor", num_bits=4, **kw):  # 4-bit unless said otherwise
+    return _qargs(strategy, num_bits=num_bits, **kw)
 
 
 def current(name, args, value, base_name="weight", g_idx=None):

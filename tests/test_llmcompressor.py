@@ -363,7 +363,7 @@ def test_oneshot_end_to_end_matches(scheme, observer, tmp_path, monkeypatch):
 
 def test_readme_oneshot_recipe_runs(tmp_path):
     """The README's offline oneshot recipe, as written, in this environment."""
-    from readme_snippets import python_snippets, run_snippet
+    from helpers import python_snippets, run_snippet
 
     snippets = [s for s in python_snippets() if s.needs_llmcompressor]
     assert snippets, "the README lost its llm-compressor recipe"

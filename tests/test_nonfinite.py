@@ -33,16 +33,14 @@ import obskernels.observers.base as base_module
 from obskernels import Observer
 from obskernels.reference.flatten import flatten_for_calibration
 
+from helpers import formats
+
 NAMES = ("memoryless_minmax", "static_minmax", "minmax", "memoryless_mse", "mse", "nvfp4_expanded_mse", "imatrix_mse")
 MINMAX_FAMILY = ("memoryless_minmax", "static_minmax", "minmax")
 
 FORMATS = {
-    "int8-sym": dict(num_bits=8, symmetric=True),
-    "int8-asym": dict(num_bits=8, symmetric=False),
-    "int4-asym": dict(num_bits=4, symmetric=False),
-    "fp8": dict(num_bits=8, type="float", symmetric=True),
-    "nvfp4": dict(num_bits=4, type="float", symmetric=True, strategy="tensor_group",
-                  scale_dtype=torch.float8_e4m3fn, zp_dtype=torch.float8_e4m3fn),
+    **formats("int8-sym", "int8-asym", "int4-asym", "fp8"),
+    **formats("nvfp4", strategy="tensor_group", zp_dtype=torch.float8_e4m3fn),
 }
 
 

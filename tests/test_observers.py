@@ -14,7 +14,6 @@ from collections import Counter
 import pytest
 import torch
 import torch.distributed as dist
-from compressed_tensors.quantization import QuantizationArgs
 from compressed_tensors.quantization.utils import calculate_qparams, generate_gparam
 
 import obskernels
@@ -30,7 +29,11 @@ from obskernels import (
     StaticMinMaxObserver,
     get_observer_token_count,
     ops,
+    use_backend,
 )
+from obskernels.reference.mse_search import mse_search as reference_search
+
+from helpers import nvfp4_args, qargs
 
 CLASSES = {
     "memoryless_minmax": MemorylessMinMaxObserver,
@@ -43,17 +46,6 @@ CLASSES = {
 }
 NAMES = tuple(CLASSES)
 MSE_FAMILY = ("memoryless_mse", "mse", "nvfp4_expanded_mse", "imatrix_mse")
-
-
-def qargs(strategy="tensor", num_bits=8, symmetric=True, **kw):
-    return QuantizationArgs(num_bits=num_bits, symmetric=symmetric, strategy=strategy, **kw)
-
-
-def nvfp4_args():
-    return QuantizationArgs(
-        num_bits=4, type="float", symmetric=True, strategy="tensor_group", group_size=16,
-        scale_dtype=torch.float8_e4m3fn, zp_dtype=torch.float8_e4m3fn,
-    )
 
 
 def make(name, base_name="weight", args=None, **kw):
@@ -159,16 +151,22 @@ def test_other_construction_errors():
 
 
 @pytest.mark.parametrize("name", MSE_FAMILY)
-def test_chunk_size_does_not_change_results(name):
+def test_chunk_size_is_accepted_and_never_changes_the_result(name):
+    """docs/spec.md §1: ``chunk_size`` is accepted and validated (> 0, above)
+    but is no search setting: whatever its value, the statistics are the
+    reference search's with the observer's other defaults."""
     w = torch.randn(8, 32)
     args = nvfp4_args() if name == "nvfp4_expanded_mse" else qargs("group", group_size=16)
-    results = []
+    kw = {k: v for k, v in DEFAULTS[name].items() if k not in ("chunk_size", "strict", "avg_constant")}
+    flavour = "imatrix" if name == "imatrix_mse" else "mse"
+    want_min, want_max = reference_search(w, "weight", args, flavour=flavour, **kw)
     for chunk in (1, 5, 7):
         obs = make(name, args=args.model_copy(deep=True), chunk_size=chunk)
-        results.append(quiet(obs, w).get_statistics())
-    for r in results[1:]:
-        assert torch.equal(r["min_vals"], results[0]["min_vals"])
-        assert torch.equal(r["max_vals"], results[0]["max_vals"])
+        assert obs.chunk_size == chunk
+        with use_backend("reference"):
+            stats = quiet(obs, w).get_statistics()
+        assert torch.equal(stats["min_vals"], want_min), (name, chunk)
+        assert torch.equal(stats["max_vals"], want_max), (name, chunk)
 
 
 def test_sync_dicts():

@@ -4,10 +4,12 @@
 temporary folder; a subprocess with only that folder on its path (cwd there,
 PYTHONSAFEPATH=1) must import ``obskernels`` and ``obskernels.reference`` from
 it, and nothing named plain ``kernels`` or ``reference`` may be installed.
+From the source root itself, with transformers installed, the import works too.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -87,3 +89,73 @@ def test_import_without_triton(installed):
     assert "triton" not in found["backends"]
     assert found["backends"] == ["auto", "reference"]
     assert not found["triton_loaded"]
+
+
+ROOT_PROBE = """
+import importlib.util, json, sys
+import obskernels, obskernels.reference
+import transformers
+from transformers.utils import is_kernels_available
+from transformers import PreTrainedModel  # loads transformers' hub-kernels integration
+if importlib.util.find_spec("triton") is not None:
+    import obskernels.kernels
+    assert callable(obskernels.kernels.mse_search)
+top = sys.modules.get("kernels")
+print(json.dumps({
+    "obskernels": obskernels.__file__,
+    "reference": obskernels.reference.__file__,
+    "mse_search": callable(obskernels.reference.mse_search),
+    "kernels_available": is_kernels_available(),
+    "top_kernels": None if top is None else getattr(top, "__file__", None),
+    "top_kernels_names": None if top is None else sorted(n for n in vars(top) if not n.startswith("_")),
+}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                    reason="transformers is not installed: nothing probes a package named `kernels`")
+def test_import_from_the_repository_root_with_transformers():
+    """From the source root (cwd first on sys.path, no PYTHONSAFEPATH) the
+    top-level kernels/ folder is visible as a package named plain `kernels`,
+    which transformers imports to probe for the hub's kernel loader. The
+    import must work, and the folder must not pass for that package."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "PYTHONSAFEPATH", "OBSKERNELS_BACKEND")}
+    proc = subprocess.run(
+        [sys.executable, "-c", ROOT_PROBE],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert Path(found["obskernels"]).resolve().is_relative_to(REPO_ROOT / "obskernels")
+    assert Path(found["reference"]).resolve().is_relative_to(REPO_ROOT / "reference")
+    assert found["mse_search"]
+    if found["top_kernels"] is not None and Path(found["top_kernels"]).resolve().is_relative_to(REPO_ROOT):
+        # the probe imported our folder: it must be empty under that name
+        assert found["top_kernels_names"] == [], found["top_kernels_names"]
+        assert not found["kernels_available"]
+
+
+@pytest.mark.slow
+def test_suite_collects_without_triton():
+    """Where triton is missing, the modules that need it skip at collection
+    (each says why) and every other test is still collected: no collection
+    error. ``None`` in sys.modules makes every ``import triton`` fail."""
+    code = (
+        "import sys; sys.modules['triton'] = None\n"
+        "import pytest\n"
+        "sys.exit(pytest.main(['--collect-only', '-q', '-rs', '-p', 'no:cacheprovider', 'tests']))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "OBSKERNELS_BACKEND")}
+    env.update(PYTHONSAFEPATH="1")
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "error" not in out.lower().split("short test summary info")[-1], out[-4000:]
+    skipped = {line.split("tests/")[1].split(".py")[0]
+               for line in out.splitlines() if line.startswith("SKIPPED") and "need triton" in line}
+    assert "test_kernels_mse" in skipped and "test_kernels_quant" in skipped, skipped
+    assert "tests/test_reference.py::" in out  # triton-free modules are collected

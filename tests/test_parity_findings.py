@@ -22,8 +22,6 @@ import math
 
 import pytest
 import torch
-import triton
-import triton.language as tl
 from compressed_tensors.quantization import QuantizationArgs
 from compressed_tensors.quantization.lifecycle import fake_quantize
 from compressed_tensors.quantization.utils import calculate_qparams
@@ -34,6 +32,8 @@ from obskernels.reference.flatten import flatten_for_calibration
 from obskernels.reference.mse_search import mse_search as reference_search
 from obskernels.reference.mse_search import search_args
 
+triton = pytest.importorskip("triton", reason="the Triton kernels need triton")
+tl = triton.language
 layout = importlib.import_module("obskernels.kernels._layout")
 min_max_module = importlib.import_module("obskernels.kernels.min_max")
 mse_module = importlib.import_module("obskernels.kernels.mse_search")

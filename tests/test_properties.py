@@ -32,7 +32,8 @@ from obskernels import Observer, ops
 from obskernels.backends import triton_unavailable_reason, use_backend
 from obskernels.reference.flatten import flatten_for_calibration
 from obskernels.reference.mse_search import search_args
-from test_kernels_mse import TOL, assert_search_parity, group_errors
+
+from helpers import DTYPES, TOL, assert_search_parity, formats, group_errors
 
 pytestmark = pytest.mark.skipif(
     triton_unavailable_reason(None) is not None,
@@ -50,17 +51,10 @@ def fast(n):
     )
 
 
-FORMATS = {
-    "int8-sym": dict(num_bits=8, symmetric=True),
-    "int8-asym": dict(num_bits=8, symmetric=False),
-    "int4-sym": dict(num_bits=4, symmetric=True),
-    "int4-asym": dict(num_bits=4, symmetric=False),
-    "fp8": dict(num_bits=8, type="float", symmetric=True),
-}
+FORMATS = formats("int8-sym", "int8-asym", "int4-sym", "int4-asym", "fp8")
 NVFP4 = dict(num_bits=4, type="float", symmetric=True, scale_dtype=torch.float8_e4m3fn,
              zp_dtype=torch.float8_e4m3fn)
 MXFP4 = dict(num_bits=4, type="float", symmetric=True, scale_dtype=torch.uint8)
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @st.composite

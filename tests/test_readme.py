@@ -3,7 +3,7 @@ README cannot rot. A block marked as needing llm-compressor is compiled here
 and run by tests/test_llmcompressor.py in that environment."""
 
 import pytest
-from readme_snippets import python_snippets, run_snippet
+from helpers import python_snippets, run_snippet
 
 SNIPPETS = python_snippets()
 

@@ -11,17 +11,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from compressed_tensors.quantization import QuantizationArgs
 
 from obskernels import ops
 
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+from helpers import DTYPES, qargs
 
-
-def qargs(strategy="tensor", num_bits=8, symmetric=True, **kw):
-    if strategy == "token":
-        kw.setdefault("dynamic", True)
-    return QuantizationArgs(num_bits=num_bits, symmetric=symmetric, strategy=strategy, **kw)
 
 
 def t(values, dtype=torch.float32):
