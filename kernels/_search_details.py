@@ -100,7 +100,13 @@ def _fake_quant_hw(x, scale, zp, qmin, qmax,
     overflowing range), and then every error of that group is NaN or inf at
     every step, so it never improves either way.
     """
-    y = Q.rd_hw(tl.math.div_rn(x, scale), DTYPE)
+    if DTYPE == Q.BF16:
+        # bf16 x and scale: one reciprocal per group, a product per element,
+        # whose bf16 rounding is the quotient's (quant.quot_bf16_hw's proof)
+        lift, r = Q.recip_hw(scale)
+        y = Q.rd_hw(Q.quot_bf16_hw(x, lift, r), DTYPE)
+    else:
+        y = Q.rd_hw(tl.math.div_rn(x, scale), DTYPE)
     if not SYM:
         y = Q.rd_hw(y + zp, DTYPE)
     y = tl.minimum(tl.maximum(y, qmin), qmax)

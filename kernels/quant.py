@@ -341,6 +341,49 @@ def rint_hw(x):
                                      is_pure=True, pack=1)
 
 
+# quot_bf16_hw's lift: groups whose scale is below 2^-64 divide 2^64 x by
+# 2^64 scale (both exact), so the reciprocal stays a normal fp32 number
+_LIFT: tl.constexpr = tl.constexpr(18446744073709551616.0)  # 2^64
+_LIFT_BELOW: tl.constexpr = tl.constexpr(5.421010862427522e-20)  # 2^-64
+
+
+@triton.jit
+def recip_hw(scale):
+    """(lift, r) of quot_bf16_hw for a scale s > 0 (NaN and inf kept): lift is
+    2^64 where s < 2^-64, else 1; r = div_rn(1, s * lift). Computed once per
+    group and step, not per element (GPU only)."""
+    lift = tl.where(scale < _LIFT_BELOW, _LIFT, 1.0)
+    r = tl.math.div_rn(lift * 0.0 + 1.0, scale * lift)
+    return lift, r
+
+
+@triton.jit
+def quot_bf16_hw(x, lift, r):
+    """A quotient v of bf16 x by a bf16 scale s > 0 whose bf16 rounding is
+    that of div_rn(x, s), from the group's (lift, r) of recip_hw: two fp32
+    multiplications instead of a correctly rounded division (GPU only).
+
+    Claim: rd_bf16(v) == rd_bf16(div_rn(x, s)), except where both are below
+    2^-120 in magnitude (same sign), and then every format rounds them to the
+    same quantised value (zero, or the zero point when one is added first).
+
+    Why. v = fp32(fp32(x * lift) * r) is x / s within 2^-23 relative (x * lift
+    is exact, r and the product are correctly rounded, lift keeps r normal;
+    a huge s makes r subnormal, which costs at most 2^-22 more; overflow
+    gives inf where x / s is past the largest fp32 value too). A bf16
+    rounding boundary (a midpoint) of magnitude >= 2^-126 is M = K 2^c with K
+    odd, 2^8 < K < 2^9; x = X 2^a, s = S 2^b with integers |X|, S < 2^8. So
+    x / s - M = (X 2^a - S K 2^(b+c)) / s is never 0 (the odd part of S K is
+    >= K > 2^8 > |X|'s) and, the numerator being a non-zero multiple of
+    2^min(a, b+c), at least 1 / (S K) > 2^-17 of |M| away. An approximation
+    within 2^-23 of x / s therefore lies between the same two midpoints as
+    x / s and as div_rn(x, s), and rounds to the same bf16 value.
+    tests/test_kernels_quant.py checks the claim by emulating these
+    instructions over every bf16 x and the scales of many binades.
+    """
+    return (x * lift) * r
+
+
 @triton.jit
 def round_fp8e4m3_hw(v):
     """round_fp8e4m3() by the hardware conversion, |v| <= 448 or NaN (GPU only)."""
@@ -407,15 +450,19 @@ def pow16_hw(d, n, w0, tab_ptr, DTYPE: tl.constexpr):
     t = n * lg2_approx(d)
     r = ex2_approx(t)
     bits = r.to(tl.int32, bitcast=True)
+    # off = (low bits) - midpoint as an fp32, without an int -> float
+    # conversion (the MUFU's slow pipe): the low bits OR-ed into the mantissa
+    # of 2^23 give the float 2^23 + low exactly, and subtracting 2^23 + midpoint
+    # is exact (an integer below 2^16), so off equals float(low - midpoint).
     if DTYPE == BF16:
-        off = (bits & 0xFFFF) - 0x8000
+        off = ((bits & 0xFFFF) | 0x4B000000).to(tl.float32, bitcast=True) - 8421376.0
         inside = (t > -125.0) & (t < 127.0)
         idx = (d.to(tl.int32, bitcast=True) >> 16) & 0x7FFF
     else:
-        off = (bits & 0x1FFF) - 0x1000
+        off = ((bits & 0x1FFF) | 0x4B000000).to(tl.float32, bitcast=True) - 8392704.0
         inside = (t > -13.9) & (t < 15.9)
         idx = d.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0x7FFF
-    near = tl.abs(off).to(tl.float32) <= w0 + POW_W1 * tl.abs(t)
+    near = tl.abs(off) <= w0 + POW_W1 * tl.abs(t)
     slow = near | (not inside)
     exact = tl.load(tab_ptr + idx, mask=slow, other=0.0).to(tl.float32)
     return tl.where(slow, exact, rd_hw(r, DTYPE))
