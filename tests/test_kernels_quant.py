@@ -173,7 +173,13 @@ def _fast_pow_decision(d, n, dtype, sign):
         inside = (t32 > -13.9) & (t32 < 15.9)
     near = off.abs().float() <= Q.pow_window(n) + 2.25 * t32.abs()
     slow = near | ~inside | torch.isnan(t32)
-    return r.to(dtype), slow
+    if dtype == torch.bfloat16:
+        # pow16_hw's bf16 rounding of the fast value: half an ulp added to the
+        # bits, then truncated (valid away from ties, which the window catches)
+        fast = ((bits + 0x8000) & -65536).view(torch.float32).to(dtype)
+    else:
+        fast = r.to(dtype)
+    return fast, slow
 
 
 @pytest.mark.parametrize("norm", (2.4, 1.7, 7.3, 0.3))
@@ -219,7 +225,7 @@ def test_fast_pow_offset_is_exact():
 # in fp32 (torch's CPU fp32 division and products are correctly rounded, like
 # div.rn / mul.rn, and keep subnormals, as sm_90's non-ftz ones do). Claim:
 # its bf16 rounding equals that of div_rn(x, s) for every bf16 x (NaN, inf,
-# subnormals included) and every bf16 scale s > 0 (subnormals and inf too).
+# subnormals included) and every bf16 scale s >= 0 (subnormals, inf, NaN too).
 # --------------------------------------------------------------------------- #
 _BF16_ALL = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
 
@@ -248,12 +254,14 @@ def _first_mismatch(s, quotient):
 def _scales_checked():
     """Every positive bf16 scale of the binades a search meets and of the
     edges: every subnormal, around the lift's 2^-64 threshold, near 1, the
-    largest finite binade, inf."""
+    largest finite binade, inf; then 0 and NaN."""
     bits = torch.arange(1, 0x7F81, dtype=torch.int32)  # 2^-133 .. inf
     exp = bits >> 7
     keep = (exp == 0) | (exp >= 0xFE) | torch.isin(exp, torch.tensor(
         [1, 2, 60, 62, 63, 64, 65, 66, 100, 120, 124, 125, 126, 127, 128, 130, 140, 191, 192, 193, 250]))
-    return bits[keep].to(torch.int16).view(torch.bfloat16).float()
+    # 0 and NaN: the zero point divides by the scale before eps replaces a 0
+    edges = torch.tensor([0.0, float("nan")])
+    return torch.cat([bits[keep].to(torch.int16).view(torch.bfloat16).float(), edges])
 
 
 def test_gpu_bf16_quotient_rounds_as_div_rn():
