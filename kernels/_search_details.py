@@ -100,7 +100,13 @@ def _fake_quant_hw(x, scale, zp, qmin, qmax,
     overflowing range), and then every error of that group is NaN or inf at
     every step, so it never improves either way.
     """
-    y = Q.rd_hw(tl.math.div_rn(x, scale), DTYPE)
+    if DTYPE == Q.BF16:
+        # bf16 x and scale: one reciprocal per group, a product per element,
+        # whose bf16 rounding is the quotient's (quant.quot_bf16_hw's proof)
+        lift, r = Q.recip_hw(scale)
+        y = Q.rd_bf16_pair_hw(Q.quot_bf16_hw(x, lift, r))
+    else:
+        y = Q.rd_hw(tl.math.div_rn(x, scale), DTYPE)
     if not SYM:
         y = Q.rd_hw(y + zp, DTYPE)
     y = tl.minimum(tl.maximum(y, qmin), qmax)
@@ -131,11 +137,15 @@ def _step_errors(
     the same arithmetic as _block_errors on 2-D tiles, so the per-group sums
     keep the load's layout (each thread adds its own run of a group before
     any shuffle). FAST: the GPU's conversions (quant.py, GPU arithmetic)."""
-    cmin = Q.rd(bmin * p, DTYPE)
-    cmax = Q.rd(bmax * p, DTYPE)
+    if FAST:
+        cmin = Q.rd_hw(bmin * p, DTYPE)
+        cmax = Q.rd_hw(bmax * p, DTYPE)
+    else:
+        cmin = Q.rd(bmin * p, DTYPE)
+        cmax = Q.rd(bmax * p, DTYPE)
     scale, zp = Q.qparams(
         cmin, cmax, rng, half, qmin, qmax, eps, zlo, zhi, mx_offset,
-        DTYPE, SYM, SCALE, ZP,
+        DTYPE, SYM, SCALE, ZP, FAST,
     )
     if FAST:
         dq = _fake_quant_hw(x, scale[:, None], zp[:, None], qmin, qmax, DTYPE, SYM, QTYPE)

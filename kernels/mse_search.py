@@ -148,9 +148,10 @@ def _pow_table(device: torch.device, dtype: torch.dtype, norm: float) -> torch.T
     fp16), computed by torch on ``device``: the values the GPU's fast pow
     falls back to near a rounding boundary (quant.pow16_hw), so the search
     rounds |d| ** norm exactly as the reference does on that device. Built
-    once per (device, dtype, norm) and kept: 64 KiB."""
+    once per (device, dtype, norm) and kept, widened to fp32 (exact) so the
+    kernel reads it without a conversion: 128 KiB."""
     bits = torch.arange(1 << 15, dtype=torch.int32, device=device).to(torch.int16)
-    return bits.view(dtype).pow(norm).contiguous()
+    return bits.view(dtype).pow(norm).float().contiguous()
 
 
 def _format(args, dtype):

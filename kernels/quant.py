@@ -257,11 +257,36 @@ def mx_scale(amax, offset, DTYPE: tl.constexpr):
 
 
 @triton.jit
+def _rd_any(x, DTYPE: tl.constexpr, FAST: tl.constexpr):
+    """rd(), by the hardware's conversion on the GPU (FAST)."""
+    if FAST:
+        return rd_hw(x, DTYPE)
+    else:
+        return rd(x, DTYPE)
+
+
+@triton.jit
+def _div_rd(a, b, DTYPE: tl.constexpr, FAST: tl.constexpr):
+    """rd(div_rn(a, b)) of DTYPE values a, b (b >= 0, or NaN); on the GPU
+    (FAST) in bf16 by quot_bf16_hw, whose rounding is the same."""
+    if FAST and DTYPE == BF16:
+        lift, r = recip_hw(b)
+        return rd_hw(quot_bf16_hw(a, lift, r), DTYPE)
+    else:
+        return _rd_any(tl.math.div_rn(a, b), DTYPE, FAST)
+
+
+@triton.jit
 def qparams(
     cmin, cmax, rng, half, qmin, qmax, eps, zlo, zhi, mx_offset,
     DTYPE: tl.constexpr, SYM: tl.constexpr, SCALE: tl.constexpr, ZP: tl.constexpr,
+    FAST: tl.constexpr = False,
 ):
     """calculate_qparams(cmin, cmax, args, global_scale=None) in DTYPE.
+
+    FAST (GPU only): the GPU's arithmetic, same results: hardware roundings,
+    and bf16 quotients by quot_bf16_hw (rng and half are bf16 values: integers
+    below 256 or their halves, 448, 6).
 
     mn = min(cmin, 0), mx = max(cmax, 0);
     symmetric: scale = max(|mn|, |mx|) / half (or the MX power of two), zp = 0;
@@ -277,11 +302,11 @@ def qparams(
         if SCALE == S_MX:
             scale = mx_scale(amax, mx_offset, DTYPE)
         else:
-            scale = rd(tl.math.div_rn(amax, half), DTYPE)
+            scale = _div_rd(amax, half, DTYPE, FAST)
         zp = tl.zeros_like(scale)
     else:
-        scale = rd(tl.math.div_rn(rd(mx - mn, DTYPE), rng), DTYPE)
-        zp = rd(qmin - rd(tl.math.div_rn(mn, scale), DTYPE), DTYPE)
+        scale = _div_rd(_rd_any(mx - mn, DTYPE, FAST), rng, DTYPE, FAST)
+        zp = _rd_any(qmin - _div_rd(mn, scale, DTYPE, FAST), DTYPE, FAST)
         zp = nan_clamp(zp, qmin, qmax)
     if SCALE == S_FP8:
         scale = round_fp8e4m3(nan_clamp(scale, -448.0, 448.0))
@@ -335,10 +360,68 @@ def rd_hw(x, DTYPE: tl.constexpr):
 
 
 @triton.jit
+def rd_bf16_pair_hw(x):
+    """rd(x, BF16) by ``cvt.rn.bf16x2.f32``, two elements per conversion: the
+    FP32 pipe's packing conversion (F2FP) instead of one F2F each on the
+    slow conversion pipe; same rounding (nearest even). GPU only. The
+    conversion puts its first operand in the upper half, and triton's packed
+    result holds element 0 in the lower half: hence $2 before $1."""
+    h = tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [x], dtype=tl.bfloat16,
+                                  is_pure=True, pack=2)
+    return h.to(tl.float32)
+
+
+@triton.jit
 def rint_hw(x):
     """torch.round (half to even) by ``cvt.rni`` (GPU only)."""
     return tl.inline_asm_elementwise("cvt.rni.f32.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
                                      is_pure=True, pack=1)
+
+
+# quot_bf16_hw's lift: groups whose scale is below 2^-64 divide 2^64 x by
+# 2^64 scale (both exact), so the reciprocal stays a normal fp32 number
+_LIFT: tl.constexpr = tl.constexpr(18446744073709551616.0)  # 2^64
+_LIFT_BELOW: tl.constexpr = tl.constexpr(5.421010862427522e-20)  # 2^-64
+
+
+@triton.jit
+def recip_hw(scale):
+    """(lift, r) of quot_bf16_hw for a scale s > 0 (NaN and inf kept): lift is
+    2^64 where s < 2^-64, else 1; r = div_rn(1, s * lift). Computed once per
+    group and step, not per element (GPU only)."""
+    lift = tl.where(scale < _LIFT_BELOW, _LIFT, 1.0)
+    r = tl.math.div_rn(lift * 0.0 + 1.0, scale * lift)
+    return lift, r
+
+
+@triton.jit
+def quot_bf16_hw(x, lift, r):
+    """A quotient v of bf16 x by a bf16 scale s >= 0 (or NaN) whose bf16
+    rounding is that of div_rn(x, s), from the (lift, r) of recip_hw: two
+    fp32 multiplications instead of a correctly rounded division (GPU only).
+
+    Claim: rd_bf16(v) == rd_bf16(div_rn(x, s)) for every bf16 x (inf, NaN,
+    subnormals included) and every such s.
+
+    Why. v = fp32(fp32(x * lift) * r) is x / s within 2^-23 relative (x * lift
+    is exact, r and the product are correctly rounded, lift keeps r normal;
+    a huge s makes r subnormal, which costs at most 2^-22 more; overflow
+    gives inf where x / s is past the largest fp32 value too). A bf16
+    rounding boundary (a midpoint) of magnitude >= 2^-126 is M = K 2^c with K
+    odd, 2^8 < K < 2^9; x = X 2^a, s = S 2^b with integers |X|, S < 2^8. So
+    x / s - M = (X 2^a - S K 2^(b+c)) / s is never 0 (the odd part of S K is
+    >= K > 2^8 > |X|'s) and, the numerator being a non-zero multiple of
+    2^min(a, b+c), at least 1 / (S K) > 2^-17 of |M| away. An approximation
+    within 2^-23 of x / s therefore lies between the same two midpoints as
+    x / s and as div_rn(x, s), and rounds to the same bf16 value. s = 0
+    gives r = inf and s = inf gives r = 0: x * inf and x * 0 are the
+    quotient's inf, 0 and NaN, signs included. Quotients below 2^-126 (where
+    fp32 keeps 2^-149 steps) are covered by the check: an emulation of these
+    instructions over every bf16 x and every positive bf16 s (2^31 pairs)
+    finds no difference; tests/test_kernels_quant.py runs it over every x
+    and the scales of 25 binades, 0 and NaN.
+    """
+    return (x * lift) * r
 
 
 @triton.jit
@@ -389,6 +472,7 @@ def pow16_hw(d, n, w0, tab_ptr, DTYPE: tl.constexpr):
 
     Fast path: r = ex2(n * lg2(d)) on the MUFU, then rd(r). ``tab_ptr`` holds
     torch's own pow of every 16-bit pattern, computed by torch on this device
+    and widened to fp32
     (the launcher's ``_pow_table``): the element takes the table's value when
     the fast r lies within the window W = w0 + POW_W1 * |t| (ulps, see
     ``pow_window``) of a rounding boundary of the dtype (then r and torch's
@@ -407,18 +491,40 @@ def pow16_hw(d, n, w0, tab_ptr, DTYPE: tl.constexpr):
     t = n * lg2_approx(d)
     r = ex2_approx(t)
     bits = r.to(tl.int32, bitcast=True)
+    # off = (low bits) - midpoint as an fp32, without an int -> float
+    # conversion (the MUFU's slow pipe): the low bits put into the mantissa of
+    # 2^23 (one byte permute) give the float 2^23 + low exactly, and
+    # subtracting 2^23 + midpoint is exact (an integer below 2^16), so off
+    # equals float(low - midpoint).
     if DTYPE == BF16:
-        off = (bits & 0xFFFF) - 0x8000
+        off = _low16_over_2p23(bits) - 8421376.0
         inside = (t > -125.0) & (t < 127.0)
-        idx = (d.to(tl.int32, bitcast=True) >> 16) & 0x7FFF
+        # d >= 0 with its sign bit clear (callers pass an abs()): no mask
+        idx = d.to(tl.uint32, bitcast=True) >> 16
     else:
-        off = (bits & 0x1FFF) - 0x1000
+        off = ((bits & 0x1FFF) | 0x4B000000).to(tl.float32, bitcast=True) - 8392704.0
         inside = (t > -13.9) & (t < 15.9)
         idx = d.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0x7FFF
-    near = tl.abs(off).to(tl.float32) <= w0 + POW_W1 * tl.abs(t)
+    near = tl.abs(off) <= w0 + POW_W1 * tl.abs(t)
     slow = near | (not inside)
-    exact = tl.load(tab_ptr + idx, mask=slow, other=0.0).to(tl.float32)
-    return tl.where(slow, exact, rd_hw(r, DTYPE))
+    exact = tl.load(tab_ptr + idx, mask=slow, other=0.0)
+    if DTYPE == BF16:
+        # where the fast value is used it is not within a window of a
+        # midpoint (no tie) and is a normal number: nearest-even into bf16 is
+        # adding half a bf16 ulp to the bits and truncating (integer pipe, no
+        # conversion)
+        fast = ((bits + 0x8000) & -65536).to(tl.float32, bitcast=True)
+    else:
+        fast = rd_hw(r, DTYPE)
+    return tl.where(slow, exact, fast)
+
+
+@triton.jit
+def _low16_over_2p23(bits):
+    """The fp32 2^23 + (bits & 0xFFFF): the low half of ``bits`` under the
+    high half of 0x4B000000, by one ``prmt`` (GPU only)."""
+    return tl.inline_asm_elementwise("prmt.b32 $0, $1, 0x4B000000, 0x7610;", "=r,r", [bits],
+                                     dtype=tl.float32, is_pure=True, pack=1)
 
 
 @triton.jit

@@ -64,7 +64,10 @@ ALLOWED = {
 # (docs/spec.md §6). fp32 errors: libdevice powf, the CUDA math library
 # function torch's CUDA pow calls (its helpers fadd_rn / isinff / isnanf, and
 # the rcp.approx inside powf's own argument reduction) - the same function, so
-# the same bits as CUDA torch. Division stays div_rn, sqrt stays sqrt_rn.
+# the same bits as CUDA torch. Division stays div_rn (bf16: a div_rn reciprocal
+# per group and a product, whose bf16 rounding is the quotient's: proved in
+# quant.quot_bf16_hw, checked by emulation in test_kernels_quant.py); sqrt
+# stays sqrt_rn. No new approximate instruction.
 _FAST_POW = {
     "approx": _POW["approx"] | {"lg2.approx.ftz.f32", "rcp.approx.ftz.f32"},
     "libdevice": _POW["libdevice"] | {"powf", "fadd_rn", "isinff", "isnanf"},

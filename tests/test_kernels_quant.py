@@ -173,7 +173,13 @@ def _fast_pow_decision(d, n, dtype, sign):
         inside = (t32 > -13.9) & (t32 < 15.9)
     near = off.abs().float() <= Q.pow_window(n) + 2.25 * t32.abs()
     slow = near | ~inside | torch.isnan(t32)
-    return r.to(dtype), slow
+    if dtype == torch.bfloat16:
+        # pow16_hw's bf16 rounding of the fast value: half an ulp added to the
+        # bits, then truncated (valid away from ties, which the window catches)
+        fast = ((bits + 0x8000) & -65536).view(torch.float32).to(dtype)
+    else:
+        fast = r.to(dtype)
+    return fast, slow
 
 
 @pytest.mark.parametrize("norm", (2.4, 1.7, 7.3, 0.3))
@@ -201,3 +207,84 @@ def test_fast_pow_window_argument(dtype, norm):
         typical &= (want.float() > 2.0**-13) & (want.float() < 2.0**15)
     frac = slow[typical].double().mean().item()
     assert frac < (0.01 if dtype == torch.bfloat16 else 0.05), f"table fraction {frac:.4f}"
+
+
+def test_fast_pow_offset_is_exact():
+    """pow16_hw's distance to the midpoint as an fp32 from the low bits OR-ed
+    into 2^23 (no int -> float conversion): every low-bit pattern gives the
+    integer difference exactly, for bf16 (16 bits) and fp16 (13 bits)."""
+    for width, mid, const in ((16, 0x8000, 8421376.0), (13, 0x1000, 8392704.0)):
+        low = torch.arange(1 << width, dtype=torch.int32)
+        f = (low | 0x4B000000).view(torch.float32) - torch.tensor(const, dtype=torch.float32)
+        assert torch.equal(f.double(), (low - mid).double()), width
+
+
+# --------------------------------------------------------------------------- #
+# The GPU's bf16 quotient (quant.recip_hw + quot_bf16_hw) instead of a
+# correctly rounded division per element, emulated instruction by instruction
+# in fp32 (torch's CPU fp32 division and products are correctly rounded, like
+# div.rn / mul.rn, and keep subnormals, as sm_90's non-ftz ones do). Claim:
+# its bf16 rounding equals that of div_rn(x, s) for every bf16 x (NaN, inf,
+# subnormals included) and every bf16 scale s >= 0 (subnormals, inf, NaN too).
+# --------------------------------------------------------------------------- #
+_BF16_ALL = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
+
+
+def _gpu_quotient(x, s):
+    """recip_hw then quot_bf16_hw, one fp32 operation at a time."""
+    lift = torch.where(s < 2.0**-64, torch.tensor(2.0**64), torch.tensor(1.0))
+    r = 1.0 / (s * lift)
+    return (x * lift) * r
+
+
+def _first_mismatch(s, quotient):
+    """The first (x, s, got, want) where quotient(x, s) rounds into bf16 unlike
+    div_rn(x, s), x every bf16 pattern, s the given scales; None if none."""
+    x = _BF16_ALL[None, :]
+    S = s[:, None]
+    got = quotient(x, S).to(torch.bfloat16).float()
+    want = (x / S).to(torch.bfloat16).float()
+    bad = ~((got == want) | (got.isnan() & want.isnan()))
+    if not bool(bad.any()):
+        return None
+    i, j = (int(v) for v in bad.nonzero()[0])
+    return x[0, j].item(), S[i, 0].item(), got[i, j].item(), want[i, j].item()
+
+
+def _scales_checked():
+    """Every positive bf16 scale of the binades a search meets and of the
+    edges: every subnormal, around the lift's 2^-64 threshold, near 1, the
+    largest finite binade, inf; then 0 and NaN."""
+    bits = torch.arange(1, 0x7F81, dtype=torch.int32)  # 2^-133 .. inf
+    exp = bits >> 7
+    keep = (exp == 0) | (exp >= 0xFE) | torch.isin(exp, torch.tensor(
+        [1, 2, 60, 62, 63, 64, 65, 66, 100, 120, 124, 125, 126, 127, 128, 130, 140, 191, 192, 193, 250]))
+    # 0 and NaN: the zero point divides by the scale before eps replaces a 0
+    edges = torch.tensor([0.0, float("nan")])
+    return torch.cat([bits[keep].to(torch.int16).view(torch.bfloat16).float(), edges])
+
+
+def test_gpu_bf16_quotient_rounds_as_div_rn():
+    """Every bf16 x against every scale of _scales_checked (run over every
+    positive bf16 scale, 2^31 pairs, the same check finds no difference
+    either; that takes minutes, so the suite keeps these binades)."""
+    scales = _scales_checked()
+    for i in range(0, scales.numel(), 128):
+        bad = _first_mismatch(scales[i:i + 128], _gpu_quotient)
+        assert bad is None, "x=%r s=%r: quotient rounds to %r, div_rn's to %r" % bad
+
+
+def test_gpu_bf16_quotient_check_can_fail():
+    """The same check catches a quotient one fp32 ulp off, and the
+    reciprocal without the lift (1 / s overflows below 2^-128)."""
+    scales = _scales_checked()
+
+    def ulp_off(x, s):
+        q = x / s
+        return torch.where(q.abs() > 0, torch.nextafter(q, torch.zeros_like(q)), q)
+
+    def no_lift(x, s):
+        return x * (1.0 / s)
+
+    assert _first_mismatch(scales[2000:2128], ulp_off) is not None  # a normal binade
+    assert _first_mismatch(scales[:128], no_lift) is not None  # subnormal scales
