@@ -93,7 +93,7 @@ from obskernels.reference.mse_search import (
     search_args,
 )
 from obskernels.reference.mse_search import mse_search as _reference_mse_search
-from obskernels.validation import WEIGHT, strategy_of
+from obskernels.validation import STATUS_IMPORTANCE, WEIGHT, check_importance_status, strategy_of
 
 __all__ = ["mse_search", "CONFIG"]
 
@@ -104,6 +104,10 @@ __all__ = ["mse_search", "CONFIG"]
 CONFIG = LaunchConfig()
 
 _MAX_SPLIT_STEPS = 1024
+# split path with importance: rows of one column block per program (see _search_part_kernel)
+_SPLIT_W_ROWS = 16
+# fp32's smallest normal: the importance is divided by its mean plus this
+_TINY = float(torch.finfo(torch.float32).tiny)
 
 
 # --------------------------------------------------------------------------- #
@@ -234,6 +238,7 @@ def mse_search(
     expand=1.0,
     importance=None,
     flavour="mse",
+    importance_status=None,
 ):
     """Triton twin of ``reference.mse_search`` (docs/spec.md §4); returns (min_vals, max_vals)."""
     # launches on value's device (the checks inside name a misplaced importance)
@@ -242,18 +247,21 @@ def mse_search(
         return _mse_search(
             value, base_name, args, maxshrink=maxshrink, patience=patience, grid=grid,
             norm=norm, expand=expand, importance=importance, flavour=flavour,
+            importance_status=importance_status,
         )
 
 
 def _mse_search(value, base_name, args, *, maxshrink, patience, grid, norm, expand,
-                importance, flavour):
+                importance, flavour, importance_status):
     check_search_params(maxshrink, patience, grid, norm, expand, flavour)
+    check_importance_status(importance, importance_status)
     if isinstance(value, torch.Tensor) and value.numel() == 0:
         # nothing to launch (nor a layout to describe): the reference raises
         # what it raises for this empty value
         return _reference_mse_search(
             value, base_name, args, maxshrink=maxshrink, patience=patience, grid=grid,
             norm=norm, expand=expand, importance=importance, flavour=flavour,
+            importance_status=importance_status,
         )
     # the reference's flatten checks, in its order; elements in its flattened order
     layout = group_layout(value, base_name, args, storage_order=False)
@@ -264,7 +272,9 @@ def _mse_search(value, base_name, args, *, maxshrink, patience, grid, norm, expa
                 f"'tensor_group' strategy, got base_name {base_name!r} and strategy "
                 f"{strategy_of(args).value!r}"
             )
-        broadcast_importance(importance, value, args)  # same checks, views only
+        # same checks, views only; raw importance (importance_status) is
+        # judged by its verdict on the device, not read here
+        broadcast_importance(importance, value, args, values=importance_status is None)
 
     dtype = value.dtype
     qparam_args, _ = search_args(args)
@@ -272,6 +282,13 @@ def _mse_search(value, base_name, args, *, maxshrink, patience, grid, norm, expa
     imatrix = flavour == "imatrix"
     has_w = imatrix and importance is not None
     w = importance.to(torch.float32).contiguous() if has_w else value
+    # raw importance: the kernels normalise it as they load it, by torch's own
+    # mean (one reduction: its summation order is torch's, on this device),
+    # and take uniform weights where the verdict says it is unusable
+    norm_w = has_w and importance_status is not None
+    wmean = w.mean() if norm_w else w
+    wcode = importance_status[STATUS_IMPORTANCE:] if norm_w else w
+    wargs = (w, wmean, wcode, _TINY)
 
     n_steps = num_steps(maxshrink, grid, flavour)
     dev = value.device
@@ -298,7 +315,7 @@ def _mse_search(value, base_name, args, *, maxshrink, patience, grid, norm, expa
     switches = dict(
         DTYPE=Q.DTYPE_CODE[dtype], SYM=fmt["SYM"], QTYPE=fmt["QTYPE"], SCALE=fmt["SCALE"],
         ZP=fmt["ZP"], NORM_MODE=_norm_mode(float(norm)), IMATRIX=imatrix, HAS_W=has_w,
-        PAD=layout.pad,
+        PAD=layout.pad, NORM_W=norm_w,
     )
     G, group_numel = layout.num_groups, layout.num_rows * layout.elems
     geometry = (*layout.scalar_args(), group_numel)
@@ -340,7 +357,6 @@ def _mse_search(value, base_name, args, *, maxshrink, patience, grid, norm, expa
             tile = max(tile // 2, 1)
         block_g = pow2_at_most(G, max(tile // block_e, 1))
         bits = torch.empty((G, max(n_words, 1)), dtype=torch.int32, device=dev)
-        flags = torch.zeros(max(n_words, 1), dtype=torch.int32, device=dev)
         warps = _search_warps(block_g, block_e, fast)
         if has_w:
             # two rows or more per program share each column's importance read
@@ -352,16 +368,23 @@ def _mse_search(value, base_name, args, *, maxshrink, patience, grid, norm, expa
             programs = triton.cdiv(qa, block_g // block_j) * triton.cdiv(qb, block_j)
         else:
             block_j, programs = block_g, triton.cdiv(G, block_g)
+        # one word per (program, 32 steps), each stored by its program: no clearing
+        flags = torch.empty((programs, max(n_words, 1)), dtype=torch.int32, device=dev)
         _search_kernel[(programs,)](
-            value, w, tab, *steps, bits, flags, base, *geometry,
+            value, *wargs, tab, *steps, bits, flags, base, *geometry,
             n_steps, n_words, float(expand), best_init, **consts, pw0=pw0, **switches,
             FAST=fast, BLOCK_G=block_g, BLOCK_E=block_e, BLOCK_S=steps_block, BLOCK_J=block_j,
             num_warps=warps, **launch,
         )
+        # every choose program ORs all search programs' words: at most
+        # block_g / 4 programs keep those reads within a quarter of the bits'
         choose_g = pow2_at_most(G, 1024)
-        _choose_kernel[(triton.cdiv(G, choose_g),)](
-            bits, flags, base, *steps, out_min, out_max, G, n_steps, n_words, patience_eff,
-            DTYPE=switches["DTYPE"], BLOCK_G=choose_g, **launch,
+        n_choose = max(1, min(triton.cdiv(G, choose_g), block_g // 4))
+        per_program = triton.cdiv(triton.cdiv(G, n_choose), choose_g) * choose_g
+        _choose_kernel[(triton.cdiv(G, per_program),)](
+            bits, flags, base, *steps, out_min, out_max, G, programs, per_program, n_steps,
+            n_words, patience_eff, DTYPE=switches["DTYPE"], BLOCK_G=choose_g,
+            BLOCK_P=pow2_at_most(programs, 1024), **launch,
         )
         return out_min, out_max
 
@@ -371,23 +394,32 @@ def _mse_search(value, base_name, args, *, maxshrink, patience, grid, norm, expa
             f"(the split path keeps at most {_MAX_SPLIT_STEPS} step errors per program)"
         )
     chunk = config.chunk
-    # K programs per group, cps chunks each; an element costs every grid step
-    K, cps = choose_split(triton.cdiv(group_numel, chunk), 1, chunk * max(n_steps, 1), G,
-                          dev, config)
+    if has_w:
+        # ROWS rows of one column block per program share each chunk's
+        # importance load (traffic: 4 / ROWS bytes per element, not 4)
+        qa, qb = layout.groups
+        rows = max(1, min(_SPLIT_W_ROWS, triton.next_power_of_2(qa), chunk // 16))
+        row_programs = triton.cdiv(qa, rows) * qb
+    else:
+        rows, row_programs = 1, G
+    block_e = chunk // rows
+    # K programs per group (or row block), cps chunks each; an element costs every grid step
+    K, cps = choose_split(triton.cdiv(group_numel, block_e), 1, chunk * max(n_steps, 1),
+                          row_programs, dev, config)
     mm = torch.empty((2, G, K), dtype=torch.float32, device=dev)
     tickets = torch.empty(G + 1, dtype=torch.int32, device=dev)
     bits = torch.empty((G, max(n_words, 1)), dtype=torch.int32, device=dev)
     flags = torch.empty(max(n_words, 1), dtype=torch.int32, device=dev)
-    _minmax_part_kernel[(G, K)](value, mm, tickets, flags, *geometry, K, cps, n_words,
+    _minmax_part_kernel[(G, K)](value, mm, tickets, flags, *geometry, K, cps * block_e, n_words,
                                 PAD=layout.pad, BLOCK_E=chunk,
                                 BLOCK_W=triton.next_power_of_2(max(n_words, 1)), **launch)
     block_k = triton.next_power_of_2(K)
     block_s = triton.next_power_of_2(max(n_steps, 1))
     part = torch.empty((G, K, max(n_steps, 1)), dtype=torch.float32, device=dev)
-    _search_part_kernel[(G, K)](
-        value, w, tab, *steps, mm, part, base, tickets, bits, flags, out_min, out_max,
+    _search_part_kernel[(row_programs, K)](
+        value, *wargs, tab, *steps, mm, part, base, tickets, bits, flags, out_min, out_max,
         *geometry, K, cps, n_steps, n_words, patience_eff, float(expand), best_init,
-        **consts, pw0=pw0, **switches, FAST=fast, BLOCK_E=chunk, BLOCK_K=block_k,
+        **consts, pw0=pw0, **switches, FAST=fast, ROWS=rows, BLOCK_E=block_e, BLOCK_K=block_k,
         BLOCK_KF=min(64, block_k), BLOCK_S=block_s, BLOCK_SB=steps_block,
         BLOCK_C=pow2_at_most(G, 1024), num_warps=8, **launch,
     )

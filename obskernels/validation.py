@@ -45,7 +45,14 @@ __all__ = [
     "STATUS_NEGINF",
     "STATUS_BAD_STATS",
     "STATUS_FIRST_BAD",
+    "STATUS_IMPORTANCE",
+    "IMPORTANCE_OK",
+    "IMPORTANCE_NO_DATA",
+    "IMPORTANCE_NONFINITE",
+    "IMPORTANCE_NEGATIVE",
+    "IMPORTANCE_ZEROS",
     "check_qparams_args",
+    "check_importance_status",
     "check_combine_args",
     "HeldStatisticsError",
 ]
@@ -178,9 +185,11 @@ def check_g_idx(g_idx, value: torch.Tensor, group_size: int) -> torch.Tensor:
     )
 
 
-def check_importance(importance, value: torch.Tensor) -> None:
+def check_importance(importance, value: torch.Tensor, values: bool = True) -> None:
     """Per-input-column weights of the imatrix search: a real 1-D tensor with one
-    finite, non-negative entry per column of ``value``, on ``value``'s device."""
+    finite, non-negative entry per column of ``value``, on ``value``'s device.
+    ``values=False``: shape, dtype and device only (raw importance, whose
+    values the search judges on the device by its verdict)."""
     if not isinstance(importance, torch.Tensor):
         raise TypeError(
             f"importance must be a torch.Tensor, got {type(importance).__name__}"
@@ -200,7 +209,7 @@ def check_importance(importance, value: torch.Tensor) -> None:
             f"importance is on {importance.device} but value is on {value.device}; "
             "expected the same device"
         )
-    if importance.device.type == "meta" or importance.numel() == 0:
+    if not values or importance.device.type == "meta" or importance.numel() == 0:
         return  # no data to check
     # One reduction and ONE read: aminmax propagates NaN, so both values are
     # finite exactly when every entry is, and the minimum says the sign.
@@ -249,7 +258,7 @@ def describe_nonfinite(nan: int, pos: int, neg: int, numel: int) -> str:
 
 # --------------------------------------------------------------------------- #
 # an observer's non-finite record, written by the kernels (no host read while
-# observing) and read once by get_qparams: int64 [5]
+# observing) and read once by get_qparams: int64 [6]
 # --------------------------------------------------------------------------- #
 #: NaN, +inf and -inf elements counted in refused observations
 STATUS_NAN, STATUS_POSINF, STATUS_NEGINF = 0, 1, 2
@@ -257,7 +266,14 @@ STATUS_NAN, STATUS_POSINF, STATUS_NEGINF = 0, 1, 2
 STATUS_BAD_STATS = 3
 #: index of the first such observation (STATUS_INIT's value while there is none)
 STATUS_FIRST_BAD = 4
-STATUS_INIT = (0, 0, 0, 0, 1 << 62)
+#: the imatrix importance's verdict (an IMPORTANCE_* code; 0: usable), written by
+#: the importance operation so that the fallback warning costs no read while observing
+STATUS_IMPORTANCE = 5
+STATUS_INIT = (0, 0, 0, 0, 1 << 62, 0)
+
+#: verdicts on an imatrix importance (sums / count), in the order they are checked
+IMPORTANCE_OK, IMPORTANCE_NO_DATA, IMPORTANCE_NONFINITE, IMPORTANCE_NEGATIVE, IMPORTANCE_ZEROS = (
+    0, 1, 2, 3, 4)
 
 
 def check_qparams_args(min_vals, max_vals, args, global_scale=None, fused=None, carry=None) -> None:
@@ -308,6 +324,32 @@ def check_qparams_args(min_vals, max_vals, args, global_scale=None, fused=None, 
         or carry.shape != (len(STATUS_INIT),)
     ):
         raise TypeError(f"carry must be an int64 tensor of shape ({len(STATUS_INIT)},)")
+
+
+def check_importance_status(importance, importance_status) -> None:
+    """``importance_status`` of mse_search: None, or an observer's int64 record
+    (``STATUS_INIT`` layout) holding the verdict on raw fp32 ``importance``."""
+    if importance_status is None:
+        return
+    if importance is None:
+        raise ValueError("importance_status is given without importance")
+    if (
+        not isinstance(importance_status, torch.Tensor)
+        or importance_status.dtype != torch.int64
+        or tuple(importance_status.shape) != (len(STATUS_INIT),)
+    ):
+        raise TypeError(
+            f"importance_status must be an int64 tensor of shape ({len(STATUS_INIT)},)"
+        )
+    if isinstance(importance, torch.Tensor) and importance.dtype != torch.float32:
+        raise TypeError(
+            f"raw importance (with importance_status) must be float32, got {importance.dtype}"
+        )
+    if isinstance(importance, torch.Tensor) and importance_status.device != importance.device:
+        raise ValueError(
+            f"importance_status is on {importance_status.device} but importance is on "
+            f"{importance.device}; expected the same device"
+        )
 
 
 class HeldStatisticsError(ValueError):

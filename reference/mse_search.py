@@ -15,7 +15,15 @@ from compressed_tensors.quantization.lifecycle import fake_quantize
 from compressed_tensors.quantization.utils import calculate_qparams
 
 from obskernels.reference.flatten import flatten_for_calibration
-from obskernels.validation import WEIGHT, check_groups_nonempty, check_importance, strategy_of
+from obskernels.validation import (
+    IMPORTANCE_OK,
+    STATUS_IMPORTANCE,
+    WEIGHT,
+    check_groups_nonempty,
+    check_importance,
+    check_importance_status,
+    strategy_of,
+)
 
 __all__ = ["mse_search", "search_args", "num_steps", "broadcast_importance"]
 
@@ -51,9 +59,10 @@ def num_steps(maxshrink: float, grid: float, flavour: str) -> int:
     return max(1, int(maxshrink * grid)) + 1
 
 
-def broadcast_importance(importance, value, args):
-    """Per-column importance, broadcast over rows and flattened like the weight."""
-    check_importance(importance, value)
+def broadcast_importance(importance, value, args, values=True):
+    """Per-column importance, broadcast over rows and flattened like the weight
+    (``values``: check its values too, see ``validation.check_importance``)."""
+    check_importance(importance, value, values)
     rows, cols = value.shape
     full = importance.to(torch.float32).unsqueeze(0).expand(rows, cols)
     return flatten_for_calibration(full, WEIGHT, args)
@@ -71,8 +80,22 @@ def mse_search(
     expand=1.0,
     importance=None,
     flavour="mse",
+    importance_status=None,
 ):
+    """``importance``: per-input-column weights (flavour "imatrix"). With
+    ``importance_status`` (an observer's record, ``validation.STATUS_INIT``
+    layout, as ``importance()`` leaves it) ``importance`` is the raw E[x²] per
+    column and the search normalises it, ``importance / (mean + fp32 tiny)``
+    as the imatrix observer does, when the record's verdict says it is usable;
+    otherwise it searches with uniform weights."""
     check_search_params(maxshrink, patience, grid, norm, expand, flavour)
+    check_importance_status(importance, importance_status)
+    if importance_status is not None and isinstance(value, torch.Tensor):
+        check_importance(importance, value, values=False)
+        if int(importance_status[STATUS_IMPORTANCE]) == IMPORTANCE_OK:
+            importance = importance / (importance.mean() + torch.finfo(torch.float32).tiny)
+        else:
+            importance = None
     observed = flatten_for_calibration(value, base_name, args)
     weights = None
     if importance is not None:
