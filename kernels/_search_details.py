@@ -620,19 +620,19 @@ def _search_part_kernel(
 
     # every thread's stores before the tickets (the atomic releases them)
     tl.debug_barrier()
-    arrived = tl.atomic_add(tickets_ptr + g, gmask.to(tl.int32), mask=gmask)
-    last = (gmask & (arrived == K - 1)).to(tl.int32)
     for ri in range(ROWS):
-        if tl.sum(tl.where(r == ri, last, 0), axis=0) != 0:
-            gid = tl.sum(tl.where(r == ri, g, 0), axis=0)
-            _finish_group(part_ptr, bits_ptr, flags_ptr, gid, K, n_steps, n_words, best_init,
-                          DTYPE, IMATRIX, BLOCK_KF)
-            tl.debug_barrier()
-            if tl.atomic_add(tickets_ptr + G, 1) == G - 1:
-                S = _stop_step(flags_ptr, n_steps, patience)
-                for g0 in range(0, G, BLOCK_C):
-                    gg = g0 + tl.arange(0, BLOCK_C).to(tl.int64)
-                    gm = gg < G
-                    choice = _last_improving(bits_ptr, gg, gm, n_words, S)
-                    _write_choice(base_ptr, grid32, grid_bits, exact32, out_min_ptr,
-                                  out_max_ptr, gg, gm, G, choice, DTYPE)
+        # one scalar ticket per row, as for a single group
+        gid = tl.sum(tl.where(r == ri, g, 0), axis=0)
+        if gid < G:
+            if tl.atomic_add(tickets_ptr + gid, 1) == K - 1:
+                _finish_group(part_ptr, bits_ptr, flags_ptr, gid, K, n_steps, n_words,
+                              best_init, DTYPE, IMATRIX, BLOCK_KF)
+                tl.debug_barrier()
+                if tl.atomic_add(tickets_ptr + G, 1) == G - 1:
+                    S = _stop_step(flags_ptr, n_steps, patience)
+                    for g0 in range(0, G, BLOCK_C):
+                        gg = g0 + tl.arange(0, BLOCK_C).to(tl.int64)
+                        gm = gg < G
+                        choice = _last_improving(bits_ptr, gg, gm, n_words, S)
+                        _write_choice(base_ptr, grid32, grid_bits, exact32, out_min_ptr,
+                                      out_max_ptr, gg, gm, G, choice, DTYPE)

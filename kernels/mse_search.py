@@ -24,15 +24,19 @@ flattened order): no flattened or reshaped copy is made.
 Two layouts of the work:
 - small groups (<= ``CONFIG.max_reg_group`` elements, the common case): one
   launch of ``_search_kernel`` holds BLOCK_G whole groups in registers, takes
-  their min/max itself, evaluates every step, writes the bits and ORs the
-  per-step "any group improved" words into a global array (atomic OR, exact);
-  ``_choose_kernel`` then derives S and writes each group's range.
+  their min/max itself, evaluates every step, writes the bits and stores its
+  per-step "any of my groups improved" words (every word, so nothing is
+  cleared beforehand); ``_choose_kernel`` ORs the programs' words, derives S
+  and writes each group's range (at most block_g / 4 choose programs, each
+  reading every search program's words).
   Launches: 2; the input is read once.
 - large groups (TENSOR over a big weight, wide channels, activations with
   many observations): ``_minmax_part_kernel`` takes each split's min/max
   (and clears the counters the next launch uses), ``_search_part_kernel``
   has each (group, split) program evaluate every step over its chunks and
-  write the per-(group, split, step) partial errors; the last of a group's
+  write the per-(group, split, step) partial errors (with importance, a
+  program takes one column block of 16 rows, so each chunk's importance is
+  read once for 16 rows); the last of a group's
   programs to arrive (a ticket: an atomic counter) sums that group's
   partials in a fixed order and writes its improvement bits and flags, and
   the last group to finish derives S and writes every group's range.
@@ -45,8 +49,19 @@ round-half-even, a MUFU pow checked against rounding boundaries with torch's
 own pow as the fallback table); the interpreter keeps the exact emulation,
 and the tests compile both. One step per iteration on a GPU, 2-D tiles.
 
-Host side, besides the importance checks (one read): no host read, no copy to
-the device, and one aten op (zeroing the flags of the first layout); on a GPU
+Importance: given normalised (a user's per-column weights), its values are
+checked on the host (one read). Given raw with ``importance_status`` (the
+imatrix observer: ``ops.importance``'s sum / count, whose verdict lies in that
+record on the device), nothing is read: the launcher takes torch's own mean
+of it (one aten op; the reference divides by that mean, and a kernel's own
+summation order would not give its bits on every device) and the kernels
+load w = div_rn(imp, mean + fp32 tiny), or 1.0 (every error unchanged) when
+the verdict says the importance is unusable. One imatrix observation +
+get_qparams: importance, search, choose, combine_statistics, qparams = 5
+launches (6 with a TENSOR_GROUP global scale) + that mean, no read in
+forward, one in get_qparams.
+
+Host side otherwise: no host read, no copy to the device, no aten op; on a GPU
 with a general norm, the pow table is built by torch once per (device,
 dtype, norm). The
 format's constants are Python floats (``quant.round_host``) and each step's
