@@ -178,15 +178,26 @@ def _improved(err, best, ok):
 
 
 @triton.jit
-def _importance_weights(w, wmean_ptr, wcode_ptr, tiny, NORM_W: tl.constexpr):
-    """Search weights from loaded importance w. NORM_W: w is the raw E[x²]
-    (kernels/importance.py) and the weight is the reference's fp32
-    w / (mean(w) + tiny), correctly rounded (div_rn), the mean being torch's
-    own (one value, computed by the launcher); 1.0, which leaves every error
-    as it is, when the verdict at wcode_ptr says the importance is unusable."""
+def _importance_norm(wmean_ptr, wcode_ptr, tiny, NORM_W: tl.constexpr):
+    """(divisor, usable) of raw importance (NORM_W): the reference's fp32
+    mean(w) + tiny, the mean being torch's own (one value, computed by the
+    launcher), and whether the verdict at wcode_ptr lets the search use it."""
     if NORM_W:
         c = tl.load(wmean_ptr) + tiny
         ok = tl.load(wcode_ptr) == 0
+    else:
+        c = tiny
+        ok = True
+    return c, ok
+
+
+@triton.jit
+def _importance_weights(w, c, ok, NORM_W: tl.constexpr):
+    """Search weights from loaded importance w. NORM_W: w is the raw E[x²]
+    (kernels/importance.py) and the weight is w / c correctly rounded
+    (div_rn), as the reference's fp32 division; 1.0, which leaves every
+    error as it is, where the importance is not usable (``_importance_norm``)."""
+    if NORM_W:
         w = tl.where(ok, tl.math.div_rn(w, c + tl.zeros_like(w)), 1.0)
     return w
 
@@ -283,7 +294,8 @@ def _search_kernel(
         kk = tl.arange(0, BLOCK_E)
         wm = (jj < QB)[:, None] & (kk < group_numel)[None, :]
         w1 = tl.load(w_ptr + jj[:, None] * E + kk[None, :], mask=wm, other=0.0)
-        w1 = _importance_weights(w1, wmean_ptr, wcode_ptr, tiny, NORM_W)
+        wc, wok = _importance_norm(wmean_ptr, wcode_ptr, tiny, NORM_W)
+        w1 = _importance_weights(w1, wc, wok, NORM_W)
         w = tl.reshape(tl.broadcast_to(w1[None, :, :], (ROWS, BLOCK_J, BLOCK_E)),
                        (BLOCK_G, BLOCK_E))
     else:
@@ -465,23 +477,21 @@ def _write_choice(base_ptr, grid32, grid_bits, exact32, out_min_ptr, out_max_ptr
 def _minmax_part_kernel(
     x_ptr, part_ptr, tickets_ptr, flags_ptr,
     G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, group_numel,
-    K, split_elems, n_words,
+    K, chunks_per_split, n_words,
     PAD: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
-    """Program (g, k): NaN-propagating min/max of split k of group g (its
-    elements k*split_elems .. (k+1)*split_elems - 1) -> part_ptr[0 or 1, g, k].
-    It also clears what the search launch counts and ORs into (group g's
-    ticket; program (0, 0): the all-groups ticket and the step flags), so the
-    host zeroes nothing."""
+    """Program (g, k): NaN-propagating min/max of split k of group g (chunks
+    k*cps .. (k+1)*cps - 1) -> part_ptr[0 or 1, g, k]. It also clears what
+    the search launch counts and ORs into (group g's ticket; program (0, 0):
+    the all-groups ticket and the step flags), so the host zeroes nothing."""
     gid = tl.program_id(0).to(tl.int64)
     k = tl.program_id(1).to(tl.int64)
     g = gid + tl.arange(0, 1)
     e0 = tl.arange(0, BLOCK_E).to(tl.int64)
     mn = tl.full([1], float("inf"), tl.float32)
     mx = tl.full([1], float("-inf"), tl.float32)
-    for c in range(0, split_elems, BLOCK_E):
-        # past the split's end: an index outside the group (masked)
-        e = tl.where(c + e0 < split_elems, k * split_elems + c + e0, group_numel)
+    for c in range(chunks_per_split):
+        e = (k * chunks_per_split + c) * BLOCK_E + e0
         x, w, valid = _load_group(
             x_ptr, x_ptr, g, e, group_numel,
             G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, PAD, False, False,
@@ -580,6 +590,7 @@ def _search_part_kernel(
     tl.store(base_ptr + g, bmin, mask=first)
     tl.store(base_ptr + G + g, bmax, mask=first)
 
+    wc, wok = _importance_norm(wmean_ptr, wcode_ptr, tiny, NORM_W)
     sid = tl.arange(0, BLOCK_S)
     acc = tl.zeros([ROWS, BLOCK_S], dtype=tl.float32)
     e0 = tl.arange(0, BLOCK_E).to(tl.int64)
@@ -593,7 +604,7 @@ def _search_part_kernel(
             # importance comes only with CHANNEL / GROUP layouts: element e of
             # column block j is input column j * E + e, no padding
             w1 = tl.load(w_ptr + j * E + e, mask=e < group_numel, other=0.0)
-            w1 = _importance_weights(w1, wmean_ptr, wcode_ptr, tiny, NORM_W)
+            w1 = _importance_weights(w1, wc, wok, NORM_W)
             w = tl.broadcast_to(w1[None, :], (ROWS, BLOCK_E))
         if BLOCK_SB == 1:
             for i in range(n_steps):
@@ -620,10 +631,19 @@ def _search_part_kernel(
 
     # every thread's stores before the tickets (the atomic releases them)
     tl.debug_barrier()
+    # this program's first group and its number of rows, from the program id
+    # (scalars: nothing of the loop above stays live through the tickets)
+    if HAS_W:
+        rb = pid // QB
+        g_first = (rb * ROWS).to(tl.int64) * QB + (pid - rb * QB)
+        n_rows = G // QB - rb * ROWS
+    else:
+        g_first = pid.to(tl.int64)
+        n_rows = pid * 0 + 1
     for ri in range(ROWS):
         # one scalar ticket per row, as for a single group
-        gid = tl.sum(tl.where(r == ri, g, 0), axis=0)
-        if gid < G:
+        gid = g_first + ri * QB
+        if ri < n_rows:
             if tl.atomic_add(tickets_ptr + gid, 1) == K - 1:
                 _finish_group(part_ptr, bits_ptr, flags_ptr, gid, K, n_steps, n_words,
                               best_init, DTYPE, IMATRIX, BLOCK_KF)

@@ -121,6 +121,10 @@ CONFIG = LaunchConfig()
 _MAX_SPLIT_STEPS = 1024
 # split path with importance: rows of one column block per program (see _search_part_kernel)
 _SPLIT_W_ROWS = 16
+# its warps: sm_90a, int8 channel 16384 fp16 with raw importance: 4 warps use
+# 128 registers and no stack (36.4 SASS per element and step); 8 warps are held
+# to 80 registers and spill 10 bytes
+_SPLIT_WARPS_W = 4
 # fp32's smallest normal: the importance is divided by its mean plus this
 _TINY = float(torch.finfo(torch.float32).tiny)
 
@@ -411,21 +415,22 @@ def _mse_search(value, base_name, args, *, maxshrink, patience, grid, norm, expa
     chunk = config.chunk
     if has_w:
         # ROWS rows of one column block per program share each chunk's
-        # importance load (traffic: 4 / ROWS bytes per element, not 4)
+        # importance load (traffic: 4 / ROWS bytes per element, not 4); the
+        # search takes a chunk as ROWS x (chunk / ROWS) elements, so its split
+        # k covers the columns of the min/max's split k
         qa, qb = layout.groups
         rows = max(1, min(_SPLIT_W_ROWS, triton.next_power_of_2(qa), chunk // 16))
         row_programs = triton.cdiv(qa, rows) * qb
     else:
         rows, row_programs = 1, G
-    block_e = chunk // rows
     # K programs per group (or row block), cps chunks each; an element costs every grid step
-    K, cps = choose_split(triton.cdiv(group_numel, block_e), 1, chunk * max(n_steps, 1),
+    K, cps = choose_split(triton.cdiv(group_numel, chunk), 1, chunk * max(n_steps, 1),
                           row_programs, dev, config)
     mm = torch.empty((2, G, K), dtype=torch.float32, device=dev)
     tickets = torch.empty(G + 1, dtype=torch.int32, device=dev)
     bits = torch.empty((G, max(n_words, 1)), dtype=torch.int32, device=dev)
     flags = torch.empty(max(n_words, 1), dtype=torch.int32, device=dev)
-    _minmax_part_kernel[(G, K)](value, mm, tickets, flags, *geometry, K, cps * block_e, n_words,
+    _minmax_part_kernel[(G, K)](value, mm, tickets, flags, *geometry, K, cps, n_words,
                                 PAD=layout.pad, BLOCK_E=chunk,
                                 BLOCK_W=triton.next_power_of_2(max(n_words, 1)), **launch)
     block_k = triton.next_power_of_2(K)
@@ -433,9 +438,10 @@ def _mse_search(value, base_name, args, *, maxshrink, patience, grid, norm, expa
     part = torch.empty((G, K, max(n_steps, 1)), dtype=torch.float32, device=dev)
     _search_part_kernel[(row_programs, K)](
         value, *wargs, tab, *steps, mm, part, base, tickets, bits, flags, out_min, out_max,
-        *geometry, K, cps, n_steps, n_words, patience_eff, float(expand), best_init,
-        **consts, pw0=pw0, **switches, FAST=fast, ROWS=rows, BLOCK_E=block_e, BLOCK_K=block_k,
+        *geometry, K, cps * rows, n_steps, n_words, patience_eff, float(expand), best_init,
+        **consts, pw0=pw0, **switches, FAST=fast, ROWS=rows, BLOCK_E=chunk // rows,
+        BLOCK_K=block_k,
         BLOCK_KF=min(64, block_k), BLOCK_S=block_s, BLOCK_SB=steps_block,
-        BLOCK_C=pow2_at_most(G, 1024), num_warps=8, **launch,
+        BLOCK_C=pow2_at_most(G, 1024), num_warps=_SPLIT_WARPS_W if rows > 1 else 8, **launch,
     )
     return out_min, out_max

@@ -510,7 +510,7 @@ def launch_work(launch: Launch) -> float:
     trips = {
         "_search_kernel": lambda: _cdiv(a["n_steps"], a["BLOCK_S"]),
         "_search_part_kernel": lambda: int(a["chunks_per_split"]) * _cdiv(a["n_steps"], a["BLOCK_SB"]),
-        "_minmax_part_kernel": lambda: _cdiv(a["split_elems"], a["BLOCK_E"]),
+        "_minmax_part_kernel": lambda: int(a["chunks_per_split"]),
         "_min_max_kernel": lambda: _cdiv(a["rows_per_split"], a["BLOCK_R"]) * _cdiv(a["E"], a["BLOCK_E"]),
         "_sum_sq_kernel": lambda: _cdiv(a["tokens_per_split"], a["BLOCK_T"]),
         "_min_max_finish_kernel": lambda: _cdiv(a["SPLIT"], a["BLOCK_S"]),
