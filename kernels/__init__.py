@@ -17,11 +17,13 @@ imports it only when the triton backend is used.
 if __name__ == "obskernels.kernels":
     from obskernels.kernels.accumulate_sq import accumulate_sq
     from obskernels.kernels.flatten import flatten_for_calibration
+    from obskernels.kernels.importance import importance
     from obskernels.kernels.min_max import min_max
     from obskernels.kernels.mse_search import mse_search
     from obskernels.kernels.qparams import calculate_qparams
     from obskernels.kernels.stats import combine_statistics
 
-    __all__ = ["flatten_for_calibration", "min_max", "mse_search", "accumulate_sq", "calculate_qparams", "combine_statistics"]
+    __all__ = ["flatten_for_calibration", "min_max", "mse_search", "accumulate_sq", "calculate_qparams", "combine_statistics",
+               "importance"]
 else:
     __all__ = []

@@ -188,6 +188,31 @@ def _improved(err, best, ok):
 
 
 @triton.jit
+def _importance_norm(wmean_ptr, wcode_ptr, tiny, NORM_W: tl.constexpr):
+    """(divisor, usable) of raw importance (NORM_W): the reference's fp32
+    mean(w) + tiny, the mean being torch's own (one value, computed by the
+    launcher), and whether the verdict at wcode_ptr lets the search use it."""
+    if NORM_W:
+        c = tl.load(wmean_ptr) + tiny
+        ok = tl.load(wcode_ptr) == 0
+    else:
+        c = tiny
+        ok = True
+    return c, ok
+
+
+@triton.jit
+def _importance_weights(w, c, ok, NORM_W: tl.constexpr):
+    """Search weights from loaded importance w. NORM_W: w is the raw E[x²]
+    (kernels/importance.py) and the weight is w / c correctly rounded
+    (div_rn), as the reference's fp32 division; 1.0, which leaves every
+    error as it is, where the importance is not usable (``_importance_norm``)."""
+    if NORM_W:
+        w = tl.where(ok, tl.math.div_rn(w, c + tl.zeros_like(w)), 1.0)
+    return w
+
+
+@triton.jit
 def _load_group(
     x_ptr, w_ptr, g, k, group_numel,
     G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e,
@@ -231,13 +256,14 @@ def _nan_minmax(x, valid):
 
 @triton.jit(do_not_specialize=_PER_CALL)
 def _search_kernel(
-    x_ptr, w_ptr, tab_ptr, grid32, grid_bits, exact32, bits_ptr, flags_ptr, base_ptr,
+    x_ptr, w_ptr, wmean_ptr, wcode_ptr, tiny, tab_ptr, grid32, grid_bits, exact32, bits_ptr,
+    flags_ptr, base_ptr,
     G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, group_numel,
     n_steps, n_words, expand, best_init,
     rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm, pw0,
     DTYPE: tl.constexpr, SYM: tl.constexpr, QTYPE: tl.constexpr, SCALE: tl.constexpr,
     ZP: tl.constexpr, NORM_MODE: tl.constexpr, IMATRIX: tl.constexpr, HAS_W: tl.constexpr,
-    PAD: tl.constexpr, FAST: tl.constexpr,
+    PAD: tl.constexpr, FAST: tl.constexpr, NORM_W: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_J: tl.constexpr,
 ):
     """One program: BLOCK_G whole groups [BLOCK_G, BLOCK_E] in registers.
@@ -245,7 +271,8 @@ def _search_kernel(
     With importance (weights, CHANNEL or GROUP: group g is column block
     g % QB of row g // QB), a program takes BLOCK_G // BLOCK_J rows of
     BLOCK_J column blocks and reads each column's importance once, shared by
-    its rows, instead of once per element. Otherwise BLOCK_G consecutive groups.
+    its rows, instead of once per element (NORM_W: normalised as it is loaded,
+    ``_importance_weights``). Otherwise BLOCK_G consecutive groups.
 
     base = rd(amin * expand), rd(amax * expand) -> base_ptr[2, G];
     for every step i (BLOCK_S steps at a time: 1 on a GPU, more under the
@@ -253,7 +280,8 @@ def _search_kernel(
     DTYPE for "mse"),
     improved = err_i < best (strict; NaN never), best updated;
     bit i of group g -> bits_ptr[g, i // 32]; the OR over this program's
-    groups -> atomic OR into flags_ptr[i // 32].
+    groups -> flags_ptr[pid, i // 32] (a plain store of every word: nothing
+    needs clearing before the launch; _choose_kernel ORs the programs' words).
     """
     pid = tl.program_id(0)
     if HAS_W:
@@ -276,6 +304,8 @@ def _search_kernel(
         kk = tl.arange(0, BLOCK_E)
         wm = (jj < QB)[:, None] & (kk < group_numel)[None, :]
         w1 = tl.load(w_ptr + jj[:, None] * E + kk[None, :], mask=wm, other=0.0)
+        wc, wok = _importance_norm(wmean_ptr, wcode_ptr, tiny, NORM_W)
+        w1 = _importance_weights(w1, wc, wok, NORM_W)
         w = tl.reshape(tl.broadcast_to(w1[None, :, :], (ROWS, BLOCK_J, BLOCK_E)),
                        (BLOCK_G, BLOCK_E))
     else:
@@ -310,7 +340,7 @@ def _search_kernel(
             if ((i + 1) % 32 == 0) | (i + 1 >= n_steps):
                 wi = i // 32
                 tl.store(bits_ptr + g * n_words + wi, word, mask=gmask)
-                tl.atomic_or(flags_ptr + wi, tl.reduce(word, 0, _or))
+                tl.store(flags_ptr + pid * n_words + wi, tl.reduce(word, 0, _or))
                 word = word * 0
     else:
         fword = tl.max(word, axis=0)
@@ -337,7 +367,7 @@ def _search_kernel(
             tl.store(bits_ptr + g * n_words + wi, word, mask=gmask & endv)
             fv = fword + one * 0
             end1 = ((one + i_end) % 32 == 0) | (one + i_end >= n_steps)
-            tl.atomic_or(flags_ptr + wi + one, fv, mask=end1 & (fv != 0))
+            tl.store(flags_ptr + pid * n_words + wi + one, fv, mask=end1)
             word = tl.where(endv, 0, word)
             fword = tl.where((i_end % 32 == 0) | (i_end >= n_steps), 0, fword)
 
@@ -360,6 +390,26 @@ def _stop_step(flags_ptr, n_steps, patience):
     stale = n_steps * 0
     for i in range(n_steps):
         f = (tl.load(flags_ptr + i // 32, volatile=True) >> (i % 32)) & 1
+        stop, stale = _patience_step(stop, stale, i, f != 0, patience)
+    return tl.where(stop < 0, n_steps - 1, stop)
+
+
+@triton.jit
+def _stop_step_parts(flags_ptr, P, n_words, n_steps, patience, BLOCK_P: tl.constexpr):
+    """``_stop_step`` from per-program words flags_ptr[P, n_words]: word
+    i // 32 is the OR over the P programs, formed when step i enters it."""
+    stop = n_steps * 0 - 1
+    stale = n_steps * 0
+    word = n_steps * 0
+    pp = tl.arange(0, BLOCK_P)
+    for i in range(n_steps):
+        if i % 32 == 0:
+            acc = tl.zeros([BLOCK_P], tl.int32)
+            for p0 in range(0, P, BLOCK_P):
+                acc = acc | tl.load(flags_ptr + (p0 + pp) * n_words + i // 32,
+                                    mask=p0 + pp < P, other=0)
+            word = tl.reduce(acc, 0, _or)
+        f = (word >> (i % 32)) & 1
         stop, stale = _patience_step(stop, stale, i, f != 0, patience)
     return tl.where(stop < 0, n_steps - 1, stop)
 
@@ -398,22 +448,25 @@ def _last_improving(bits_ptr, g, gmask, n_words, S):
     return choice
 
 
-@triton.jit(do_not_specialize=_PER_CALL)
+@triton.jit(do_not_specialize=_PER_CALL + ["P", "groups_per_program"])
 def _choose_kernel(
     bits_ptr, flags_ptr, base_ptr, grid32, grid_bits, exact32, out_min_ptr, out_max_ptr,
-    G, n_steps, n_words, patience,
-    DTYPE: tl.constexpr, BLOCK_G: tl.constexpr,
+    G, P, groups_per_program, n_steps, n_words, patience,
+    DTYPE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
-    """One program: BLOCK_G groups. S from the OR-ed flags (every program
-    computes the same S), then each group's last improving step <= S:
+    """One program: groups_per_program groups, BLOCK_G at a time. S from the
+    search programs' words flags_ptr[P, n_words] (every program computes the
+    same S), then each group's last improving step <= S:
     out = rd(base * p_step), or base when the group never improved."""
     pid = tl.program_id(0)
-    g = pid.to(tl.int64) * BLOCK_G + tl.arange(0, BLOCK_G)
-    gmask = g < G
-    S = _stop_step(flags_ptr, n_steps, patience)
-    choice = _last_improving(bits_ptr, g, gmask, n_words, S)
-    _write_choice(base_ptr, grid32, grid_bits, exact32, out_min_ptr, out_max_ptr, g, gmask, G,
-                  choice, DTYPE)
+    S = _stop_step_parts(flags_ptr, P, n_words, n_steps, patience, BLOCK_P)
+    for g0 in range(0, groups_per_program, BLOCK_G):
+        gl = g0 + tl.arange(0, BLOCK_G)
+        g = pid.to(tl.int64) * groups_per_program + gl
+        gmask = (g < G) & (gl < groups_per_program)
+        choice = _last_improving(bits_ptr, g, gmask, n_words, S)
+        _write_choice(base_ptr, grid32, grid_bits, exact32, out_min_ptr, out_max_ptr, g, gmask,
+                      G, choice, DTYPE)
 
 
 @triton.jit
@@ -496,20 +549,26 @@ def _finish_group(part_ptr, bits_ptr, flags_ptr, gid, K, n_steps, n_words, best_
 
 @triton.jit(do_not_specialize=_PER_CALL)
 def _search_part_kernel(
-    x_ptr, w_ptr, tab_ptr, grid32, grid_bits, exact32, mm_ptr, part_ptr, base_ptr,
-    tickets_ptr, bits_ptr, flags_ptr, out_min_ptr, out_max_ptr,
+    x_ptr, w_ptr, wmean_ptr, wcode_ptr, tiny, tab_ptr, grid32, grid_bits, exact32, mm_ptr,
+    part_ptr, base_ptr, tickets_ptr, bits_ptr, flags_ptr, out_min_ptr, out_max_ptr,
     G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, group_numel,
     K, chunks_per_split, n_steps, n_words, patience, expand, best_init,
     rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm, pw0,
     DTYPE: tl.constexpr, SYM: tl.constexpr, QTYPE: tl.constexpr, SCALE: tl.constexpr,
     ZP: tl.constexpr, NORM_MODE: tl.constexpr, IMATRIX: tl.constexpr, HAS_W: tl.constexpr,
-    PAD: tl.constexpr, FAST: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_KF: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_SB: tl.constexpr,
-    BLOCK_C: tl.constexpr,
+    PAD: tl.constexpr, FAST: tl.constexpr, NORM_W: tl.constexpr, ROWS: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_KF: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_SB: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    """Program (g, k): base range of group g from the K split min/max, then
-    for each chunk of split k (loaded once) and each step i, the chunk's error
-    added to acc[i]; acc -> part_ptr[g, k, 0:n_steps] (fp32, unrounded).
+    """Program (b, k): split k of ROWS groups. Without importance (ROWS 1)
+    group b; with it (weights, CHANNEL or GROUP: group g is column block
+    g % QB of row g // QB) column block b % QB of rows (b // QB) * ROWS ..
+    + ROWS - 1, so that each chunk's importance is loaded once (and
+    normalised once, NORM_W) for ROWS rows instead of once per element.
+
+    Base range of each group from its K split min/max, then for each chunk
+    of split k (loaded once) and each step i, the chunk's error added to
+    acc[group, i]; acc -> part_ptr[g, k, 0:n_steps] (fp32, unrounded).
 
     Then two tickets (atomic counters, release/acquire) finish the search in
     this launch: the last of group g's K programs to arrive sums its
@@ -518,30 +577,45 @@ def _search_part_kernel(
     every group's choice, as ``_choose_kernel`` does. Which program arrives
     last varies; what it computes does not (fixed-order sums, OR of bits).
     """
-    gid = tl.program_id(0).to(tl.int64)
+    pid = tl.program_id(0)
     k = tl.program_id(1).to(tl.int64)
-    g = gid + tl.arange(0, 1)
+    r = tl.arange(0, ROWS)
+    if HAS_W:
+        rb = pid // QB
+        j = pid - rb * QB
+        row = rb * ROWS + r
+        g = tl.where(row < G // QB, row.to(tl.int64) * QB + j, G)
+    else:
+        g = pid.to(tl.int64) + r
+    gmask = g < G
     ks = tl.arange(0, BLOCK_K)
-    kmask = (ks < K)[None, :]
+    kmask = gmask[:, None] & (ks < K)[None, :]
     pmn = tl.load(mm_ptr + g[:, None] * K + ks[None, :], mask=kmask, other=float("inf"))
     pmx = tl.load(mm_ptr + G * K + g[:, None] * K + ks[None, :], mask=kmask, other=float("-inf"))
     mn, _unused = _nan_minmax(pmn, kmask)
     _unused, mx = _nan_minmax(pmx, kmask)
     bmin = Q.rd(mn * expand, DTYPE)
     bmax = Q.rd(mx * expand, DTYPE)
-    first = (g * 0 + k) == 0
+    first = gmask & ((g * 0 + k) == 0)
     tl.store(base_ptr + g, bmin, mask=first)
     tl.store(base_ptr + G + g, bmax, mask=first)
 
+    wc, wok = _importance_norm(wmean_ptr, wcode_ptr, tiny, NORM_W)
     sid = tl.arange(0, BLOCK_S)
-    acc = tl.zeros([BLOCK_S], dtype=tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_S], dtype=tl.float32)
     e0 = tl.arange(0, BLOCK_E).to(tl.int64)
     for c in range(chunks_per_split):
         e = (k * chunks_per_split + c) * BLOCK_E + e0
         x, w, valid = _load_group(
-            x_ptr, w_ptr, g, e, group_numel,
-            G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, PAD, HAS_W, FAST,
+            x_ptr, x_ptr, g, e, group_numel,
+            G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, PAD, False, FAST,
         )
+        if HAS_W:
+            # importance comes only with CHANNEL / GROUP layouts: element e of
+            # column block j is input column j * E + e, no padding
+            w1 = tl.load(w_ptr + j * E + e, mask=e < group_numel, other=0.0)
+            w1 = _importance_weights(w1, wc, wok, NORM_W)
+            w = tl.broadcast_to(w1[None, :], (ROWS, BLOCK_E))
         if BLOCK_SB == 1:
             for i in range(n_steps):
                 p = _shrink(n_steps * 0 + i, grid32, grid_bits, exact32)
@@ -550,7 +624,7 @@ def _search_part_kernel(
                     rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm, pw0,
                     DTYPE, SYM, QTYPE, SCALE, ZP, NORM_MODE, IMATRIX, HAS_W, False, FAST,
                 )
-                acc = tl.where(sid == i, acc + tl.sum(err, axis=0), acc)
+                acc = tl.where(sid[None, :] == i, acc + err[:, None], acc)
         else:
             for i0 in range(0, n_steps, BLOCK_SB):
                 si = i0 + tl.arange(0, BLOCK_SB)
@@ -560,21 +634,35 @@ def _search_part_kernel(
                     rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm, grid32, grid_bits,
                     exact32, DTYPE, SYM, QTYPE, SCALE, ZP, NORM_MODE, IMATRIX, HAS_W, False,
                 )
-                e1 = tl.sum(err, axis=0)
-                acc = acc + tl.sum(tl.where(sid[:, None] == si[None, :], e1[None, :], 0.0), axis=1)
-    tl.store(part_ptr + (g * K + k) * n_steps + sid, acc, mask=sid < n_steps)
+                hit = sid[None, :, None] == si[None, None, :]
+                acc = acc + tl.sum(tl.where(hit, err[:, None, :], 0.0), axis=2)
+    pmask = gmask[:, None] & (sid < n_steps)[None, :]
+    tl.store(part_ptr + (g[:, None] * K + k) * n_steps + sid[None, :], acc, mask=pmask)
 
-    # every thread's stores before the ticket (the atomic releases them)
+    # every thread's stores before the tickets (the atomic releases them)
     tl.debug_barrier()
-    if tl.atomic_add(tickets_ptr + gid, 1) == K - 1:
-        _finish_group(part_ptr, bits_ptr, flags_ptr, gid, K, n_steps, n_words, best_init,
-                      DTYPE, IMATRIX, BLOCK_KF)
-        tl.debug_barrier()
-        if tl.atomic_add(tickets_ptr + G, 1) == G - 1:
-            S = _stop_step(flags_ptr, n_steps, patience)
-            for g0 in range(0, G, BLOCK_C):
-                gg = g0 + tl.arange(0, BLOCK_C).to(tl.int64)
-                gm = gg < G
-                choice = _last_improving(bits_ptr, gg, gm, n_words, S)
-                _write_choice(base_ptr, grid32, grid_bits, exact32, out_min_ptr, out_max_ptr,
-                              gg, gm, G, choice, DTYPE)
+    # this program's first group and its number of rows, from the program id
+    # (scalars: nothing of the loop above stays live through the tickets)
+    if HAS_W:
+        rb = pid // QB
+        g_first = (rb * ROWS).to(tl.int64) * QB + (pid - rb * QB)
+        n_rows = G // QB - rb * ROWS
+    else:
+        g_first = pid.to(tl.int64)
+        n_rows = pid * 0 + 1
+    for ri in range(ROWS):
+        # one scalar ticket per row, as for a single group
+        gid = g_first + ri * QB
+        if ri < n_rows:
+            if tl.atomic_add(tickets_ptr + gid, 1) == K - 1:
+                _finish_group(part_ptr, bits_ptr, flags_ptr, gid, K, n_steps, n_words,
+                              best_init, DTYPE, IMATRIX, BLOCK_KF)
+                tl.debug_barrier()
+                if tl.atomic_add(tickets_ptr + G, 1) == G - 1:
+                    S = _stop_step(flags_ptr, n_steps, patience)
+                    for g0 in range(0, G, BLOCK_C):
+                        gg = g0 + tl.arange(0, BLOCK_C).to(tl.int64)
+                        gm = gg < G
+                        choice = _last_improving(bits_ptr, gg, gm, n_words, S)
+                        _write_choice(base_ptr, grid32, grid_bits, exact32, out_min_ptr,
+                                      out_max_ptr, gg, gm, G, choice, DTYPE)

@@ -24,15 +24,19 @@ flattened order): no flattened or reshaped copy is made.
 Two layouts of the work:
 - small groups (<= ``CONFIG.max_reg_group`` elements, the common case): one
   launch of ``_search_kernel`` holds BLOCK_G whole groups in registers, takes
-  their min/max itself, evaluates every step, writes the bits and ORs the
-  per-step "any group improved" words into a global array (atomic OR, exact);
-  ``_choose_kernel`` then derives S and writes each group's range.
+  their min/max itself, evaluates every step, writes the bits and stores its
+  per-step "any of my groups improved" words (every word, so nothing is
+  cleared beforehand); ``_choose_kernel`` ORs the programs' words, derives S
+  and writes each group's range (at most block_g / 4 choose programs, each
+  reading every search program's words).
   Launches: 2; the input is read once.
 - large groups (TENSOR over a big weight, wide channels, activations with
   many observations): ``_minmax_part_kernel`` takes each split's min/max
   (and clears the counters the next launch uses), ``_search_part_kernel``
   has each (group, split) program evaluate every step over its chunks and
-  write the per-(group, split, step) partial errors; the last of a group's
+  write the per-(group, split, step) partial errors (with importance, a
+  program takes one column block of 16 rows, so each chunk's importance is
+  read once for 16 rows); the last of a group's
   programs to arrive (a ticket: an atomic counter) sums that group's
   partials in a fixed order and writes its improvement bits and flags, and
   the last group to finish derives S and writes every group's range.
@@ -45,8 +49,19 @@ round-half-even, a MUFU pow checked against rounding boundaries with torch's
 own pow as the fallback table); the interpreter keeps the exact emulation,
 and the tests compile both. One step per iteration on a GPU, 2-D tiles.
 
-Host side, besides the importance checks (one read): no host read, no copy to
-the device, and one aten op (zeroing the flags of the first layout); on a GPU
+Importance: given normalised (a user's per-column weights), its values are
+checked on the host (one read). Given raw with ``importance_status`` (the
+imatrix observer: ``ops.importance``'s sum / count, whose verdict lies in that
+record on the device), nothing is read: the launcher takes torch's own mean
+of it (one aten op; the reference divides by that mean, and a kernel's own
+summation order would not give its bits on every device) and the kernels
+load w = div_rn(imp, mean + fp32 tiny), or 1.0 (every error unchanged) when
+the verdict says the importance is unusable. One imatrix observation +
+get_qparams: importance, search, choose, combine_statistics, qparams = 5
+launches (6 with a TENSOR_GROUP global scale) + that mean, no read in
+forward, one in get_qparams.
+
+Host side otherwise: no host read, no copy to the device, no aten op; on a GPU
 with a general norm, the pow table is built by torch once per (device,
 dtype, norm). The
 format's constants are Python floats (``quant.round_host``) and each step's
@@ -85,7 +100,7 @@ from obskernels.kernels._search_details import (  # noqa: F401 - _shrink: the st
     _search_part_kernel,
     _shrink,
 )
-from obskernels.spec.checks import check_importance_target
+from obskernels.spec.checks import STATUS_IMPORTANCE, check_importance_status, check_importance_target
 from obskernels.spec.errors import KernelUnsupportedError
 from obskernels.spec.search import check_search_params, num_steps, search_args
 
@@ -98,6 +113,14 @@ __all__ = ["mse_search", "CONFIG"]
 CONFIG = LaunchConfig()
 
 _MAX_SPLIT_STEPS = 1024
+# split path with importance: rows of one column block per program (see _search_part_kernel)
+_SPLIT_W_ROWS = 16
+# its warps: sm_90a, int8 channel 16384 fp16 with raw importance: 4 warps use
+# 128 registers and no stack (36.4 SASS per element and step); 8 warps are held
+# to 80 registers and spill 10 bytes
+_SPLIT_WARPS_W = 4
+# fp32's smallest normal: the importance is divided by its mean plus this
+_TINY = float(torch.finfo(torch.float32).tiny)
 
 
 # --------------------------------------------------------------------------- #
@@ -229,6 +252,7 @@ def mse_search(
     expand=1.0,
     importance=None,
     flavour="mse",
+    importance_status=None,
 ):
     """Triton twin of ``reference.mse_search`` (docs/spec.md §4); returns (min_vals, max_vals)."""
     # launches on value's device (the checks inside name a misplaced importance)
@@ -237,17 +261,22 @@ def mse_search(
         return _mse_search(
             value, base_name, args, maxshrink=maxshrink, patience=patience, grid=grid,
             norm=norm, expand=expand, importance=importance, flavour=flavour,
+            importance_status=importance_status,
         )
 
 
 def _mse_search(value, base_name, args, *, maxshrink, patience, grid, norm, expand,
-                importance, flavour):
+                importance, flavour, importance_status):
     check_search_params(maxshrink, patience, grid, norm, expand, flavour)
+    check_importance_status(importance, importance_status)
     check_launchable(value, "mse_search")
     # the flatten checks, in the reference's order; elements in its flattened order
     layout = group_layout(value, base_name, args, storage_order=False)
     if importance is not None:
-        check_importance_target(importance, value, base_name, args)
+        # raw importance (importance_status) is judged by its verdict on the
+        # device, not read here: shape, dtype and device only
+        check_importance_target(importance, value, base_name, args,
+                                values=importance_status is None)
 
     dtype = value.dtype
     qparam_args, _ = search_args(args)
@@ -255,6 +284,13 @@ def _mse_search(value, base_name, args, *, maxshrink, patience, grid, norm, expa
     imatrix = flavour == "imatrix"
     has_w = imatrix and importance is not None
     w = importance.to(torch.float32).contiguous() if has_w else value
+    # raw importance: the kernels normalise it as they load it, by torch's own
+    # mean (one reduction: its summation order is torch's, on this device),
+    # and take uniform weights where the verdict says it is unusable
+    norm_w = has_w and importance_status is not None
+    wmean = w.mean() if norm_w else w
+    wcode = importance_status[STATUS_IMPORTANCE:] if norm_w else w
+    wargs = (w, wmean, wcode, _TINY)
 
     n_steps = num_steps(maxshrink, grid, flavour)
     dev = value.device
@@ -281,7 +317,7 @@ def _mse_search(value, base_name, args, *, maxshrink, patience, grid, norm, expa
     switches = dict(
         DTYPE=Q.DTYPE_CODE[dtype], SYM=fmt["SYM"], QTYPE=fmt["QTYPE"], SCALE=fmt["SCALE"],
         ZP=fmt["ZP"], NORM_MODE=_norm_mode(float(norm)), IMATRIX=imatrix, HAS_W=has_w,
-        PAD=layout.pad,
+        PAD=layout.pad, NORM_W=norm_w,
     )
     G, group_numel = layout.num_groups, layout.num_rows * layout.elems
     geometry = (*layout.scalar_args(), group_numel)
@@ -323,7 +359,6 @@ def _mse_search(value, base_name, args, *, maxshrink, patience, grid, norm, expa
             tile = max(tile // 2, 1)
         block_g = pow2_at_most(G, max(tile // block_e, 1))
         bits = torch.empty((G, max(n_words, 1)), dtype=torch.int32, device=dev)
-        flags = torch.zeros(max(n_words, 1), dtype=torch.int32, device=dev)
         warps = _search_warps(block_g, block_e, fast)
         if has_w:
             # two rows or more per program share each column's importance read
@@ -335,16 +370,23 @@ def _mse_search(value, base_name, args, *, maxshrink, patience, grid, norm, expa
             programs = triton.cdiv(qa, block_g // block_j) * triton.cdiv(qb, block_j)
         else:
             block_j, programs = block_g, triton.cdiv(G, block_g)
+        # one word per (program, 32 steps), each stored by its program: no clearing
+        flags = torch.empty((programs, max(n_words, 1)), dtype=torch.int32, device=dev)
         _search_kernel[(programs,)](
-            value, w, tab, *steps, bits, flags, base, *geometry,
+            value, *wargs, tab, *steps, bits, flags, base, *geometry,
             n_steps, n_words, float(expand), best_init, **consts, pw0=pw0, **switches,
             FAST=fast, BLOCK_G=block_g, BLOCK_E=block_e, BLOCK_S=steps_block, BLOCK_J=block_j,
             num_warps=warps, **launch,
         )
+        # every choose program ORs all search programs' words: at most
+        # block_g / 4 programs keep those reads within a quarter of the bits'
         choose_g = pow2_at_most(G, 1024)
-        _choose_kernel[(triton.cdiv(G, choose_g),)](
-            bits, flags, base, *steps, out_min, out_max, G, n_steps, n_words, patience_eff,
-            DTYPE=switches["DTYPE"], BLOCK_G=choose_g, **launch,
+        n_choose = max(1, min(triton.cdiv(G, choose_g), block_g // 4))
+        per_program = triton.cdiv(triton.cdiv(G, n_choose), choose_g) * choose_g
+        _choose_kernel[(triton.cdiv(G, per_program),)](
+            bits, flags, base, *steps, out_min, out_max, G, programs, per_program, n_steps,
+            n_words, patience_eff, DTYPE=switches["DTYPE"], BLOCK_G=choose_g,
+            BLOCK_P=pow2_at_most(programs, 1024), **launch,
         )
         return out_min, out_max
 
@@ -354,9 +396,19 @@ def _mse_search(value, base_name, args, *, maxshrink, patience, grid, norm, expa
             f"(the split path keeps at most {_MAX_SPLIT_STEPS} step errors per program)"
         )
     chunk = config.chunk
-    # K programs per group, cps chunks each; an element costs every grid step
-    K, cps = choose_split(triton.cdiv(group_numel, chunk), 1, chunk * max(n_steps, 1), G,
-                          dev, config)
+    if has_w:
+        # ROWS rows of one column block per program share each chunk's
+        # importance load (traffic: 4 / ROWS bytes per element, not 4); the
+        # search takes a chunk as ROWS x (chunk / ROWS) elements, so its split
+        # k covers the columns of the min/max's split k
+        qa, qb = layout.groups
+        rows = max(1, min(_SPLIT_W_ROWS, triton.next_power_of_2(qa), chunk // 16))
+        row_programs = triton.cdiv(qa, rows) * qb
+    else:
+        rows, row_programs = 1, G
+    # K programs per group (or row block), cps chunks each; an element costs every grid step
+    K, cps = choose_split(triton.cdiv(group_numel, chunk), 1, chunk * max(n_steps, 1),
+                          row_programs, dev, config)
     mm = torch.empty((2, G, K), dtype=torch.float32, device=dev)
     tickets = torch.empty(G + 1, dtype=torch.int32, device=dev)
     bits = torch.empty((G, max(n_words, 1)), dtype=torch.int32, device=dev)
@@ -367,11 +419,12 @@ def _mse_search(value, base_name, args, *, maxshrink, patience, grid, norm, expa
     block_k = triton.next_power_of_2(K)
     block_s = triton.next_power_of_2(max(n_steps, 1))
     part = torch.empty((G, K, max(n_steps, 1)), dtype=torch.float32, device=dev)
-    _search_part_kernel[(G, K)](
-        value, w, tab, *steps, mm, part, base, tickets, bits, flags, out_min, out_max,
-        *geometry, K, cps, n_steps, n_words, patience_eff, float(expand), best_init,
-        **consts, pw0=pw0, **switches, FAST=fast, BLOCK_E=chunk, BLOCK_K=block_k,
+    _search_part_kernel[(row_programs, K)](
+        value, *wargs, tab, *steps, mm, part, base, tickets, bits, flags, out_min, out_max,
+        *geometry, K, cps * rows, n_steps, n_words, patience_eff, float(expand), best_init,
+        **consts, pw0=pw0, **switches, FAST=fast, ROWS=rows, BLOCK_E=chunk // rows,
+        BLOCK_K=block_k,
         BLOCK_KF=min(64, block_k), BLOCK_S=block_s, BLOCK_SB=steps_block,
-        BLOCK_C=pow2_at_most(G, 1024), num_warps=8, **launch,
+        BLOCK_C=pow2_at_most(G, 1024), num_warps=_SPLIT_WARPS_W if rows > 1 else 8, **launch,
     )
     return out_min, out_max

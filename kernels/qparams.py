@@ -39,7 +39,7 @@ from compressed_tensors.quantization.utils.mxfp_utils import should_generate_mx_
 from obskernels.kernels import quant as Q
 from obskernels.kernels._layout import LaunchConfig, current_config, device_guard, pow2_at_most
 from obskernels.kernels.stats import load_stat
-from obskernels.spec.checks import FLOAT_DTYPES, STATUS_INIT, check_qparams_args
+from obskernels.spec.checks import FLOAT_DTYPES, STATUS_FIRST_BAD, STATUS_INIT, check_qparams_args
 from obskernels.spec.errors import KernelUnsupportedError
 
 __all__ = ["calculate_qparams", "CONFIG"]
@@ -61,7 +61,8 @@ _BLOCK = 1024  # groups per program
 _MAX_PARTS = 64  # partial maxima per fused pair
 _RNE_MAGIC64: tl.constexpr = tl.constexpr(6755399441055744.0)  # 1.5 * 2^52
 _N_STATUS: tl.constexpr = tl.constexpr(len(STATUS_INIT))
-_FIRST_BAD_INIT: tl.constexpr = tl.constexpr(STATUS_INIT[-1])
+_FIRST_BAD: tl.constexpr = tl.constexpr(STATUS_FIRST_BAD)
+_FIRST_BAD_INIT: tl.constexpr = tl.constexpr(STATUS_INIT[STATUS_FIRST_BAD])
 
 
 @triton.jit
@@ -244,7 +245,7 @@ def _qparams_kernel(
     tl.store(status_ptr + _N_STATUS + pid + one, tl.max(bad.to(tl.int64), axis=0) + one * 0)
     first = (one + pid) == 0
     for i in range(_N_STATUS):
-        init = tl.where(i == _N_STATUS - 1, _FIRST_BAD_INIT, 0) + one.to(tl.int64) * 0
+        init = tl.where(i == _FIRST_BAD, _FIRST_BAD_INIT, 0) + one.to(tl.int64) * 0
         if CARRY:
             v = tl.load(carry_ptr + i + one, mask=first, other=0)
             tl.store(status_ptr + i + one, v, mask=first)

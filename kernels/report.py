@@ -208,6 +208,13 @@ def cases() -> List[Case]:
         C("emulated fp8 block 128 (split)", "mse_search", lambda m: m.mse_search(w(*W), "weight", QA(num_bits=8, type="float", strategy="block", block_structure=[128, 128]), **mse), config=emu),
         C("imatrix fp32 int8 g32 norm 2.4", "mse_search", lambda m: m.mse_search(w(*W, dtype=f32), "weight", QA(num_bits=8, symmetric=False, strategy="group", group_size=32), importance=imp, **dict(imx, norm=2.4))),
     ]
+    # The imatrix observer's path: raw importance (sum / count and its
+    # verdict, one launch), normalised by the search as it loads it.
+    out += [
+        C("importance 4096", "importance", lambda m: m.importance(torch.rand(4096) * 7, torch.full((), 7, dtype=torch.int64), rec())),
+        C("imatrix raw int4 g128", "mse_search", lambda m: m.mse_search(w(*W), "weight", g128, importance=imp, importance_status=rec(), **imx)),
+        C("imatrix raw int8 channel 16384 (split)", "mse_search", lambda m: m.mse_search(w(512, 16384, dtype=f16), "weight", QA(num_bits=8, strategy="channel"), importance=torch.rand(16384) + 0.5, importance_status=rec(), **imx)),
+    ]
     # Search parameters only: same format, shape and mode switches each time.
     r = lambda *s: w(*s)  # noqa: E731
     for grid, patience, maxshrink, expand, norm in [
@@ -383,7 +390,7 @@ def hot_loop(instrs: List[tuple]) -> Optional[tuple]:
 _ITER_ELEMS = {
     # BLOCK_J (groups sharing an importance read) tiles BLOCK_G: not a factor
     "_search_kernel": ("BLOCK_G", "BLOCK_E", "BLOCK_S"),
-    "_search_part_kernel": ("BLOCK_E", "BLOCK_SB"),
+    "_search_part_kernel": ("ROWS", "BLOCK_E", "BLOCK_SB"),
     "_choose_kernel": ("BLOCK_G",),
 }
 # kernels whose hot loop is the search's step loop: counts are per element AND step

@@ -19,7 +19,7 @@ from obskernels.backends import (
 )
 
 __all__ = ["flatten_for_calibration", "min_max", "mse_search", "accumulate_sq", "calculate_qparams",
-           "combine_statistics"]
+           "combine_statistics", "importance"]
 
 _fallbacks_logged: set[str] = set()
 
@@ -82,8 +82,12 @@ def mse_search(
     expand=1.0,
     importance=None,
     flavour="mse",
+    importance_status=None,
 ):
-    """(min_vals, max_vals) minimizing the shrink-grid error (docs/spec.md §4)."""
+    """(min_vals, max_vals) minimizing the shrink-grid error (docs/spec.md §4).
+    ``importance_status``: ``importance`` is the raw E[x²] of ``importance()``
+    with its verdict in this record; the search normalises it (uniform weights
+    when the verdict says it is unusable), reading nothing on the triton backend."""
     return _dispatch(
         "mse_search",
         value,
@@ -96,6 +100,7 @@ def mse_search(
         expand=expand,
         importance=importance,
         flavour=flavour,
+        importance_status=importance_status,
     )
 
 
@@ -125,3 +130,10 @@ def combine_statistics(value, base_name, args, new_min, new_max, *, held=None,
         "combine_statistics", value, base_name, args, new_min, new_max, held=held,
         averaging_constant=averaging_constant, status=status, observation=observation,
     )
+
+
+def importance(sum_buf, count_buf, status):
+    """The imatrix importance ``sum_buf / fp32(count_buf)`` (fp32, per input
+    column); its verdict (validation.IMPORTANCE_*: usable, or why not) goes
+    into ``status[STATUS_IMPORTANCE]``, on the device, unread."""
+    return _dispatch("importance", sum_buf, count_buf, status)

@@ -12,7 +12,14 @@ from compressed_tensors.quantization.lifecycle import fake_quantize
 from compressed_tensors.quantization.utils import calculate_qparams
 
 from obskernels.reference.flatten import flatten_for_calibration
-from obskernels.spec.checks import WEIGHT, check_groups_nonempty, check_importance_target
+from obskernels.spec.checks import (
+    IMPORTANCE_OK,
+    STATUS_IMPORTANCE,
+    WEIGHT,
+    check_groups_nonempty,
+    check_importance_status,
+    check_importance_target,
+)
 from obskernels.spec.search import check_search_params, num_steps, search_args
 
 __all__ = ["mse_search", "search_args", "num_steps", "broadcast_importance"]
@@ -37,8 +44,22 @@ def mse_search(
     expand=1.0,
     importance=None,
     flavour="mse",
+    importance_status=None,
 ):
+    """``importance``: per-input-column weights (flavour "imatrix"). With
+    ``importance_status`` (an observer's record, ``spec.checks.STATUS_INIT``
+    layout, as ``importance()`` leaves it) ``importance`` is the raw E[x²] per
+    column and the search normalises it, ``importance / (mean + fp32 tiny)``
+    as the imatrix observer does, when the record's verdict says it is usable;
+    otherwise it searches with uniform weights."""
     check_search_params(maxshrink, patience, grid, norm, expand, flavour)
+    check_importance_status(importance, importance_status)
+    if importance_status is not None and isinstance(value, torch.Tensor):
+        check_importance_target(importance, value, base_name, args, values=False)
+        if int(importance_status[STATUS_IMPORTANCE]) == IMPORTANCE_OK:
+            importance = importance / (importance.mean() + torch.finfo(torch.float32).tiny)
+        else:
+            importance = None
     observed = flatten_for_calibration(value, base_name, args)
     weights = None
     if importance is not None:

@@ -149,6 +149,128 @@ def test_importance_traffic():
     assert ratio <= 2.2, f"read {counter.counts.bytes_read} bytes, {ratio:.2f}x compulsory"
 
 
+def _split_importance_case(strategy):
+    if strategy == "group":  # groups of 128 columns, wider than the pinned registers' 64
+        return (19, 256), Case("int4-asym", "weight", "group", (19, 256), (("group_size", 128),))
+    return (19, 160), Case("int4-asym", "weight", "channel", (19, 160))
+
+
+@pytest.mark.parametrize("steps_per_iter", (None, 1))
+@pytest.mark.parametrize("strategy", ("channel", "group"))
+def test_split_importance_rows_share_columns(monkeypatch, strategy, steps_per_iter):
+    """Split path with importance: each program takes a column block of
+    several rows (19 rows: a partial row block) and reads each chunk's
+    importance once for all of them."""
+    pin_config(monkeypatch, max_reg_group=64, chunk=64, steps_per_iter=steps_per_iter)
+    shape, case = _split_importance_case(strategy)
+    value = sample(shape, torch.bfloat16, seed=31)
+    importance = torch.rand(shape[1], generator=torch.Generator().manual_seed(32)) + 0.5
+    kw_i = dict(IMATRIX, patience=2)
+    got = kernel_search(value, "weight", case.args, importance=importance, **kw_i)
+    assert_search_parity(value, "weight", case.args, got, importance=importance, **kw_i)
+
+
+def _raw_importance(cols, seed, setup=None):
+    from obskernels.validation import STATUS_INIT
+
+    gen = torch.Generator().manual_seed(seed)
+    sums = (torch.rand(cols, generator=gen) * 40) ** 2
+    count = torch.tensor(int(torch.randint(1, 50, (), generator=gen)))
+    if setup is not None:
+        setup(sums, count)
+    return sums, count, torch.tensor(STATUS_INIT)
+
+
+def _torch_weights(sums, count):
+    """The imatrix observer's normalisation on the reference backend, in torch."""
+    imp = sums / count.to(torch.float32)
+    return imp / (imp.mean() + torch.finfo(torch.float32).tiny)
+
+
+def _set(index, v):
+    def setup(sums, count):
+        sums[index] = v
+    return setup
+
+
+def _no_tokens(sums, count):
+    count.zero_()
+
+
+RAW_VERDICTS = [
+    ("usable", None, 0),
+    ("no tokens", _no_tokens, 1),
+    ("nan", _set(3, float("nan")), 2),
+    ("inf", _set(0, float("inf")), 2),
+    ("negative", _set(5, -1.0), 3),
+    ("zeros", lambda sums, count: sums.zero_(), 4),
+]
+
+
+@pytest.mark.parametrize("verdict", RAW_VERDICTS, ids=lambda v: v[0])
+@pytest.mark.parametrize("path", ("registers", "split"))
+def test_raw_importance_is_normalised_in_the_load(monkeypatch, verdict, path):
+    """Raw importance (ops.importance's sum / count, with its verdict): the
+    search normalises it as it loads it and gives, bit for bit, the ranges of
+    the same search given the importance normalised by torch as the observer
+    does; an unusable one gives the uniform search's. The verdict itself is
+    the reference's."""
+    from obskernels.kernels.importance import importance as kernel_importance
+    from obskernels.reference.importance import importance as reference_importance
+    from obskernels.validation import STATUS_IMPORTANCE
+
+    _, setup, code = verdict
+    if path == "split":
+        pin_config(monkeypatch, max_reg_group=64, chunk=64)
+    shape, case = _split_importance_case("channel")
+    value = sample(shape, torch.bfloat16, seed=33)
+    sums, count, status = _raw_importance(shape[1], 34, setup)
+    ref_status = status.clone()
+    reference_importance(sums, count, ref_status)
+    imp = kernel_importance(sums, count, status)
+    assert torch.equal(status, ref_status) and int(status[STATUS_IMPORTANCE]) == code, (
+        status, ref_status)
+    torch.testing.assert_close(imp, sums / count.to(torch.float32), rtol=0, atol=0,
+                               equal_nan=True)
+    kw_i = dict(IMATRIX, patience=2)
+    got = kernel_search(value, "weight", case.args, importance=imp, importance_status=status,
+                        **kw_i)
+    weights = _torch_weights(sums, count) if code == 0 else None
+    want = kernel_search(value, "weight", case.args, importance=weights, **kw_i)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (got, want)
+    assert_search_parity(value, "weight", case.args, got, importance=weights, **kw_i)
+
+
+@pytest.mark.parametrize("raw", (False, True), ids=("normalised", "raw"))
+def test_split_importance_traffic(monkeypatch, raw):
+    """Split path (groups wider than the registers take): importance is read
+    once per column per program of 16 rows, not per element: a bf16 weight
+    with fp32 importance moves at most 2.2x its compulsory bytes (value +
+    importance + outputs; the value is read twice, min/max then search),
+    counted lane by lane in the interpreter."""
+    from obskernels.bench.traffic import TritonTraffic
+    from obskernels.kernels.importance import importance as kernel_importance
+
+    pin_config(monkeypatch, max_reg_group=256, chunk=256)
+    rows, cols = 64, 512
+    args = Case("int4-sym", "weight", "channel", (rows, cols)).args
+    value = sample((rows, cols), torch.bfloat16, seed=35)
+    sums, count, status = _raw_importance(cols, 36)
+    kw = dict(IMATRIX, grid=5)
+    if raw:
+        imp = kernel_importance(sums, count, status)
+        extra = dict(importance=imp, importance_status=status)
+    else:
+        extra = dict(importance=_torch_weights(sums, count))
+    with TritonTraffic() as counter:
+        kernel_search(value, "weight", args, **extra, **kw)
+    names = set(counter.counts.op_names)
+    assert names == {"triton:_minmax_part_kernel", "triton:_search_part_kernel"}, names
+    compulsory = value.numel() * 2 + cols * 4 + 2 * rows * 2
+    ratio = counter.counts.bytes_read / compulsory
+    assert ratio <= 2.2, f"read {counter.counts.bytes_read} bytes, {ratio:.2f}x compulsory"
+
+
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
 def test_nvfp4_expanded_many_steps(dtype):
     """expand 1.8, 111 steps: the improvement bits span four 32-bit words."""

@@ -8,6 +8,7 @@ with the defaults of docs/spec.md §1 written out here.
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections import Counter
 
@@ -473,41 +474,73 @@ def _setup_zeros(obs, lin):
 
 
 FALLBACKS = [
-    # name, base_name, args, setup, value shape, error when strict
-    ("activation", "input", qargs("tensor"), _setup_no_data, (2, 3, 16), NotImplementedError),
-    ("tensor strategy", "weight", qargs("tensor"), _setup_forward, (6, 16), NotImplementedError),
-    ("block strategy", "weight", qargs("block", block_structure=[2, 8]), _setup_forward, (6, 16), NotImplementedError),
-    ("no data", "weight", qargs("channel"), _setup_no_data, (6, 16), ValueError),
-    ("no forward", "weight", qargs("channel"), _setup_attached_no_forward, (6, 16), ValueError),
-    ("non-finite", "weight", qargs("channel"), _setup_non_finite, (6, 16), ValueError),
-    ("negative", "weight", qargs("group", group_size=8), _setup_negative, (6, 16), ValueError),
-    ("all zeros", "weight", qargs("channel"), _setup_zeros, (6, 16), ValueError),
-    ("size mismatch", "weight", qargs("channel"), _setup_forward, (6, 32), ValueError),
+    # name, base_name, args, setup, value shape, error when strict, reason in the
+    # message, whether the triton backend reports it at get_qparams (its verdict
+    # comes from the importance's values, read there) rather than while observing
+    ("activation", "input", qargs("tensor"), _setup_no_data, (2, 3, 16), NotImplementedError,
+     "only weight observers use importance", False),
+    ("tensor strategy", "weight", qargs("tensor"), _setup_forward, (6, 16), NotImplementedError,
+     "strategy 'tensor' does not use importance", False),
+    ("block strategy", "weight", qargs("block", block_structure=[2, 8]), _setup_forward, (6, 16),
+     NotImplementedError, "strategy 'block' does not use importance", True),
+    ("no data", "weight", qargs("channel"), _setup_no_data, (6, 16), ValueError,
+     "no importance data (attach and run a forward first)", False),
+    ("no forward", "weight", qargs("channel"), _setup_attached_no_forward, (6, 16), ValueError,
+     "no importance data (attach and run a forward first)", True),
+    ("non-finite", "weight", qargs("channel"), _setup_non_finite, (6, 16), ValueError,
+     "importance has non-finite values", True),
+    ("negative", "weight", qargs("group", group_size=8), _setup_negative, (6, 16), ValueError,
+     "importance has negative values", True),
+    ("all zeros", "weight", qargs("channel"), _setup_zeros, (6, 16), ValueError,
+     "importance is all zeros", True),
+    ("size mismatch", "weight", qargs("channel"), _setup_forward, (6, 32), ValueError,
+     "importance has 16 channels, the weight 32 columns", True),
+    ("block strategy, no forward", "weight", qargs("block", block_structure=[2, 8]),
+     _setup_attached_no_forward, (6, 16), ValueError,
+     "no importance data (attach and run a forward first)", True),
 ]
 
 
+def _fallbacks(caught):
+    return [str(w.message) for w in caught if issubclass(w.category, ImportanceFallbackWarning)]
+
+
 @pytest.mark.parametrize("case", FALLBACKS, ids=lambda c: c[0])
-def test_imatrix_fallback_warns_once(case):
-    _, base_name, args, setup, shape, _ = case
+def test_imatrix_fallback_warns_once(case, backend):
+    """One warning per observation, with its reason, and the uniform search's
+    range. The reference backend warns while observing; the triton backend,
+    which reads nothing then, warns at get_qparams where the reason comes
+    from the importance's values (their verdict is read there)."""
+    _, base_name, args, setup, shape, _, reason, deferred = case
     obs = make("imatrix_mse", base_name=base_name, args=args.model_copy(deep=True))
     setup(obs, _linear())
     value = torch.randn(shape)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         obs(value)
-    fallbacks = [w for w in caught if issubclass(w.category, ImportanceFallbackWarning)]
-    assert len(fallbacks) == 1, [str(w.message) for w in caught]
+    observing = _fallbacks(caught)
     exp_min, exp_max = _search(value, base_name, args, flavour="imatrix")  # uniform weights
     assert torch.equal(obs.min_vals, exp_min) and torch.equal(obs.max_vals, exp_max)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        obs.get_qparams()
+    at_qparams = _fallbacks(caught)
+    late = backend == "triton" and deferred
+    assert (len(observing), len(at_qparams)) == ((0, 1) if late else (1, 0)), (
+        observing, at_qparams)
+    (message,) = observing + at_qparams
+    assert message == f"imatrix_mse: {reason}; falling back to uniform weights", message
 
 
 @pytest.mark.parametrize("case", FALLBACKS, ids=lambda c: c[0])
-def test_imatrix_fallback_raises_when_strict(case):
-    _, base_name, args, setup, shape, error = case
+def test_imatrix_fallback_raises_when_strict(case, backend):
+    _, base_name, args, setup, shape, error, reason, deferred = case
     obs = make("imatrix_mse", base_name=base_name, args=args.model_copy(deep=True), strict=True)
     setup(obs, _linear())
-    with pytest.raises(error, match="imatrix_mse"):
+    with pytest.raises(error, match=re.escape(f"imatrix_mse: {reason}")):
         obs(torch.randn(shape))
+        assert backend == "triton" and deferred, "observing should have raised"
+        obs.get_qparams()
     assert not obs.has_statistics
 
 

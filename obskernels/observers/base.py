@@ -430,7 +430,7 @@ class Observer(InternalModule, RegistryMixin):
         if self.args.strategy == QuantizationStrategy.TENSOR_GROUP:
             fused = [(st["min_vals"], st["max_vals"]) for st in self._fused_statistics()]
         carry = None
-        if self._observations:
+        if self._record_pending():
             if self._status.device != self.min_vals.device:
                 self._status = self._status.to(self.min_vals.device)
             carry = self._status
@@ -460,6 +460,7 @@ class Observer(InternalModule, RegistryMixin):
             return
         flags = status.tolist()  # the one read
         record, scale_bad = flags[: len(STATUS_INIT)], any(flags[len(STATUS_INIT):])
+        self._judge_record(record)
         if self.nonfinite != "error":
             return
         if observations and record[STATUS_BAD_STATS]:
@@ -472,6 +473,14 @@ class Observer(InternalModule, RegistryMixin):
                 f"[{float(mn.min())}, {float(mx.max())}], {mn.dtype}); expected finite "
                 "scales (statistics kept). Pass nonfinite='propagate' to accept them"
             )
+
+    def _record_pending(self) -> bool:
+        """Whether get_qparams must carry the record into its one read: the
+        observations since the last read (and what a subclass left there)."""
+        return bool(self._observations)
+
+    def _judge_record(self, record) -> None:
+        """What a subclass reads in the record at get_qparams (default: nothing)."""
 
     def _raise_recorded(self, observations, record) -> None:
         """The error of a non-finite observation, raised at get_qparams (the

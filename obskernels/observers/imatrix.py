@@ -4,6 +4,14 @@ A forward-pre hook on the observed Linear accumulates, per input channel, the
 sum over tokens of x**2 (fp32) and the token count. When the weight is
 observed, importance = (sum / count) / (mean + fp32 tiny) weights each
 column's error in the search (docs/spec.md §1, flavour "imatrix" of docs/spec.md §4).
+
+On the triton backend the observation reads nothing back: ``ops.importance``
+computes sum / count and its verdict (usable, or why not) on the device, the
+search normalises the importance as it loads it and searches with uniform
+weights where the verdict says so, and the fallback warning (or the strict
+error) of a verdict comes at ``get_qparams``, from its one read. Checks that
+need no value (a non-weight observer, the TENSOR strategy, no sums at all)
+warn while observing, as on the reference backend.
 """
 
 from __future__ import annotations
@@ -18,13 +26,31 @@ import torch.distributed as dist
 from compressed_tensors.quantization import QuantizationStrategy as S
 
 from obskernels import ops
+from obskernels.backends import resolve_backend
 from obskernels.observers.base import MinMaxTuple, Observer, hook_input
-from obskernels.observers.mse import SearchKwargsMixin
+from obskernels.observers.mse import SearchKwargsMixin, search_imatrix
+from obskernels.spec.checks import (
+    IMPORTANCE_NEGATIVE,
+    IMPORTANCE_NO_DATA,
+    IMPORTANCE_NONFINITE,
+    IMPORTANCE_ZEROS,
+    STATUS_IMPORTANCE,
+)
 from obskernels.spec.search import IMATRIX_DEFAULTS, NVFP4_EXPANDED
 
 __all__ = ["IMatrixMSEObserver", "ImportanceFallbackWarning", "NVFP4ExpandedIMatrixObserver"]
 
 _IMPORTANCE_STRATEGIES = (S.CHANNEL, S.GROUP, S.TENSOR_GROUP)
+
+
+_NO_DATA = (ValueError, "no importance data (attach and run a forward first)")
+#: the fallback of each verdict of ops.importance (IMPORTANCE_OK: none)
+_VERDICTS = {
+    IMPORTANCE_NO_DATA: _NO_DATA,
+    IMPORTANCE_NONFINITE: (ValueError, "importance has non-finite values"),
+    IMPORTANCE_NEGATIVE: (ValueError, "importance has negative values"),
+    IMPORTANCE_ZEROS: (ValueError, "importance is all zeros"),
+}
 
 
 def _unpublish(module: torch.nn.Module) -> None:
@@ -67,6 +93,10 @@ class IMatrixMSEObserver(SearchKwargsMixin, Observer):
         self._imatrix_count = torch.zeros((), dtype=torch.int64)
         self._imatrix_hook = None
         self._imatrix_module: Optional[weakref.ref] = None
+        # triton backend: the fallback to report once get_qparams has read the
+        # verdict of the observed importance; (None, None) when only a failing
+        # verdict makes one (None: nothing pending)
+        self._importance_pending: Optional[tuple] = None
 
     # ---------------------------------------------------------------- hooks
     #
@@ -150,7 +180,71 @@ class IMatrixMSEObserver(SearchKwargsMixin, Observer):
     # ------------------------------------------------------------ statistics
 
     def _measure(self, value: torch.Tensor) -> MinMaxTuple:
+        self._importance_pending = None
+        sums, count = self._imatrix_sum, self._imatrix_count
+        if (
+            value.device.type != "meta"
+            and self._g_idx is None
+            # importance on another device than the weight: the torch path moves it
+            and (sums is None or count is None
+                 or (sums.device == value.device and count.device == value.device))
+            and resolve_backend(value) == "triton"
+        ):
+            return self._measure_in_kernels(value)
         return self._search(value, "imatrix", importance=self._importance_for(value))
+
+    def _measure_in_kernels(self, value: torch.Tensor) -> MinMaxTuple:
+        """The search with no host read: the checks that need no value run
+        here, in ``_importance_for``'s order; the value checks run on the
+        device (``ops.importance``) and the fallback they call for is reported
+        by get_qparams (``_judge_record``). A BLOCK strategy or a size
+        mismatch searches uniformly, but reports only when the values pass
+        (the values are checked first, as ``_importance_for`` does)."""
+        early = self._early_fallback()
+        if early is not None:
+            self._fallback(*early)
+            return self._search(value, "imatrix")
+        if self._status.device != value.device:
+            self._status = self._status.to(value.device)
+        imp = ops.importance(self._imatrix_sum, self._imatrix_count, self._status)
+        late = self._late_fallback(imp.numel(), value.shape[-1])
+        self._importance_pending = late if late is not None else (None, None)
+        if late is not None:
+            return self._search(value, "imatrix")
+        return search_imatrix(self, value, imp, self._status)
+
+    def _early_fallback(self) -> Optional[tuple]:
+        if not self.is_weight_obs:
+            return NotImplementedError, "only weight observers use importance"
+        if S(self.args.strategy) == S.TENSOR:
+            return NotImplementedError, "strategy 'tensor' does not use importance"
+        if self._imatrix_sum is None or self._imatrix_count is None:
+            return _NO_DATA
+        return None
+
+    def _late_fallback(self, channels: int, cols: int) -> Optional[tuple]:
+        strategy = S(self.args.strategy)
+        if strategy not in _IMPORTANCE_STRATEGIES:
+            return NotImplementedError, f"strategy {strategy.value!r} does not use importance"
+        if channels != cols:
+            return ValueError, f"importance has {channels} channels, the weight {cols} columns"
+        return None
+
+    def _record_pending(self) -> bool:
+        return self._importance_pending is not None or super()._record_pending()
+
+    def _judge_record(self, record) -> None:
+        """get_qparams read the record: the fallback of this observation's
+        verdict (a failing verdict first, then a pending BLOCK / size reason)."""
+        pending, self._importance_pending = self._importance_pending, None
+        if pending is None:
+            return
+        error, reason = _VERDICTS.get(record[STATUS_IMPORTANCE], pending)
+        if reason is None:
+            return
+        if self.strict:
+            self._drop_statistics()
+        self._fallback(error, reason, stacklevel=6)
 
     def _drop_statistics(self) -> None:
         super()._drop_statistics()
@@ -159,6 +253,7 @@ class IMatrixMSEObserver(SearchKwargsMixin, Observer):
         # hook starts afresh
         self._imatrix_sum = None
         self._imatrix_count = None
+        self._importance_pending = None
         module = self._hooked_module()
         if module is not None:
             _unpublish(module)
@@ -172,7 +267,7 @@ class IMatrixMSEObserver(SearchKwargsMixin, Observer):
         if strategy == S.TENSOR:
             return self._fallback(NotImplementedError, "strategy 'tensor' does not use importance")
         if self._imatrix_sum is None or self._imatrix_count is None:
-            return self._fallback(ValueError, "no importance data (attach and run a forward first)")
+            return self._fallback(*_NO_DATA)
         count = self._imatrix_count.to(torch.float32)
         imp = self._imatrix_sum / count
         # Every check below from ONE read of (count, min, max): no tokens is a
@@ -185,7 +280,7 @@ class IMatrixMSEObserver(SearchKwargsMixin, Observer):
         else:
             n, lo, hi = float(count), 0.0, 0.0
         if n == 0:
-            return self._fallback(ValueError, "no importance data (attach and run a forward first)")
+            return self._fallback(*_NO_DATA)
         if not (math.isfinite(lo) and math.isfinite(hi)):
             return self._fallback(ValueError, "importance has non-finite values")
         if lo < 0:
@@ -204,12 +299,13 @@ class IMatrixMSEObserver(SearchKwargsMixin, Observer):
         imp = imp.to(device=value.device, dtype=torch.float32)
         return imp / (imp.mean() + torch.finfo(torch.float32).tiny)
 
-    def _fallback(self, error: type, reason: str) -> None:
+    def _fallback(self, error: type, reason: str, stacklevel: int = 4) -> None:
         message = f"imatrix_mse: {reason}"
         if self.strict:
             raise error(message)
         warnings.warn(
-            f"{message}; falling back to uniform weights", ImportanceFallbackWarning, stacklevel=4
+            f"{message}; falling back to uniform weights", ImportanceFallbackWarning,
+            stacklevel=stacklevel,
         )
         return None
 

@@ -92,6 +92,19 @@ def search_with(observer, value: torch.Tensor, flavour: str, importance=None) ->
     )
 
 
+def search_imatrix(observer, value: torch.Tensor, importance, importance_status) -> MinMaxTuple:
+    """``ops.mse_search`` of flavour "imatrix" with raw importance (E[x²] per
+    column, from ``ops.importance``) whose verdict is in ``importance_status``:
+    the search normalises it itself (no g_idx here: the observer gathers
+    columns only through ``search_with``)."""
+    return ops.mse_search(
+        value, observer.base_name, observer.args, maxshrink=observer.maxshrink,
+        patience=observer.patience, grid=observer.grid, norm=observer.norm,
+        expand=observer.expand, importance=importance, flavour="imatrix",
+        importance_status=importance_status,
+    )
+
+
 def gather_columns(value, base_name, args, g_idx, importance=None):
     """The weight's columns in the stable order of ``g_idx`` (and the
     importance in that order), through ``ops.flatten_for_calibration``, which

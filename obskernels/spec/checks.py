@@ -56,7 +56,15 @@ __all__ = [
     "STATUS_NEGINF",
     "STATUS_BAD_STATS",
     "STATUS_FIRST_BAD",
+    "STATUS_IMPORTANCE",
+    "IMPORTANCE_OK",
+    "IMPORTANCE_NO_DATA",
+    "IMPORTANCE_NONFINITE",
+    "IMPORTANCE_NEGATIVE",
+    "IMPORTANCE_ZEROS",
     "check_qparams_args",
+    "check_importance_status",
+    "check_importance_args",
     "check_combine_args",
     "HeldStatisticsError",
 ]
@@ -233,7 +241,7 @@ def check_g_idx(g_idx, value: torch.Tensor, group_size: int) -> torch.Tensor:
     )
 
 
-def check_importance(importance, value: torch.Tensor) -> None:
+def check_importance(importance, value: torch.Tensor, values: bool = True) -> None:
     """Per-input-column weights of the imatrix search: a real 1-D tensor with one
     finite, non-negative entry per column of ``value``, on ``value``'s device."""
     if not isinstance(importance, torch.Tensor):
@@ -255,7 +263,7 @@ def check_importance(importance, value: torch.Tensor) -> None:
             f"importance is on {importance.device} but value is on {value.device}; "
             "expected the same device"
         )
-    if importance.device.type == "meta" or importance.numel() == 0:
+    if not values or importance.device.type == "meta" or importance.numel() == 0:
         return  # no data to check
     # One reduction and ONE read: aminmax propagates NaN, so both values are
     # finite exactly when every entry is, and the minimum says the sign.
@@ -274,7 +282,8 @@ _IMPORTANCE_STRATEGIES = (
 )
 
 
-def check_importance_target(importance, value: torch.Tensor, base_name: str, args) -> None:
+def check_importance_target(importance, value: torch.Tensor, base_name: str, args,
+                            values: bool = True) -> None:
     """Importance weighs the search of a weight whose groups lie within rows
     (CHANNEL, GROUP, TENSOR_GROUP); then ``check_importance``."""
     strategy = strategy_of(args)
@@ -284,7 +293,7 @@ def check_importance_target(importance, value: torch.Tensor, base_name: str, arg
             f"'tensor_group' strategy, got base_name {base_name!r} and strategy "
             f"{strategy.value!r}"
         )
-    check_importance(importance, value)
+    check_importance(importance, value, values)
 
 
 def check_accumulate_args(x, sum_buf, count_buf) -> None:
@@ -363,7 +372,14 @@ STATUS_NAN, STATUS_POSINF, STATUS_NEGINF = 0, 1, 2
 STATUS_BAD_STATS = 3
 #: index of the first such observation (STATUS_INIT's value while there is none)
 STATUS_FIRST_BAD = 4
-STATUS_INIT = (0, 0, 0, 0, 1 << 62)
+#: the imatrix importance's verdict (an IMPORTANCE_* code; 0: usable), written by
+#: the importance operation so that the fallback warning costs no read while observing
+STATUS_IMPORTANCE = 5
+STATUS_INIT = (0, 0, 0, 0, 1 << 62, 0)
+
+#: verdicts on an imatrix importance (sums / count), in the order they are checked
+IMPORTANCE_OK, IMPORTANCE_NO_DATA, IMPORTANCE_NONFINITE, IMPORTANCE_NEGATIVE, IMPORTANCE_ZEROS = (
+    0, 1, 2, 3, 4)
 
 
 def check_qparams_args(min_vals, max_vals, args, global_scale=None, fused=None, carry=None) -> None:
@@ -460,3 +476,49 @@ def check_combine_args(new_min, new_max, held, averaging_constant, status) -> No
         check_held(held, new_min.shape, new_min.dtype, new_min.device)
     check_averaging(averaging_constant)
     check_status(status)
+
+
+def check_importance_status(importance, importance_status) -> None:
+    """``importance_status`` of mse_search: None, or an observer's int64 record
+    (``STATUS_INIT`` layout) holding the verdict on raw fp32 ``importance``."""
+    if importance_status is None:
+        return
+    if importance is None:
+        raise ValueError("importance_status is given without importance")
+    if (
+        not isinstance(importance_status, torch.Tensor)
+        or importance_status.dtype != torch.int64
+        or tuple(importance_status.shape) != (len(STATUS_INIT),)
+    ):
+        raise TypeError(
+            f"importance_status must be an int64 tensor of shape ({len(STATUS_INIT)},)"
+        )
+    if isinstance(importance, torch.Tensor) and importance.dtype != torch.float32:
+        raise TypeError(
+            f"raw importance (with importance_status) must be float32, got {importance.dtype}"
+        )
+    if isinstance(importance, torch.Tensor) and importance_status.device != importance.device:
+        raise ValueError(
+            f"importance_status is on {importance_status.device} but importance is on "
+            f"{importance.device}; expected the same device"
+        )
+
+
+def check_importance_args(sum_buf, count_buf, status) -> None:
+    """Inputs of ``importance``: fp32 per-column sums, one int64 count, and an
+    observer's int64 record (``STATUS_INIT`` layout), all on one device."""
+    if not isinstance(sum_buf, torch.Tensor) or sum_buf.dtype != torch.float32:
+        raise TypeError("sum_buf must be a float32 torch.Tensor")
+    if sum_buf.dim() != 1:
+        raise ValueError(f"sum_buf must be 1-D (one entry per input column), got shape "
+                         f"{tuple(sum_buf.shape)}")
+    if not isinstance(count_buf, torch.Tensor) or count_buf.dtype != torch.int64:
+        raise TypeError("count_buf must be an int64 torch.Tensor")
+    if count_buf.numel() != 1:
+        raise ValueError(f"count_buf must hold one element, got shape {tuple(count_buf.shape)}")
+    if (not isinstance(status, torch.Tensor) or status.dtype != torch.int64
+            or tuple(status.shape) != (len(STATUS_INIT),)):
+        raise TypeError(f"status must be an int64 tensor of shape ({len(STATUS_INIT)},)")
+    for name, buf in (("count_buf", count_buf), ("status", status)):
+        if buf.device != sum_buf.device:
+            raise ValueError(f"{name} is on {buf.device} but sum_buf is on {sum_buf.device}")

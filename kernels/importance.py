@@ -1,0 +1,77 @@
+"""imatrix importance: E[x²] per input column and its verdict, one launch.
+
+    imp[h] = sum_buf[h] / fp32(count)          (fp32, correctly rounded: div_rn)
+    status[STATUS_IMPORTANCE] = verdict        (spec.checks.IMPORTANCE_* codes)
+
+One program walks the columns in blocks: it writes imp and keeps, per lane,
+whether an entry was NaN / +-inf, negative, or non-zero; the verdict follows
+the reference's order (no tokens, non-finite, negative, all zeros). No host
+read: the search takes the verdict from device memory (``mse_search`` with
+``importance_status``) and the observer reads it with its other flags in
+get_qparams. The importance of one Linear is a few thousand floats, so one
+program is enough.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from obskernels.kernels._layout import device_guard
+from obskernels.spec.checks import (
+    IMPORTANCE_NEGATIVE,
+    IMPORTANCE_NO_DATA,
+    IMPORTANCE_NONFINITE,
+    IMPORTANCE_OK,
+    IMPORTANCE_ZEROS,
+    STATUS_IMPORTANCE,
+    check_importance_args,
+)
+
+__all__ = ["importance"]
+
+_SLOT: tl.constexpr = tl.constexpr(STATUS_IMPORTANCE)
+_OK: tl.constexpr = tl.constexpr(IMPORTANCE_OK)
+_NO_DATA: tl.constexpr = tl.constexpr(IMPORTANCE_NO_DATA)
+_NONFINITE: tl.constexpr = tl.constexpr(IMPORTANCE_NONFINITE)
+_NEGATIVE: tl.constexpr = tl.constexpr(IMPORTANCE_NEGATIVE)
+_ZEROS: tl.constexpr = tl.constexpr(IMPORTANCE_ZEROS)
+_BLOCK = 1024
+
+
+@triton.jit(do_not_specialize=["H", "sh"])
+def _importance_kernel(sum_ptr, count_ptr, imp_ptr, status_ptr, H, sh, BLOCK: tl.constexpr):
+    """One program: imp[h] = div_rn(sum[h], fp32(count)) for every column h,
+    and the verdict -> status[_SLOT]."""
+    one = tl.arange(0, 1)
+    count = tl.load(count_ptr + one).to(tl.float32)
+    offs = tl.arange(0, BLOCK)
+    bad = tl.zeros([BLOCK], tl.int32)
+    neg = tl.zeros([BLOCK], tl.int32)
+    nonzero = tl.zeros([BLOCK], tl.int32)
+    for h0 in range(0, H, BLOCK):
+        h = h0 + offs
+        m = h < H
+        s = tl.load(sum_ptr + h.to(tl.int64) * sh, mask=m, other=0.0)
+        imp = tl.math.div_rn(s, count + tl.zeros_like(s))
+        tl.store(imp_ptr + h, imp, mask=m)
+        bad = bad | (m & ((imp != imp) | (tl.abs(imp) == float("inf")))).to(tl.int32)
+        neg = neg | (m & (imp < 0)).to(tl.int32)
+        nonzero = nonzero | (m & (imp != 0)).to(tl.int32)
+    verdict = tl.where(tl.max(nonzero, axis=0) == 0, _ZEROS, _OK)
+    verdict = tl.where(tl.max(neg, axis=0) != 0, _NEGATIVE, verdict)
+    verdict = tl.where(tl.max(bad, axis=0) != 0, _NONFINITE, verdict)
+    verdict = tl.where(count == 0, _NO_DATA, verdict)
+    tl.store(status_ptr + _SLOT + one, verdict.to(tl.int64))
+
+
+def importance(sum_buf, count_buf, status):
+    """Triton twin of ``reference.importance``: (imp, with the verdict written
+    into ``status``)."""
+    check_importance_args(sum_buf, count_buf, status)
+    imp = torch.empty(sum_buf.shape, dtype=torch.float32, device=sum_buf.device)
+    with device_guard(sum_buf, count_buf=count_buf, status=status):
+        _importance_kernel[(1,)](sum_buf, count_buf, imp, status, sum_buf.numel(),
+                                 sum_buf.stride(0), BLOCK=_BLOCK)
+    return imp
