@@ -61,7 +61,7 @@ def oracle_record(value, new, observation):
     nan, pos, neg = (int(f(value).sum()) for f in (torch.isnan, torch.isposinf, torch.isneginf))
     bad = not (bool(torch.isfinite(new[0]).all()) and bool(torch.isfinite(new[1]).all()))
     init = list(STATUS_INIT)
-    return [init[0] + nan, init[1] + pos, init[2] + neg, int(bad), observation if bad else init[4]]
+    return [init[0] + nan, init[1] + pos, init[2] + neg, int(bad), observation if bad else init[4], init[5]]
 
 
 def held_for(base_name, shape, args, dtype):

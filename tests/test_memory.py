@@ -109,9 +109,12 @@ def test_triton_search_memory_grows_with_groups_not_elements(dtype):
         )
         ref_peak, _ = _peak("reference", value, group)
         assert ref_peak >= 4 * value.numel() * value.element_size(), (ref_peak, value.shape)
-    per_group = (peaks[128] - peaks[64]) / 64
+    # affine in groups, up to the search's per-program step flags (one int32
+    # word per program and 32 steps: a few programs here, at most 64 B)
+    per_group = (peaks[512] - peaks[128]) // (512 - 128)
     assert per_group > 0
-    assert peaks[512] - peaks[128] == per_group * (512 - 128), peaks  # affine in groups
+    for groups, peak in peaks.items():
+        assert 0 <= peak - per_group * groups <= 64, (peaks, per_group)
     # the outputs (min, max) are part of it: at least 2 x element size per group
     assert per_group >= 2 * torch.finfo(dtype).bits // 8
 
