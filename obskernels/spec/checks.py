@@ -33,6 +33,7 @@ __all__ = [
     "ACTIVATIONS",
     "ATTENTION",
     "check_value",
+    "check_same_device",
     "check_groups_nonempty",
     "check_base_name",
     "check_g_idx",
@@ -78,6 +79,15 @@ ACTIVATIONS = ("input", "output")
 ATTENTION = ("q", "k", "v")
 
 _STRATEGIES = tuple(s.value for s in QuantizationStrategy)
+
+
+def check_same_device(name: str, tensor: torch.Tensor, other_name: str, other: torch.Tensor) -> None:
+    """One message for every "these tensors must share a device" rule."""
+    if tensor.device != other.device:
+        raise ValueError(
+            f"{name} is on {tensor.device} but {other_name} is on {other.device}; "
+            "expected the same device"
+        )
 
 
 def check_base_name(base_name) -> str:
@@ -219,11 +229,7 @@ def check_g_idx(g_idx, value: torch.Tensor, group_size: int) -> torch.Tensor:
             f"g_idx must be 1-D with one entry per column ({cols}), "
             f"got shape {tuple(g_idx.shape)}"
         )
-    if g_idx.device != value.device:
-        raise ValueError(
-            f"g_idx is on {g_idx.device} but value is on {value.device}; "
-            "expected the same device"
-        )
+    check_same_device("g_idx", g_idx, "value", value)
     sorted_groups, order = torch.sort(g_idx, stable=True)
     if not cols:
         return order
@@ -258,11 +264,7 @@ def check_importance(importance, value: torch.Tensor, values: bool = True) -> No
             f"importance must be 1-D with one entry per input column ({cols}), "
             f"got shape {tuple(importance.shape)}"
         )
-    if importance.device != value.device:
-        raise ValueError(
-            f"importance is on {importance.device} but value is on {value.device}; "
-            "expected the same device"
-        )
+    check_same_device("importance", importance, "value", value)
     if not values or importance.device.type == "meta" or importance.numel() == 0:
         return  # no data to check
     # One reduction and ONE read: aminmax propagates NaN, so both values are
@@ -325,8 +327,7 @@ def check_accumulate_args(x, sum_buf, count_buf) -> None:
     if count_buf.numel() != 1:
         raise ValueError(f"count_buf must hold one element, got shape {tuple(count_buf.shape)}")
     for name, buf in (("sum_buf", sum_buf), ("count_buf", count_buf)):
-        if buf.device != x.device:
-            raise ValueError(f"{name} is on {buf.device} but x is on {x.device}")
+        check_same_device(name, buf, "x", x)
 
 
 def all_finite(*tensors: torch.Tensor) -> bool:
@@ -400,11 +401,7 @@ def check_qparams_args(min_vals, max_vals, args, global_scale=None, fused=None, 
         raise TypeError(
             f"min_vals and max_vals must have the same dtype, got {min_vals.dtype} and {max_vals.dtype}"
         )
-    if min_vals.device != max_vals.device:
-        raise ValueError(
-            f"min_vals is on {min_vals.device} but max_vals is on {max_vals.device}; "
-            "expected the same device"
-        )
+    check_same_device("min_vals", min_vals, "max_vals", max_vals)
     if not isinstance(args, QuantizationArgs):
         raise TypeError(f"args must be a QuantizationArgs, got {type(args).__name__}")
     if global_scale is not None and fused is not None:
@@ -497,11 +494,8 @@ def check_importance_status(importance, importance_status) -> None:
         raise TypeError(
             f"raw importance (with importance_status) must be float32, got {importance.dtype}"
         )
-    if isinstance(importance, torch.Tensor) and importance_status.device != importance.device:
-        raise ValueError(
-            f"importance_status is on {importance_status.device} but importance is on "
-            f"{importance.device}; expected the same device"
-        )
+    if isinstance(importance, torch.Tensor):
+        check_same_device("importance_status", importance_status, "importance", importance)
 
 
 def check_importance_args(sum_buf, count_buf, status) -> None:
@@ -520,5 +514,4 @@ def check_importance_args(sum_buf, count_buf, status) -> None:
             or tuple(status.shape) != (len(STATUS_INIT),)):
         raise TypeError(f"status must be an int64 tensor of shape ({len(STATUS_INIT)},)")
     for name, buf in (("count_buf", count_buf), ("status", status)):
-        if buf.device != sum_buf.device:
-            raise ValueError(f"{name} is on {buf.device} but sum_buf is on {sum_buf.device}")
+        check_same_device(name, buf, "sum_buf", sum_buf)
