@@ -16,8 +16,10 @@ bits, and each group's answer is its LAST improving step <= S (the unshrunk
 base when there is none). So the kernels store one bit per (group, step) and
 never store errors per element.
 
-The jit kernels live in ``kernels/_search_details.py``; this module is the
-launcher. Groups are addressed in the raw value through ``kernels._layout.group_layout``
+The jit kernels live in ``kernels/mse_search_details/``, a module per
+algorithm (``_step``: the shared step math; ``_register``: the register
+path; ``_split``: the split path; ``_choose``: the stop step and each group's
+range); this module is the launcher. Groups are addressed in the raw value through ``kernels._layout.group_layout``
 (the same index map as min_max and flatten, elements in the reference's
 flattened order): no flattened or reshaped copy is made.
 
@@ -93,13 +95,10 @@ from obskernels.kernels._layout import (
     num_warps_for,
     pow2_at_most,
 )
-from obskernels.kernels._search_details import (  # noqa: F401 - _shrink: the step rule, tested
-    _choose_kernel,
-    _minmax_part_kernel,
-    _search_kernel,
-    _search_part_kernel,
-    _shrink,
-)
+from obskernels.kernels.mse_search_details._choose import _choose_kernel
+from obskernels.kernels.mse_search_details._register import _search_kernel
+from obskernels.kernels.mse_search_details._split import _minmax_part_kernel, _search_part_kernel
+from obskernels.kernels.mse_search_details._step import _shrink  # noqa: F401 - the step rule, tested
 from obskernels.spec.checks import STATUS_IMPORTANCE, check_importance_status, check_importance_target
 from obskernels.spec.errors import KernelUnsupportedError
 from obskernels.spec.search import check_search_params, num_steps, search_args
