@@ -9,7 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from obskernels.kernels import quant as Q
+from obskernels.kernels import quant
 from obskernels.kernels._layout import store_exact
 from obskernels.kernels.mse_search_details._step import _PER_CALL, _or, _shrink
 
@@ -124,8 +124,8 @@ def _write_choice(base_ptr, grid32, grid_bits, exact32, out_min_ptr, out_max_ptr
     bmin = tl.load(base_ptr + g, mask=gmask, other=0.0, volatile=True)
     bmax = tl.load(base_ptr + G + g, mask=gmask, other=0.0, volatile=True)
     p = _shrink(tl.maximum(choice, 0), grid32, grid_bits, exact32)
-    omin = tl.where(choice >= 0, Q.rd(bmin * p, DTYPE), bmin)
-    omax = tl.where(choice >= 0, Q.rd(bmax * p, DTYPE), bmax)
+    omin = tl.where(choice >= 0, quant.rd(bmin * p, DTYPE), bmin)
+    omax = tl.where(choice >= 0, quant.rd(bmax * p, DTYPE), bmax)
     # values are exact in the output dtype, so the store's cast cannot round
     store_exact(out_min_ptr + g, omin, gmask)
     store_exact(out_max_ptr + g, omax, gmask)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from obskernels.kernels import quant as Q
+from obskernels.kernels import quant
 from obskernels.kernels.mse_search_details._step import (
     _PER_CALL,
     _block_errors,
@@ -85,8 +85,8 @@ def _search_kernel(
             G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, PAD, False, FAST,
         )
     mn, mx = _nan_minmax(x, valid)
-    bmin = Q.rd(mn * expand, DTYPE)
-    bmax = Q.rd(mx * expand, DTYPE)
+    bmin = quant.rd(mn * expand, DTYPE)
+    bmax = quant.rd(mx * expand, DTYPE)
     tl.store(base_ptr + g, bmin, mask=gmask)
     tl.store(base_ptr + G + g, bmax, mask=gmask)
 

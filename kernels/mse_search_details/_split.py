@@ -10,7 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from obskernels.kernels import quant as Q
+from obskernels.kernels import quant
 from obskernels.kernels.mse_search_details._choose import _last_improving, _stop_step, _write_choice
 from obskernels.kernels.mse_search_details._step import (
     _PER_CALL,
@@ -49,8 +49,8 @@ def _minmax_part_kernel(
             G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, PAD, False, False,
         )
         cmn, cmx = _nan_minmax(x, valid)
-        mn = Q.nan_min(mn, cmn)
-        mx = Q.nan_max(mx, cmx)
+        mn = quant.nan_min(mn, cmn)
+        mx = quant.nan_max(mx, cmx)
     tl.store(part_ptr + g * K + k, mn)
     tl.store(part_ptr + G * K + g * K + k, mx)
     first = (g * 0 + k) == 0
@@ -83,7 +83,7 @@ def _finish_group(part_ptr, bits_ptr, flags_ptr, gid, K, n_steps, n_words, best_
                         other=0.0, volatile=True)
             err = err + tl.sum(v, axis=1)
         if not IMATRIX:
-            err = Q.rd(err, DTYPE)
+            err = quant.rd(err, DTYPE)
         imp, best = _improved(err[None, :], best, smask[None, :])
         word = tl.sum(imp.to(tl.int32) << j[None, :], axis=1)
         tl.store(bits_ptr + gid * n_words + wi + one, word)
@@ -138,8 +138,8 @@ def _search_part_kernel(
     pmx = tl.load(mm_ptr + G * K + g[:, None] * K + ks[None, :], mask=kmask, other=float("-inf"))
     mn, _unused = _nan_minmax(pmn, kmask)
     _unused, mx = _nan_minmax(pmx, kmask)
-    bmin = Q.rd(mn * expand, DTYPE)
-    bmax = Q.rd(mx * expand, DTYPE)
+    bmin = quant.rd(mn * expand, DTYPE)
+    bmax = quant.rd(mx * expand, DTYPE)
     first = gmask & ((g * 0 + k) == 0)
     tl.store(base_ptr + g, bmin, mask=first)
     tl.store(base_ptr + G + g, bmax, mask=first)

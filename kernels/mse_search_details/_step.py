@@ -10,7 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from obskernels.kernels import quant as Q
+from obskernels.kernels import quant
 from obskernels.kernels._layout import load_flat, widen
 
 # Scalars that follow the search parameters (grid, maxshrink, patience) or the
@@ -56,25 +56,25 @@ def _block_errors(
     """Errors [BG, SB] of the steps si [SB] over the tile x [BG, BE]: fp32 sums,
     rounded to DTYPE when ROUND_SUM (a whole group, flavour "mse"). Candidate: rd(base * p_i)."""
     p = tl.where(smask, _shrink(si, grid32, grid_bits, exact32), 1.0)
-    cmin = Q.rd(bmin[:, None] * p[None, :], DTYPE)
-    cmax = Q.rd(bmax[:, None] * p[None, :], DTYPE)
-    scale, zp = Q.qparams(
+    cmin = quant.rd(bmin[:, None] * p[None, :], DTYPE)
+    cmax = quant.rd(bmax[:, None] * p[None, :], DTYPE)
+    scale, zp = quant.qparams(
         cmin, cmax, rng, half, qmin, qmax, eps, zlo, zhi, mx_offset,
         DTYPE, SYM, SCALE, ZP,
     )
     x3 = x[:, None, :]
-    dq = Q.fake_quant(x3, scale[:, :, None], zp[:, :, None], qmin, qmax, DTYPE, QTYPE)
+    dq = quant.fake_quant(x3, scale[:, :, None], zp[:, :, None], qmin, qmax, DTYPE, QTYPE)
     if IMATRIX:
-        err = Q.abs_pow(tl.abs(dq - x3), norm, NORM_MODE, Q.F32)
+        err = quant.abs_pow(tl.abs(dq - x3), norm, NORM_MODE, quant.F32)
         if HAS_W:
             err = err * w[:, None, :]
     else:
-        err = Q.abs_pow(tl.abs(Q.rd(dq - x3, DTYPE)), norm, NORM_MODE, DTYPE)
+        err = quant.abs_pow(tl.abs(quant.rd(dq - x3, DTYPE)), norm, NORM_MODE, DTYPE)
     # NaN * 0 would leak from tile slots outside the group: select, not multiply
     err = tl.where(valid[:, None, :], err, 0.0)
     err = tl.sum(err, axis=2)
     if ROUND_SUM:
-        err = Q.rd(err, DTYPE)
+        err = quant.rd(err, DTYPE)
     return err
 
 
@@ -99,29 +99,29 @@ def _fake_quant_hw(x, scale, zp, qmin, qmax,
     overflowing range), and then every error of that group is NaN or inf at
     every step, so it never improves either way.
     """
-    if DTYPE == Q.BF16:
+    if DTYPE == quant.BF16:
         # bf16 x and scale: one reciprocal per group, a product per element,
         # whose bf16 rounding is the quotient's (quant.quot_bf16_hw's proof)
-        lift, r = Q.recip_hw(scale)
-        y = Q.rd_bf16_pair_hw(Q.quot_bf16_hw(x, lift, r))
+        lift, r = quant.recip_hw(scale)
+        y = quant.rd_bf16_pair_hw(quant.quot_bf16_hw(x, lift, r))
     else:
-        y = Q.rd_hw(tl.math.div_rn(x, scale), DTYPE)
+        y = quant.rd_hw(tl.math.div_rn(x, scale), DTYPE)
     if not SYM:
-        y = Q.rd_hw(y + zp, DTYPE)
+        y = quant.rd_hw(y + zp, DTYPE)
     y = tl.minimum(tl.maximum(y, qmin), qmax)
-    if QTYPE == Q.Q_FP8:
-        q = Q.round_fp8e4m3_hw(y)
-    elif QTYPE == Q.Q_FP4:
-        q = Q.round_fp4e2m1(y)
+    if QTYPE == quant.Q_FP8:
+        q = quant.round_fp8e4m3_hw(y)
+    elif QTYPE == quant.Q_FP4:
+        q = quant.round_fp4e2m1(y)
     else:
-        q = Q.rint_hw(y)
+        q = quant.rint_hw(y)
     if SYM:
         qz = q
-    elif QTYPE == Q.Q_INT:
+    elif QTYPE == quant.Q_INT:
         qz = q - zp
     else:
-        qz = Q.rd_hw(q - zp, DTYPE)
-    return Q.rd_hw(qz * scale, DTYPE)
+        qz = quant.rd_hw(q - zp, DTYPE)
+    return quant.rd_hw(qz * scale, DTYPE)
 
 
 
@@ -138,38 +138,39 @@ def _step_errors(
     keep the load's layout (each thread adds its own run of a group before
     any shuffle). FAST: the GPU's conversions (quant.py, GPU arithmetic)."""
     if FAST:
-        cmin = Q.rd_hw(bmin * p, DTYPE)
-        cmax = Q.rd_hw(bmax * p, DTYPE)
+        cmin = quant.rd_hw(bmin * p, DTYPE)
+        cmax = quant.rd_hw(bmax * p, DTYPE)
     else:
-        cmin = Q.rd(bmin * p, DTYPE)
-        cmax = Q.rd(bmax * p, DTYPE)
-    scale, zp = Q.qparams(
+        cmin = quant.rd(bmin * p, DTYPE)
+        cmax = quant.rd(bmax * p, DTYPE)
+    scale, zp = quant.qparams(
         cmin, cmax, rng, half, qmin, qmax, eps, zlo, zhi, mx_offset,
         DTYPE, SYM, SCALE, ZP, FAST,
     )
     if FAST:
         dq = _fake_quant_hw(x, scale[:, None], zp[:, None], qmin, qmax, DTYPE, SYM, QTYPE)
         if IMATRIX:
-            err = Q.abs_pow_hw(tl.abs(dq - x), norm, pw0, tab_ptr, NORM_MODE, Q.F32, Q.F32)
+            err = quant.abs_pow_hw(tl.abs(dq - x), norm, pw0, tab_ptr, NORM_MODE,
+                                   quant.F32, quant.F32)
             if HAS_W:
                 err = err * w
         else:
-            d = tl.abs(Q.rd_hw(dq - x, DTYPE))
-            err = Q.abs_pow_hw(d, norm, pw0, tab_ptr, NORM_MODE, DTYPE, DTYPE)
+            d = tl.abs(quant.rd_hw(dq - x, DTYPE))
+            err = quant.abs_pow_hw(d, norm, pw0, tab_ptr, NORM_MODE, DTYPE, DTYPE)
     else:
-        dq = Q.fake_quant(x, scale[:, None], zp[:, None], qmin, qmax, DTYPE, QTYPE)
+        dq = quant.fake_quant(x, scale[:, None], zp[:, None], qmin, qmax, DTYPE, QTYPE)
         if IMATRIX:
-            err = Q.abs_pow(tl.abs(dq - x), norm, NORM_MODE, Q.F32)
+            err = quant.abs_pow(tl.abs(dq - x), norm, NORM_MODE, quant.F32)
             if HAS_W:
                 err = err * w
         else:
-            err = Q.abs_pow(tl.abs(Q.rd(dq - x, DTYPE)), norm, NORM_MODE, DTYPE)
+            err = quant.abs_pow(tl.abs(quant.rd(dq - x, DTYPE)), norm, NORM_MODE, DTYPE)
     err = tl.sum(tl.where(valid, err, 0.0), axis=1)
     if ROUND_SUM:
         if FAST:
-            err = Q.rd_hw(err, DTYPE)
+            err = quant.rd_hw(err, DTYPE)
         else:
-            err = Q.rd(err, DTYPE)
+            err = quant.rd(err, DTYPE)
     return err
 
 
