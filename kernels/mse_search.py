@@ -16,8 +16,10 @@ bits, and each group's answer is its LAST improving step <= S (the unshrunk
 base when there is none). So the kernels store one bit per (group, step) and
 never store errors per element.
 
-The jit kernels live in ``kernels/_search_details.py``; this module is the
-launcher. Groups are addressed in the raw value through ``kernels._layout.group_layout``
+The jit kernels live in ``kernels/mse_search_details/``, a module per
+algorithm (``_step``: the shared step math; ``_register``: the register
+path; ``_split``: the split path; ``_choose``: the stop step and each group's
+range); this module is the launcher. Groups are addressed in the raw value through ``kernels._layout.group_layout``
 (the same index map as min_max and flatten, elements in the reference's
 flattened order): no flattened or reshaped copy is made.
 
@@ -82,7 +84,7 @@ from compressed_tensors.quantization import QuantizationType
 from compressed_tensors.quantization.quant_args import FP4_E2M1_DATA, FP8_E4M3_DATA
 from compressed_tensors.quantization.utils.mxfp_utils import should_generate_mx_scales
 
-from obskernels.kernels import quant as Q
+from obskernels.kernels import quant
 from obskernels.kernels._layout import (
     LaunchConfig,
     choose_split,
@@ -93,13 +95,10 @@ from obskernels.kernels._layout import (
     num_warps_for,
     pow2_at_most,
 )
-from obskernels.kernels._search_details import (  # noqa: F401 - _shrink: the step rule, tested
-    _choose_kernel,
-    _minmax_part_kernel,
-    _search_kernel,
-    _search_part_kernel,
-    _shrink,
-)
+from obskernels.kernels.mse_search_details._choose import _choose_kernel
+from obskernels.kernels.mse_search_details._register import _search_kernel
+from obskernels.kernels.mse_search_details._split import _minmax_part_kernel, _search_part_kernel
+from obskernels.kernels.mse_search_details._step import _shrink  # noqa: F401 - the step rule, tested
 from obskernels.spec.checks import STATUS_IMPORTANCE, check_importance_status, check_importance_target
 from obskernels.spec.errors import KernelUnsupportedError
 from obskernels.spec.search import check_search_params, num_steps, search_args
@@ -128,8 +127,8 @@ _TINY = float(torch.finfo(torch.float32).tiny)
 # --------------------------------------------------------------------------- #
 def _norm_mode(norm: float) -> int:
     """The NORM_MODE switch: the exponents torch.pow special-cases (quant.abs_pow)."""
-    special = {2.0: Q.P_SQUARE, 3.0: Q.P_CUBE, 0.5: Q.P_SQRT, 1.0: Q.P_ONE}
-    return special.get(float(norm), Q.P_GENERAL).value
+    special = {2.0: quant.P_SQUARE, 3.0: quant.P_CUBE, 0.5: quant.P_SQRT, 1.0: quant.P_ONE}
+    return special.get(float(norm), quant.P_GENERAL).value
 
 
 @functools.lru_cache(maxsize=64)
@@ -141,15 +140,15 @@ def _fp32_steps_exact(grid, n_steps: int) -> bool:
     host emulation is exact: an fp32 sum or quotient rounded once from fp64
     is the correctly rounded fp32 one."""
     f32 = torch.float32
-    g = Q.round_host(grid, f32)
+    g = quant.round_host(grid, f32)
     if not (math.isfinite(g) and g != 0):
         return False
 
     def bits(x):
-        return struct.pack("<f", Q.round_host(x, f32))
+        return struct.pack("<f", quant.round_host(x, f32))
 
     return all(
-        bits(Q.round_host(g - i, f32) / g) == bits(1 - i / grid) for i in range(n_steps)
+        bits(quant.round_host(g - i, f32) / g) == bits(1 - i / grid) for i in range(n_steps)
     )
 
 
@@ -231,12 +230,12 @@ def _format(args, dtype):
     else:
         data = FP8_E4M3_DATA if bits == 8 else FP4_E2M1_DATA
         q_min, q_max = float(data.min), float(data.max)
-    q_min, q_max = Q.round_host(q_min, torch.float32), Q.round_host(q_max, torch.float32)
-    rng = Q.round_host(q_max - q_min, dtype)
+    q_min, q_max = quant.round_host(q_min, torch.float32), quant.round_host(q_max, torch.float32)
+    rng = quant.round_host(q_max - q_min, dtype)
     return dict(
         QTYPE=q, SCALE=scale_kind, ZP=zp_kind, SYM=bool(args.symmetric),
-        rng=rng, half=Q.round_host(rng / 2, dtype), qmin=q_min, qmax=q_max,
-        eps=Q.round_host(eps, dtype), zlo=zlo, zhi=zhi, mx_offset=mx_offset,
+        rng=rng, half=quant.round_host(rng / 2, dtype), qmin=q_min, qmax=q_max,
+        eps=quant.round_host(eps, dtype), zlo=zlo, zhi=zhi, mx_offset=mx_offset,
     )
 
 
@@ -297,7 +296,7 @@ def _mse_search(value, base_name, args, *, maxshrink, patience, grid, norm, expa
     # the kernels compute step i's p = fp32(1 - i / grid) themselves (_shrink):
     # no table to build on the host and copy to the device
     steps = (
-        Q.round_host(grid, torch.float32),
+        quant.round_host(grid, torch.float32),
         struct.unpack("<q", struct.pack("<d", float(grid)))[0],
         int(_fp32_steps_exact(grid, n_steps)),
     )
@@ -305,17 +304,17 @@ def _mse_search(value, base_name, args, *, maxshrink, patience, grid, norm, expa
     best_init = float(torch.finfo(err_dtype).max)
     if imatrix:
         patience_eff = patience if patience > 0 else n_steps + 1
-        norm_run = Q.round_host(norm, torch.float32)
+        norm_run = quant.round_host(norm, torch.float32)
     else:
         patience_eff = max(patience, 1)  # patience 0 stops at the first stale step too
-        norm_run = Q.round_host(norm, dtype)
+        norm_run = quant.round_host(norm, dtype)
     consts = dict(
         rng=fmt["rng"], half=fmt["half"], qmin=fmt["qmin"], qmax=fmt["qmax"],
         eps=fmt["eps"], zlo=fmt["zlo"], zhi=fmt["zhi"], mx_offset=fmt["mx_offset"],
         norm=norm_run,
     )
     switches = dict(
-        DTYPE=Q.DTYPE_CODE[dtype], SYM=fmt["SYM"], QTYPE=fmt["QTYPE"], SCALE=fmt["SCALE"],
+        DTYPE=quant.DTYPE_CODE[dtype], SYM=fmt["SYM"], QTYPE=fmt["QTYPE"], SCALE=fmt["SCALE"],
         ZP=fmt["ZP"], NORM_MODE=_norm_mode(float(norm)), IMATRIX=imatrix, HAS_W=has_w,
         PAD=layout.pad, NORM_W=norm_w,
     )
@@ -343,8 +342,8 @@ def _mse_search(value, base_name, args, *, maxshrink, patience, grid, norm, expa
             "interpreter's casts are not the hardware's"
         )
     tab, pw0 = value, 0.0
-    if fast and not imatrix and dtype != torch.float32 and switches["NORM_MODE"] == Q.P_GENERAL.value:
-        tab, pw0 = _pow_table(dev, dtype, float(norm)), Q.pow_window(norm_run)
+    if fast and not imatrix and dtype != torch.float32 and switches["NORM_MODE"] == quant.P_GENERAL.value:
+        tab, pw0 = _pow_table(dev, dtype, float(norm)), quant.pow_window(norm_run)
     steps_block = config.steps_per_iter
     if steps_block is None:
         steps_block = 1 if value.is_cuda else 32
@@ -352,7 +351,7 @@ def _mse_search(value, base_name, args, *, maxshrink, patience, grid, norm, expa
     if group_numel <= config.max_reg_group:
         block_e = max(triton.next_power_of_2(group_numel), 2)
         tile = config.tile
-        if fast and switches["NORM_MODE"] == Q.P_SQRT.value:
+        if fast and switches["NORM_MODE"] == quant.P_SQRT.value:
             # sqrt_rn's slow path is a call: at 4096 elements per program sm_90a
             # saves a predicate register on the stack around it (8 bytes); half
             # the tile keeps it in registers

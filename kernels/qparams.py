@@ -36,7 +36,7 @@ from compressed_tensors.quantization import QuantizationType
 from compressed_tensors.quantization.quant_args import FP4_E2M1_DATA, FP8_E4M3_DATA
 from compressed_tensors.quantization.utils.mxfp_utils import should_generate_mx_scales
 
-from obskernels.kernels import quant as Q
+from obskernels.kernels import quant
 from obskernels.kernels._layout import LaunchConfig, current_config, device_guard, pow2_at_most
 from obskernels.kernels.stats import load_stat
 from obskernels.spec.checks import FLOAT_DTYPES, STATUS_FIRST_BAD, STATUS_INIT, check_qparams_args
@@ -104,7 +104,7 @@ def _gparam(a, tiny, ADTYPE: tl.constexpr):
     ADTYPE); NaN and +-inf become 1."""
     m = tl.where(a < 0, 0.0, a)
     m = tl.where(m < tiny, tiny, m)
-    g = Q.rd(Q.rd(tl.math.div_rn(1.0, m), ADTYPE) * 2688.0, ADTYPE)
+    g = quant.rd(quant.rd(tl.math.div_rn(1.0, m), ADTYPE) * 2688.0, ADTYPE)
     return tl.where((g != g) | (tl.abs(g) == float("inf")), 1.0, g)
 
 
@@ -112,13 +112,13 @@ def _gparam(a, tiny, ADTYPE: tl.constexpr):
 def _round_scale_dtype(scale, sd_max, SD: tl.constexpr, SDTYPE: tl.constexpr):
     """round_to_quantized_type_dtype(scale, scale_dtype) back in the scale's dtype."""
     if SD == SD_FP8:
-        scale = Q.round_fp8e4m3(Q.nan_clamp(scale, -448.0, 448.0))
+        scale = quant.round_fp8e4m3(quant.nan_clamp(scale, -448.0, 448.0))
     elif SD == SD_BF16:
-        scale = Q.rd(Q.rd(Q.nan_clamp(scale, -sd_max, sd_max), Q.BF16), SDTYPE)
+        scale = quant.rd(quant.rd(quant.nan_clamp(scale, -sd_max, sd_max), quant.BF16), SDTYPE)
     elif SD == SD_F16:
-        scale = Q.rd(Q.rd(Q.nan_clamp(scale, -sd_max, sd_max), Q.F16), SDTYPE)
+        scale = quant.rd(quant.rd(quant.nan_clamp(scale, -sd_max, sd_max), quant.F16), SDTYPE)
     elif SD == SD_F32:
-        scale = Q.nan_clamp(scale, -sd_max, sd_max)
+        scale = quant.nan_clamp(scale, -sd_max, sd_max)
     return scale
 
 
@@ -164,8 +164,8 @@ def _wide(mn, mx, g, qmin, qmax, zlo, zhi, wrng, whalf, mx_offset, sd_max64, wep
         s64 = (mx64 - mn64) / wrng
         z64 = qmin - mn64 / s64
         z64 = tl.minimum(tl.maximum(z64, qmin), qmax)
-        if ZP == Q.Z_FP8:
-            zp = Q.round_fp8e4m3(Q.nan_clamp(z64.to(tl.float32), -448.0, 448.0))
+        if ZP == quant.Z_FP8:
+            zp = quant.round_fp8e4m3(quant.nan_clamp(z64.to(tl.float32), -448.0, 448.0))
         else:
             z64 = tl.minimum(tl.maximum(z64, zlo), zhi)
             zp = ((z64 + _RNE_MAGIC64) - _RNE_MAGIC64).to(tl.float32)
@@ -174,7 +174,7 @@ def _wide(mn, mx, g, qmin, qmax, zlo, zhi, wrng, whalf, mx_offset, sd_max64, wep
     if SD != SD_NONE:
         # clamp in float64 (the bounds are exact there), then into scale_dtype
         s64 = tl.where(s64 < -sd_max64, -sd_max64, tl.where(s64 > sd_max64, sd_max64, s64))
-        s64 = _round_scale_dtype(s64.to(tl.float32), 3.4028234663852886e38, SD, Q.F32).to(tl.float64)
+        s64 = _round_scale_dtype(s64.to(tl.float32), 3.4028234663852886e38, SD, quant.F32).to(tl.float64)
     s64 = tl.where(s64 == 0, weps, s64)
     return s64.to(tl.float32), zp
 
@@ -194,13 +194,13 @@ def _qparams_kernel(
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
-    mn = load_stat(min_ptr, offs, mask, DTYPE == Q.BF16)
-    mx = load_stat(max_ptr, offs, mask, DTYPE == Q.BF16)
+    mn = load_stat(min_ptr, offs, mask, DTYPE == quant.BF16)
+    mx = load_stat(max_ptr, offs, mask, DTYPE == quant.BF16)
     # eps 0 keeps zeros: compressed-tensors replaces them only after the
     # global scale and the scale_dtype rounding
-    scale, zp = Q.qparams(
+    scale, zp = quant.qparams(
         mn, mx, rng, half, qmin, qmax, 0.0, zlo, zhi, mx_offset,
-        DTYPE, SYM, Q.S_MX if MX else Q.S_NONE, ZP,
+        DTYPE, SYM, quant.S_MX if MX else quant.S_NONE, ZP,
     )
     g = 1.0
     if GS == GS_GIVEN:
@@ -227,15 +227,15 @@ def _qparams_kernel(
         redo = finite & ((scale != scale) | (tl.abs(scale) == float("inf")))
         ws, wz = _wide(mn, mx, g, qmin, qmax, zlo, zhi, wrng, whalf, mx_offset, sd_max64, weps,
                        SYM, MX, ZP, GS, SD)
-        scale = tl.where(redo, Q.rd(ws, SDTYPE), scale)
+        scale = tl.where(redo, quant.rd(ws, SDTYPE), scale)
         zp = tl.where(redo, wz, zp)
     # every value stored is exact in its dtype; bf16 and fp8 go as bits (the
     # interpreter flushes bf16 subnormals and mangles fp8 NaN in its casts)
-    if SDTYPE == Q.BF16:
+    if SDTYPE == quant.BF16:
         tl.store(scale_ptr + offs, (scale.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16), mask=mask)
     else:
         tl.store(scale_ptr + offs, scale.to(scale_ptr.dtype.element_ty), mask=mask)
-    if ZP == Q.Z_FP8:
+    if ZP == quant.Z_FP8:
         tl.store(zp_ptr + offs, _e4m3_bits(zp), mask=mask)
     else:
         tl.store(zp_ptr + offs, zp.to(zp_ptr.dtype.element_ty), mask=mask)
@@ -296,7 +296,7 @@ def _format(args, dtype, sdtype):
                 f"calculate_qparams: scale_dtype {scale_dtype} is wider than the scales ({sdtype})"
             )
         # clamp's bounds are rounded into the scale's dtype, as torch does
-        sd_max = Q.round_host(float(torch.finfo(scale_dtype).max), sdtype)
+        sd_max = quant.round_host(float(torch.finfo(scale_dtype).max), sdtype)
         eps = torch.finfo(scale_dtype).eps
         sd_max64 = float(torch.finfo(scale_dtype).max)
     else:
@@ -304,7 +304,7 @@ def _format(args, dtype, sdtype):
 
     zp_dtype = args.zp_dtype
     if zp_dtype == torch.float8_e4m3fn:
-        zp, zlo, zhi = Q.Z_FP8, -448.0, 448.0
+        zp, zlo, zhi = quant.Z_FP8, -448.0, 448.0
     elif zp_dtype is not None and not zp_dtype.is_floating_point and zp_dtype != torch.bool \
             and torch.iinfo(zp_dtype).bits <= 16:
         # (wider: NaN converts to the integer's minimum on the CPU, 0 on a GPU)
@@ -314,18 +314,18 @@ def _format(args, dtype, sdtype):
             raise KernelUnsupportedError(
                 f"calculate_qparams: zp_dtype {zp_dtype} is wider than the statistics ({dtype})"
             )
-        zp, zlo, zhi = Q.Z_INT, float(info.min), float(info.max)
+        zp, zlo, zhi = quant.Z_INT, float(info.min), float(info.max)
     else:
         raise KernelUnsupportedError(f"calculate_qparams: zp_dtype {zp_dtype}")
 
     # calculate_range makes fp32 scalars; the range is taken and halved in the
     # statistics' dtype (all small integers or halves: exact in every dtype)
-    q_min, q_max = Q.round_host(q_min, torch.float32), Q.round_host(q_max, torch.float32)
-    rng = Q.round_host(q_max - q_min, dtype)
+    q_min, q_max = quant.round_host(q_min, torch.float32), quant.round_host(q_max, torch.float32)
+    rng = quant.round_host(q_max - q_min, dtype)
     return dict(
         SYM=bool(args.symmetric), MX=mx, SD=sd.value, ZP=zp.value,
-        rng=rng, half=Q.round_host(rng / 2, dtype), qmin=q_min, qmax=q_max,
-        eps=Q.round_host(eps, sdtype), zlo=zlo, zhi=zhi, sd_max=sd_max,
+        rng=rng, half=quant.round_host(rng / 2, dtype), qmin=q_min, qmax=q_max,
+        eps=quant.round_host(eps, sdtype), zlo=zlo, zhi=zhi, sd_max=sd_max,
         mx_offset=int(math.floor(math.log2(q_max))) if mx else 0,
         wrng=q_max - q_min, whalf=(q_max - q_min) / 2, sd_max64=sd_max64,
         # the float64 redo's eps: scale_dtype's, else float64's
@@ -410,7 +410,7 @@ def calculate_qparams(min_vals, max_vals, args, global_scale=None, *, fused=None
                 fmt["zlo"], fmt["zhi"], fmt["mx_offset"],
                 float(torch.finfo(a_dtype).tiny),
                 fmt["sd_max"], fmt["wrng"], fmt["whalf"], fmt["sd_max64"], fmt["weps"],
-                DTYPE=Q.DTYPE_CODE[dtype], SDTYPE=Q.DTYPE_CODE[sdtype], ADTYPE=Q.DTYPE_CODE[a_dtype],
+                DTYPE=quant.DTYPE_CODE[dtype], SDTYPE=quant.DTYPE_CODE[sdtype], ADTYPE=quant.DTYPE_CODE[a_dtype],
                 SYM=fmt["SYM"], MX=fmt["MX"], SD=fmt["SD"], ZP=fmt["ZP"], GS=gs_mode,
                 WIDEN=bool(widen), CARRY=carry is not None, BLOCK=_BLOCK,
                 BLOCK_P=pow2_at_most(max(n_parts, 1), 128),

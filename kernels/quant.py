@@ -408,10 +408,10 @@ def quot_bf16_hw(x, lift, r):
     a huge s makes r subnormal, which costs at most 2^-22 more; overflow
     gives inf where x / s is past the largest fp32 value too). A bf16
     rounding boundary (a midpoint) of magnitude >= 2^-126 is M = K 2^c with K
-    odd, 2^8 < K < 2^9; x = X 2^a, s = S 2^b with integers |X|, S < 2^8. So
-    x / s - M = (X 2^a - S K 2^(b+c)) / s is never 0 (the odd part of S K is
+    odd, 2^8 < K < 2^9; x = X 2^a, s = Y 2^b with integers |X|, Y < 2^8. So
+    x / s - M = (X 2^a - Y K 2^(b+c)) / s is never 0 (the odd part of Y K is
     >= K > 2^8 > |X|'s) and, the numerator being a non-zero multiple of
-    2^min(a, b+c), at least 1 / (S K) > 2^-17 of |M| away. An approximation
+    2^min(a, b+c), at least 1 / (Y K) > 2^-17 of |M| away. An approximation
     within 2^-23 of x / s therefore lies between the same two midpoints as
     x / s and as div_rn(x, s), and rounds to the same bf16 value. s = 0
     gives r = inf and s = inf gives r = 0: x * inf and x * 0 are the

@@ -64,8 +64,9 @@ __all__ = [
 ]
 
 PACKAGE = "obskernels.kernels"
-# modules of kernels/ that hold no kernel of their own
-_NOT_KERNEL_MODULES = {"report", "_layout", "quant"}
+# modules of kernels/ that launch no kernel of their own (mse_search_details:
+# the search's jit kernels, launched by mse_search)
+_NOT_KERNEL_MODULES = {"report", "_layout", "quant", "mse_search_details"}
 
 PIPES = ("FP32", "INT", "MUFU", "LSU", "other")
 

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from obskernels.kernels import quant as Q
+from obskernels.kernels import quant
 from obskernels.kernels._layout import (
     LaunchConfig,
     device_guard,
@@ -59,8 +59,8 @@ def combine_modes(held, averaging_constant):
     if averaging_constant is None:
         return MODE_RUNNING.value, 0.0, 0.0
     # the Python floats torch turns into fp32 scalars
-    return (MODE_AVERAGE.value, Q.round_host(1.0 - averaging_constant, torch.float32),
-            Q.round_host(float(averaging_constant), torch.float32))
+    return (MODE_AVERAGE.value, quant.round_host(1.0 - averaging_constant, torch.float32),
+            quant.round_host(float(averaging_constant), torch.float32))
 
 
 @triton.jit
@@ -92,9 +92,9 @@ def combine(new_lo, new_hi, held_min_ptr, held_max_ptr, offs, mask, a, c,
     old_lo = load_stat(held_min_ptr, offs, mask, BITS16)
     old_hi = load_stat(held_max_ptr, offs, mask, BITS16)
     if MODE == MODE_RUNNING:
-        return Q.nan_min(new_lo, old_lo), Q.nan_max(new_hi, old_hi)
-    lo = Q.rd(Q.rd(old_lo * a, DTYPE) + Q.rd(new_lo * c, DTYPE), DTYPE)
-    hi = Q.rd(Q.rd(old_hi * a, DTYPE) + Q.rd(new_hi * c, DTYPE), DTYPE)
+        return quant.nan_min(new_lo, old_lo), quant.nan_max(new_hi, old_hi)
+    lo = quant.rd(quant.rd(old_lo * a, DTYPE) + quant.rd(new_lo * c, DTYPE), DTYPE)
+    hi = quant.rd(quant.rd(old_hi * a, DTYPE) + quant.rd(new_hi * c, DTYPE), DTYPE)
     return lo, hi
 
 
@@ -122,11 +122,11 @@ def record(status_ptr, nan, pos, neg, bad, observation):
     tl.atomic_min(status_ptr + _S_FIRST + one, z + observation, mask=b)
 
 
-@triton.jit(do_not_specialize=["Q_", "NR", "lim_r", "lim_e", "observation"])
+@triton.jit(do_not_specialize=["Q", "NR", "lim_r", "lim_e", "observation"])
 def _combine_kernel(
     x_ptr, new_min_ptr, new_max_ptr, held_min_ptr, held_max_ptr, out_min_ptr, out_max_ptr,
     status_ptr, a, c, observation,
-    Q_, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e,
+    Q, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e,
     MODE: tl.constexpr, DTYPE: tl.constexpr, BITS16: tl.constexpr, RECORD: tl.constexpr,
     PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
 ):
@@ -135,7 +135,7 @@ def _combine_kernel(
     loop runs only when the block holds one)."""
     pid = tl.program_id(0)
     q = pid.to(tl.int64) * BLOCK_Q + tl.arange(0, BLOCK_Q)
-    qm = q < Q_
+    qm = q < Q
     lo = load_stat(new_min_ptr, q, qm, BITS16)
     hi = load_stat(new_max_ptr, q, qm, BITS16)
     olo, ohi = combine(lo, hi, held_min_ptr, held_max_ptr, q, qm, a, c, MODE, DTYPE, BITS16)
@@ -153,7 +153,7 @@ def _combine_kernel(
             # keeps this branch from raising the kernel's register count)
             for q0 in range(0, BLOCK_Q, 16):
                 qs = pid.to(tl.int64) * BLOCK_Q + q0 + tl.arange(0, 16)
-                qsm = qs < Q_
+                qsm = qs < Q
                 slo = load_stat(new_min_ptr, qs, qsm, BITS16)
                 shi = load_stat(new_max_ptr, qs, qsm, BITS16)
                 sbad = qsm & ((slo != slo) | (shi != shi) | (tl.abs(slo) == float("inf"))
@@ -195,18 +195,18 @@ def combine_statistics(value, base_name, args, new_min, new_max, *, held=None,
         t = t.reshape(-1) if t.is_contiguous() else t.contiguous().reshape(-1)
         return t.view(torch.uint16) if bits16 else t
 
-    Q_ = layout.num_groups
-    if Q_ == 0:
+    Q = layout.num_groups
+    if Q == 0:
         return out_min, out_max
     held_min, held_max = held if held is not None else (new_min, new_max)
-    block_q = max(min(triton.next_power_of_2(Q_), 1024), 16)
+    block_q = max(min(triton.next_power_of_2(Q), 1024), 16)
     with device_guard(value, new_min=new_min, new_max=new_max, held_min=held_min,
                       held_max=held_max, status=status):
-        _combine_kernel[(triton.cdiv(Q_, block_q),)](
+        _combine_kernel[(triton.cdiv(Q, block_q),)](
             value, v(new_min), v(new_max), v(held_min), v(held_max), v(out_min), v(out_max),
             status if status is not None else out_min, a, c, observation,
             *layout.scalar_args(),
-            MODE=mode, DTYPE=Q.DTYPE_CODE[dtype], BITS16=bits16, RECORD=status is not None,
+            MODE=mode, DTYPE=quant.DTYPE_CODE[dtype], BITS16=bits16, RECORD=status is not None,
             PAD=layout.pad, BLOCK_Q=block_q,
         )
     return out_min, out_max

@@ -6,7 +6,7 @@ import math
 
 import torch
 import torch.nn.functional as F
-from compressed_tensors.quantization import QuantizationStrategy as S
+from compressed_tensors.quantization import QuantizationStrategy as Strategy
 
 from obskernels.spec.checks import (
     ACTIVATIONS,
@@ -26,17 +26,17 @@ def flatten_for_calibration(value, base_name, args, g_idx=None):
 
     if base_name == WEIGHT:
         rows, cols = value.shape
-        if strategy == S.TENSOR:
+        if strategy == Strategy.TENSOR:
             return value.reshape(1, 1, rows * cols)
-        if strategy == S.CHANNEL:
+        if strategy == Strategy.CHANNEL:
             return value.reshape(1, rows, 1, cols)
-        if strategy in (S.GROUP, S.TENSOR_GROUP):
+        if strategy in (Strategy.GROUP, Strategy.TENSOR_GROUP):
             g = group_size_of(args, cols)
             if g_idx is not None:
                 # check_g_idx returns the columns in stable order of g_idx
                 value = value[:, check_g_idx(g_idx, value, g)]
             return value.reshape(1, rows, cols // g, g)
-        if strategy == S.BLOCK:
+        if strategy == Strategy.BLOCK:
             bh, bw = block_shape(args)
             padded = F.pad(value, (0, -cols % bw, 0, -rows % bh))
             R, C = padded.shape
@@ -49,11 +49,11 @@ def flatten_for_calibration(value, base_name, args, g_idx=None):
         # explicit sizes, not -1: a (tokens, 0) value must reshape too
         n = math.prod(value.shape[:-1])
         tokens = value.reshape(n, hidden)
-        if strategy == S.TENSOR:
+        if strategy == Strategy.TENSOR:
             return tokens.reshape(n, 1, hidden)
-        if strategy == S.TOKEN:
+        if strategy == Strategy.TOKEN:
             return value
-        if strategy in (S.GROUP, S.TENSOR_GROUP):
+        if strategy in (Strategy.GROUP, Strategy.TENSOR_GROUP):
             g = group_size_of(args, hidden)
             return tokens.reshape(n, hidden // g, g)
         raise unsupported(base_name, strategy)
@@ -61,8 +61,8 @@ def flatten_for_calibration(value, base_name, args, g_idx=None):
     # attention q / k / v: (batch, heads, seq, head_dim)
     batch, heads, seq, head_dim = value.shape
     per_token = value.transpose(1, 2).reshape(batch * seq, heads, head_dim)
-    if strategy == S.TENSOR:
+    if strategy == Strategy.TENSOR:
         return per_token.reshape(batch * seq, 1, heads * head_dim)
-    if strategy == S.ATTN_HEAD:
+    if strategy == Strategy.ATTN_HEAD:
         return per_token.reshape(batch * seq, heads, 1, 1, head_dim)
     raise unsupported(base_name, strategy)

@@ -70,6 +70,10 @@ def test_installed_package_layout(installed):
     # every subpackage of the source tree is installed
     for init in (REPO_ROOT / "obskernels").glob("*/__init__.py"):
         assert (installed / "obskernels" / init.parent.name / "__init__.py").is_file(), init
+    # and of the top-level backend folders (e.g. a kernel's details package)
+    for folder in ("kernels", "reference"):
+        for init in (REPO_ROOT / folder).glob("*/__init__.py"):
+            assert (installed / "obskernels" / folder / init.parent.name / "__init__.py").is_file(), init
 
 
 @pytest.mark.slow

@@ -40,7 +40,7 @@ import dataclasses
 import math
 
 import torch
-from compressed_tensors.quantization import QuantizationStrategy as S
+from compressed_tensors.quantization import QuantizationStrategy as Strategy
 
 from obskernels.spec.checks import (
     ACTIVATIONS,
@@ -197,9 +197,9 @@ def group_layout(value, base_name, args, g_idx=None, *, storage_order=True) -> G
 
     if base_name == WEIGHT:
         (rows, cols), (sr, sc) = shape, strides
-        if strategy == S.TENSOR:
+        if strategy == Strategy.TENSOR:
             return _whole(value, [(rows, sr), (cols, sc)], (1,), (1, 1, rows * cols), storage_order)
-        if strategy == S.CHANNEL:
+        if strategy == Strategy.CHANNEL:
             return GroupLayout(
                 qshape=(rows, 1),
                 flat_shape=(1, rows, 1, cols),
@@ -210,7 +210,7 @@ def group_layout(value, base_name, args, g_idx=None, *, storage_order=True) -> G
                 elems=cols,
                 elem_stride=sc,
             )
-        if strategy in (S.GROUP, S.TENSOR_GROUP):
+        if strategy in (Strategy.GROUP, Strategy.TENSOR_GROUP):
             g = group_size_of(args, cols)
             perm = None
             if g_idx is not None:
@@ -227,7 +227,7 @@ def group_layout(value, base_name, args, g_idx=None, *, storage_order=True) -> G
                 elem_stride=sc,
                 perm=perm,
             )
-        if strategy == S.BLOCK:
+        if strategy == Strategy.BLOCK:
             bh, bw = block_shape(args)
             nbr, nbc = -(-rows // bh), -(-cols // bw)
             partial = rows % bh != 0 or cols % bw != 0
@@ -248,9 +248,9 @@ def group_layout(value, base_name, args, g_idx=None, *, storage_order=True) -> G
         hidden, sh = shape[-1], strides[-1]
         token_dims = list(zip(shape[:-1], strides[:-1]))
         tokens = math.prod(shape[:-1])
-        if strategy == S.TENSOR:
+        if strategy == Strategy.TENSOR:
             return _whole(value, token_dims + [(hidden, sh)], (1,), (tokens, 1, hidden), storage_order)
-        if strategy == S.TOKEN:
+        if strategy == Strategy.TOKEN:
             if value.dim() == 2:  # amin over (0, -1) of a 2-D value: a 0-d result
                 return _whole(value, token_dims + [(hidden, sh)], (), shape, storage_order)
             (batch, sb), (seq, ss) = token_dims
@@ -265,7 +265,7 @@ def group_layout(value, base_name, args, g_idx=None, *, storage_order=True) -> G
                 elems=hidden,
                 elem_stride=sh,
             )
-        if strategy in (S.GROUP, S.TENSOR_GROUP):
+        if strategy in (Strategy.GROUP, Strategy.TENSOR_GROUP):
             g = group_size_of(args, hidden)
             rows, row_strides = _rows(token_dims)
             return GroupLayout(
@@ -282,10 +282,10 @@ def group_layout(value, base_name, args, g_idx=None, *, storage_order=True) -> G
 
     # attention q / k / v: (batch, heads, seq, head_dim)
     (batch, heads, seq, head_dim), (sb, shd, ss, sd) = shape, strides
-    if strategy == S.TENSOR:
+    if strategy == Strategy.TENSOR:
         dims = [(batch, sb), (seq, ss), (heads, shd), (head_dim, sd)]
         return _whole(value, dims, (1,), (batch * seq, 1, heads * head_dim), storage_order)
-    if strategy == S.ATTN_HEAD:
+    if strategy == Strategy.ATTN_HEAD:
         rows, row_strides = _rows([(batch, sb), (seq, ss)])
         return GroupLayout(
             qshape=(heads, 1, 1),

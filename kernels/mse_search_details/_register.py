@@ -1,0 +1,141 @@
+"""Register path of the search: ``_search_kernel`` holds whole groups in
+registers, evaluates every step and writes each group's improvement bits and
+each program's per-step flags; ``_choose.py``'s ``_choose_kernel`` finishes.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from obskernels.kernels import quant
+from obskernels.kernels.mse_search_details._step import (
+    _PER_CALL,
+    _block_errors,
+    _importance_norm,
+    _importance_weights,
+    _improved,
+    _load_group,
+    _nan_minmax,
+    _or,
+    _shrink,
+    _step_errors,
+)
+
+
+@triton.jit(do_not_specialize=_PER_CALL)
+def _search_kernel(
+    x_ptr, w_ptr, wmean_ptr, wcode_ptr, tiny, tab_ptr, grid32, grid_bits, exact32, bits_ptr,
+    flags_ptr, base_ptr,
+    G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, group_numel,
+    n_steps, n_words, expand, best_init,
+    rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm, pw0,
+    DTYPE: tl.constexpr, SYM: tl.constexpr, QTYPE: tl.constexpr, SCALE: tl.constexpr,
+    ZP: tl.constexpr, NORM_MODE: tl.constexpr, IMATRIX: tl.constexpr, HAS_W: tl.constexpr,
+    PAD: tl.constexpr, FAST: tl.constexpr, NORM_W: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_J: tl.constexpr,
+):
+    """One program: BLOCK_G whole groups [BLOCK_G, BLOCK_E] in registers.
+
+    With importance (weights, CHANNEL or GROUP: group g is column block
+    g % QB of row g // QB), a program takes BLOCK_G // BLOCK_J rows of
+    BLOCK_J column blocks and reads each column's importance once, shared by
+    its rows, instead of once per element (NORM_W: normalised as it is loaded,
+    ``_importance_weights``). Otherwise BLOCK_G consecutive groups.
+
+    base = rd(amin * expand), rd(amax * expand) -> base_ptr[2, G];
+    for every step i (BLOCK_S steps at a time: 1 on a GPU, more under the
+    interpreter, whose cost is per operation): err_i per group (rounded to
+    DTYPE for "mse"),
+    improved = err_i < best (strict; NaN never), best updated;
+    bit i of group g -> bits_ptr[g, i // 32]; the OR over this program's
+    groups -> flags_ptr[pid, i // 32] (a plain store of every word: nothing
+    needs clearing before the launch; _choose_kernel ORs the programs' words).
+    """
+    pid = tl.program_id(0)
+    if HAS_W:
+        ROWS: tl.constexpr = BLOCK_G // BLOCK_J
+        n_jb = tl.cdiv(QB, BLOCK_J)
+        rb = pid // n_jb
+        j0 = (pid - rb * n_jb) * BLOCK_J
+        idx = tl.arange(0, BLOCK_G)
+        row = rb * ROWS + idx // BLOCK_J
+        j = j0 + idx % BLOCK_J
+        g = tl.where((row < G // QB) & (j < QB), row.to(tl.int64) * QB + j, G)
+        gmask = g < G
+        x, w, valid = _load_group(
+            x_ptr, w_ptr, g, tl.arange(0, BLOCK_E), group_numel,
+            G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, PAD, False, FAST,
+        )
+        # importance comes only with CHANNEL / GROUP layouts: element k of
+        # column block j is input column j * E + k, no padding
+        jj = j0 + tl.arange(0, BLOCK_J)
+        kk = tl.arange(0, BLOCK_E)
+        wm = (jj < QB)[:, None] & (kk < group_numel)[None, :]
+        w1 = tl.load(w_ptr + jj[:, None] * E + kk[None, :], mask=wm, other=0.0)
+        wc, wok = _importance_norm(wmean_ptr, wcode_ptr, tiny, NORM_W)
+        w1 = _importance_weights(w1, wc, wok, NORM_W)
+        w = tl.reshape(tl.broadcast_to(w1[None, :, :], (ROWS, BLOCK_J, BLOCK_E)),
+                       (BLOCK_G, BLOCK_E))
+    else:
+        g = pid.to(tl.int64) * BLOCK_G + tl.arange(0, BLOCK_G)
+        gmask = g < G
+        x, w, valid = _load_group(
+            x_ptr, w_ptr, g, tl.arange(0, BLOCK_E), group_numel,
+            G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, PAD, False, FAST,
+        )
+    mn, mx = _nan_minmax(x, valid)
+    bmin = quant.rd(mn * expand, DTYPE)
+    bmax = quant.rd(mx * expand, DTYPE)
+    tl.store(base_ptr + g, bmin, mask=gmask)
+    tl.store(base_ptr + G + g, bmax, mask=gmask)
+
+    best = tl.zeros([BLOCK_G], dtype=tl.float32) + best_init
+    word = tl.zeros([BLOCK_G], dtype=tl.int32)
+    if BLOCK_S == 1:
+        # One step per iteration (the GPU's choice): 2-D tiles, and the OR over
+        # the program's groups taken once per 32 steps from their words
+        # instead of at every step.
+        for i in range(n_steps):
+            p = _shrink(n_steps * 0 + i, grid32, grid_bits, exact32)  # a tensor on both backends
+            err = _step_errors(
+                x, valid, w, bmin, bmax, p, tab_ptr,
+                rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm, pw0,
+                DTYPE, SYM, QTYPE, SCALE, ZP, NORM_MODE, IMATRIX, HAS_W, not IMATRIX, FAST,
+            )
+            imp = (err < best) & gmask  # strict; NaN never improves
+            best = tl.where(imp, err, best)
+            word = word | (imp.to(tl.int32) << (i % 32))
+            if ((i + 1) % 32 == 0) | (i + 1 >= n_steps):
+                wi = i // 32
+                tl.store(bits_ptr + g * n_words + wi, word, mask=gmask)
+                tl.store(flags_ptr + pid * n_words + wi, tl.reduce(word, 0, _or))
+                word = word * 0
+    else:
+        fword = tl.max(word, axis=0)
+        one = tl.arange(0, 1)
+        for i0 in range(0, n_steps, BLOCK_S):
+            si = i0 + tl.arange(0, BLOCK_S)
+            smask = si < n_steps
+            err = _block_errors(
+                x, valid, w, bmin, bmax, si, smask,
+                rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm, grid32, grid_bits, exact32,
+                DTYPE, SYM, QTYPE, SCALE, ZP, NORM_MODE, IMATRIX, HAS_W, not IMATRIX,
+            )
+            imp, best = _improved(err, best, gmask[:, None] & smask[None, :])
+            # BLOCK_S divides 32, so a block never straddles two words; distinct
+            # bits add without carries, so the sums are ORs
+            sh = si % 32
+            word = word | tl.sum(imp.to(tl.int32) << sh[None, :], axis=1)
+            fword = fword | tl.sum(tl.max(imp.to(tl.int32), axis=0) << sh, axis=0)
+            # flush after bit 31 and after the last step (vector masks: the
+            # interpreter rejects scalar-bool store masks)
+            i_end = i0 + BLOCK_S
+            endv = ((word * 0 + i_end) % 32 == 0) | (word * 0 + i_end >= n_steps)
+            wi = i0 // 32
+            tl.store(bits_ptr + g * n_words + wi, word, mask=gmask & endv)
+            fv = fword + one * 0
+            end1 = ((one + i_end) % 32 == 0) | (one + i_end >= n_steps)
+            tl.store(flags_ptr + pid * n_words + wi + one, fv, mask=end1)
+            word = tl.where(endv, 0, word)
+            fword = tl.where((i_end % 32 == 0) | (i_end >= n_steps), 0, fword)

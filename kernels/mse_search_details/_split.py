@@ -1,0 +1,212 @@
+"""Split path of the search (groups too large for registers):
+``_minmax_part_kernel`` (per-split min/max, clears the counters) and
+``_search_part_kernel`` (per-split partial errors of every step, finished in
+the same launch by tickets: ``_finish_group`` per group, then the choice of
+every group by the last group to finish).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from obskernels.kernels import quant
+from obskernels.kernels.mse_search_details._choose import _last_improving, _stop_step, _write_choice
+from obskernels.kernels.mse_search_details._step import (
+    _PER_CALL,
+    _block_errors,
+    _importance_norm,
+    _importance_weights,
+    _improved,
+    _load_group,
+    _nan_minmax,
+    _shrink,
+    _step_errors,
+)
+
+
+@triton.jit(do_not_specialize=_PER_CALL)
+def _minmax_part_kernel(
+    x_ptr, part_ptr, tickets_ptr, flags_ptr,
+    G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, group_numel,
+    K, chunks_per_split, n_words,
+    PAD: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_W: tl.constexpr,
+):
+    """Program (g, k): NaN-propagating min/max of split k of group g (chunks
+    k*cps .. (k+1)*cps - 1) -> part_ptr[0 or 1, g, k]. It also clears what
+    the search launch counts and ORs into (group g's ticket; program (0, 0):
+    the all-groups ticket and the step flags), so the host zeroes nothing."""
+    gid = tl.program_id(0).to(tl.int64)
+    k = tl.program_id(1).to(tl.int64)
+    g = gid + tl.arange(0, 1)
+    e0 = tl.arange(0, BLOCK_E).to(tl.int64)
+    mn = tl.full([1], float("inf"), tl.float32)
+    mx = tl.full([1], float("-inf"), tl.float32)
+    for c in range(chunks_per_split):
+        e = (k * chunks_per_split + c) * BLOCK_E + e0
+        x, w, valid = _load_group(
+            x_ptr, x_ptr, g, e, group_numel,
+            G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, PAD, False, False,
+        )
+        cmn, cmx = _nan_minmax(x, valid)
+        mn = quant.nan_min(mn, cmn)
+        mx = quant.nan_max(mx, cmx)
+    tl.store(part_ptr + g * K + k, mn)
+    tl.store(part_ptr + G * K + g * K + k, mx)
+    first = (g * 0 + k) == 0
+    tl.store(tickets_ptr + g, g * 0, mask=first)
+    wv = tl.arange(0, BLOCK_W)
+    origin = (wv * 0 + gid + k) == 0
+    tl.store(flags_ptr + wv, wv * 0, mask=origin & (wv < n_words))
+    tl.store(tickets_ptr + G + wv, wv * 0, mask=origin & (wv == 0))
+
+
+
+@triton.jit
+def _finish_group(part_ptr, bits_ptr, flags_ptr, gid, K, n_steps, n_words, best_init,
+                  DTYPE: tl.constexpr, IMATRIX: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Group gid's step errors from its K partials (blocks of BLOCK_K summed,
+    then added, always in that order), rounded to DTYPE for "mse"; its
+    improvement bits -> bits_ptr, OR-ed into flags_ptr (32 steps at a time)."""
+    ks = tl.arange(0, BLOCK_K)
+    j = tl.arange(0, 32)
+    one = tl.arange(0, 1)
+    best = tl.zeros([1], dtype=tl.float32) + best_init
+    for wi in range(n_words):
+        si = wi * 32 + j
+        smask = si < n_steps
+        err = tl.zeros([32], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + ks
+            m = smask[:, None] & (kk < K)[None, :]
+            v = tl.load(part_ptr + (gid * K + kk[None, :]) * n_steps + si[:, None], mask=m,
+                        other=0.0, volatile=True)
+            err = err + tl.sum(v, axis=1)
+        if not IMATRIX:
+            err = quant.rd(err, DTYPE)
+        imp, best = _improved(err[None, :], best, smask[None, :])
+        word = tl.sum(imp.to(tl.int32) << j[None, :], axis=1)
+        tl.store(bits_ptr + gid * n_words + wi + one, word)
+        tl.atomic_or(flags_ptr + wi + one, word)
+
+
+
+@triton.jit(do_not_specialize=_PER_CALL)
+def _search_part_kernel(
+    x_ptr, w_ptr, wmean_ptr, wcode_ptr, tiny, tab_ptr, grid32, grid_bits, exact32, mm_ptr,
+    part_ptr, base_ptr, tickets_ptr, bits_ptr, flags_ptr, out_min_ptr, out_max_ptr,
+    G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, group_numel,
+    K, chunks_per_split, n_steps, n_words, patience, expand, best_init,
+    rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm, pw0,
+    DTYPE: tl.constexpr, SYM: tl.constexpr, QTYPE: tl.constexpr, SCALE: tl.constexpr,
+    ZP: tl.constexpr, NORM_MODE: tl.constexpr, IMATRIX: tl.constexpr, HAS_W: tl.constexpr,
+    PAD: tl.constexpr, FAST: tl.constexpr, NORM_W: tl.constexpr, ROWS: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_KF: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_SB: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """Program (b, k): split k of ROWS groups. Without importance (ROWS 1)
+    group b; with it (weights, CHANNEL or GROUP: group g is column block
+    g % QB of row g // QB) column block b % QB of rows (b // QB) * ROWS ..
+    + ROWS - 1, so that each chunk's importance is loaded once (and
+    normalised once, NORM_W) for ROWS rows instead of once per element.
+
+    Base range of each group from its K split min/max, then for each chunk
+    of split k (loaded once) and each step i, the chunk's error added to
+    acc[group, i]; acc -> part_ptr[g, k, 0:n_steps] (fp32, unrounded).
+
+    Then two tickets (atomic counters, release/acquire) finish the search in
+    this launch: the last of group g's K programs to arrive sums its
+    partials in a fixed order and writes g's improvement bits and flags
+    (``_finish_group``); the last group to be finished derives S and writes
+    every group's choice, as ``_choose_kernel`` does. Which program arrives
+    last varies; what it computes does not (fixed-order sums, OR of bits).
+    """
+    pid = tl.program_id(0)
+    k = tl.program_id(1).to(tl.int64)
+    r = tl.arange(0, ROWS)
+    if HAS_W:
+        rb = pid // QB
+        j = pid - rb * QB
+        row = rb * ROWS + r
+        g = tl.where(row < G // QB, row.to(tl.int64) * QB + j, G)
+    else:
+        g = pid.to(tl.int64) + r
+    gmask = g < G
+    ks = tl.arange(0, BLOCK_K)
+    kmask = gmask[:, None] & (ks < K)[None, :]
+    pmn = tl.load(mm_ptr + g[:, None] * K + ks[None, :], mask=kmask, other=float("inf"))
+    pmx = tl.load(mm_ptr + G * K + g[:, None] * K + ks[None, :], mask=kmask, other=float("-inf"))
+    mn, _unused = _nan_minmax(pmn, kmask)
+    _unused, mx = _nan_minmax(pmx, kmask)
+    bmin = quant.rd(mn * expand, DTYPE)
+    bmax = quant.rd(mx * expand, DTYPE)
+    first = gmask & ((g * 0 + k) == 0)
+    tl.store(base_ptr + g, bmin, mask=first)
+    tl.store(base_ptr + G + g, bmax, mask=first)
+
+    wc, wok = _importance_norm(wmean_ptr, wcode_ptr, tiny, NORM_W)
+    sid = tl.arange(0, BLOCK_S)
+    acc = tl.zeros([ROWS, BLOCK_S], dtype=tl.float32)
+    e0 = tl.arange(0, BLOCK_E).to(tl.int64)
+    for c in range(chunks_per_split):
+        e = (k * chunks_per_split + c) * BLOCK_E + e0
+        x, w, valid = _load_group(
+            x_ptr, x_ptr, g, e, group_numel,
+            G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, PAD, False, FAST,
+        )
+        if HAS_W:
+            # importance comes only with CHANNEL / GROUP layouts: element e of
+            # column block j is input column j * E + e, no padding
+            w1 = tl.load(w_ptr + j * E + e, mask=e < group_numel, other=0.0)
+            w1 = _importance_weights(w1, wc, wok, NORM_W)
+            w = tl.broadcast_to(w1[None, :], (ROWS, BLOCK_E))
+        if BLOCK_SB == 1:
+            for i in range(n_steps):
+                p = _shrink(n_steps * 0 + i, grid32, grid_bits, exact32)
+                err = _step_errors(
+                    x, valid, w, bmin, bmax, p, tab_ptr,
+                    rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm, pw0,
+                    DTYPE, SYM, QTYPE, SCALE, ZP, NORM_MODE, IMATRIX, HAS_W, False, FAST,
+                )
+                acc = tl.where(sid[None, :] == i, acc + err[:, None], acc)
+        else:
+            for i0 in range(0, n_steps, BLOCK_SB):
+                si = i0 + tl.arange(0, BLOCK_SB)
+                smask = si < n_steps
+                err = _block_errors(
+                    x, valid, w, bmin, bmax, si, smask,
+                    rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm, grid32, grid_bits,
+                    exact32, DTYPE, SYM, QTYPE, SCALE, ZP, NORM_MODE, IMATRIX, HAS_W, False,
+                )
+                hit = sid[None, :, None] == si[None, None, :]
+                acc = acc + tl.sum(tl.where(hit, err[:, None, :], 0.0), axis=2)
+    pmask = gmask[:, None] & (sid < n_steps)[None, :]
+    tl.store(part_ptr + (g[:, None] * K + k) * n_steps + sid[None, :], acc, mask=pmask)
+
+    # every thread's stores before the tickets (the atomic releases them)
+    tl.debug_barrier()
+    # this program's first group and its number of rows, from the program id
+    # (scalars: nothing of the loop above stays live through the tickets)
+    if HAS_W:
+        rb = pid // QB
+        g_first = (rb * ROWS).to(tl.int64) * QB + (pid - rb * QB)
+        n_rows = G // QB - rb * ROWS
+    else:
+        g_first = pid.to(tl.int64)
+        n_rows = pid * 0 + 1
+    for ri in range(ROWS):
+        # one scalar ticket per row, as for a single group
+        gid = g_first + ri * QB
+        if ri < n_rows:
+            if tl.atomic_add(tickets_ptr + gid, 1) == K - 1:
+                _finish_group(part_ptr, bits_ptr, flags_ptr, gid, K, n_steps, n_words,
+                              best_init, DTYPE, IMATRIX, BLOCK_KF)
+                tl.debug_barrier()
+                if tl.atomic_add(tickets_ptr + G, 1) == G - 1:
+                    S = _stop_step(flags_ptr, n_steps, patience)
+                    for g0 in range(0, G, BLOCK_C):
+                        gg = g0 + tl.arange(0, BLOCK_C).to(tl.int64)
+                        gm = gg < G
+                        choice = _last_improving(bits_ptr, gg, gm, n_words, S)
+                        _write_choice(base_ptr, grid32, grid_bits, exact32, out_min_ptr,
+                                      out_max_ptr, gg, gm, G, choice, DTYPE)

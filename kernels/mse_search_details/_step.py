@@ -1,0 +1,260 @@
+"""The step math shared by the search's kernels: step i's shrink (``_shrink``),
+one step's (or, under the interpreter, a block of steps') errors over a tile
+of groups, the GPU's fake quantization (``FAST``), improvement bits, the
+importance weights as they are loaded, and a group tile's load and NaN-
+propagating min/max.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from obskernels.kernels import quant
+from obskernels.kernels._layout import load_flat, widen
+
+# Scalars that follow the search parameters (grid, maxshrink, patience) or the
+# work split are not specialised on: one compiled variant per format and block
+# shape, not one per grid or patience (== 1 and % 16 would each make one).
+# Group counts and sizes stay specialised: % 16 lets the compiler vectorise
+# the masks and saves registers (28 of 108 in int4 group-128 _search_kernel).
+_PER_CALL = ["lim_r", "lim_e", "n_steps", "n_words", "patience", "K", "chunks_per_split",
+             "grid_bits", "exact32"]
+
+
+
+@triton.jit
+def _shrink(i, grid32, grid_bits, exact32):
+    """Step i's shrink p_i = fp32(1 - i / grid), with the bits of the
+    reference's Python float: i / grid and 1 - (.) in fp64, one rounding to fp32.
+
+    exact32 (a runtime flag, the same for every lane): the host checked that
+    one fp32 division, div_rn(grid32 - i, grid32), gives those bits for every
+    step of this call (``_fp32_steps_exact``; so for every integer grid in
+    practice). Otherwise the fp64 formula itself, grid arriving as the int64
+    bits of the Python float (a float argument would be passed as fp32); fp64
+    division is correctly rounded on a GPU (div.rn.f64) and in numpy, but slow
+    on GPUs with few fp64 units, hence the fp32 path.
+    """
+    if exact32 != 0:
+        p = tl.math.div_rn(grid32 - i.to(tl.float32), grid32)
+    else:
+        grid = grid_bits.to(tl.int64).to(tl.float64, bitcast=True)
+        p = (1.0 - i.to(tl.float64) / grid).to(tl.float32)
+    return p
+
+
+
+@triton.jit
+def _block_errors(
+    x, valid, w, bmin, bmax, si, smask,
+    rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm, grid32, grid_bits, exact32,
+    DTYPE: tl.constexpr, SYM: tl.constexpr, QTYPE: tl.constexpr, SCALE: tl.constexpr,
+    ZP: tl.constexpr, NORM_MODE: tl.constexpr, IMATRIX: tl.constexpr, HAS_W: tl.constexpr,
+    ROUND_SUM: tl.constexpr,
+):
+    """Errors [BG, SB] of the steps si [SB] over the tile x [BG, BE]: fp32 sums,
+    rounded to DTYPE when ROUND_SUM (a whole group, flavour "mse"). Candidate: rd(base * p_i)."""
+    p = tl.where(smask, _shrink(si, grid32, grid_bits, exact32), 1.0)
+    cmin = quant.rd(bmin[:, None] * p[None, :], DTYPE)
+    cmax = quant.rd(bmax[:, None] * p[None, :], DTYPE)
+    scale, zp = quant.qparams(
+        cmin, cmax, rng, half, qmin, qmax, eps, zlo, zhi, mx_offset,
+        DTYPE, SYM, SCALE, ZP,
+    )
+    x3 = x[:, None, :]
+    dq = quant.fake_quant(x3, scale[:, :, None], zp[:, :, None], qmin, qmax, DTYPE, QTYPE)
+    if IMATRIX:
+        err = quant.abs_pow(tl.abs(dq - x3), norm, NORM_MODE, quant.F32)
+        if HAS_W:
+            err = err * w[:, None, :]
+    else:
+        err = quant.abs_pow(tl.abs(quant.rd(dq - x3, DTYPE)), norm, NORM_MODE, DTYPE)
+    # NaN * 0 would leak from tile slots outside the group: select, not multiply
+    err = tl.where(valid[:, None, :], err, 0.0)
+    err = tl.sum(err, axis=2)
+    if ROUND_SUM:
+        err = quant.rd(err, DTYPE)
+    return err
+
+
+
+@triton.jit
+def _or(a, b):
+    return a | b
+
+
+
+@triton.jit
+def _fake_quant_hw(x, scale, zp, qmin, qmax,
+                   DTYPE: tl.constexpr, SYM: tl.constexpr, QTYPE: tl.constexpr):
+    """quant.fake_quant with the GPU's conversions (FAST only), same roundings.
+
+    Specialisations, exact by the format: symmetric formats have zp == 0, so
+    y + zp and q - zp are y and q (signs of zero aside, which the error's
+    abs() removes). Integer formats of <= 8 bits have |q - zp| <= 255, an
+    integer that bf16 and fp16 hold exactly, so rounding it is skipped.
+    The clamp is min/max, which drops NaN instead of keeping it: y is NaN
+    only where the group's scale is NaN or inf (a non-finite group, or an
+    overflowing range), and then every error of that group is NaN or inf at
+    every step, so it never improves either way.
+    """
+    if DTYPE == quant.BF16:
+        # bf16 x and scale: one reciprocal per group, a product per element,
+        # whose bf16 rounding is the quotient's (quant.quot_bf16_hw's proof)
+        lift, r = quant.recip_hw(scale)
+        y = quant.rd_bf16_pair_hw(quant.quot_bf16_hw(x, lift, r))
+    else:
+        y = quant.rd_hw(tl.math.div_rn(x, scale), DTYPE)
+    if not SYM:
+        y = quant.rd_hw(y + zp, DTYPE)
+    y = tl.minimum(tl.maximum(y, qmin), qmax)
+    if QTYPE == quant.Q_FP8:
+        q = quant.round_fp8e4m3_hw(y)
+    elif QTYPE == quant.Q_FP4:
+        q = quant.round_fp4e2m1(y)
+    else:
+        q = quant.rint_hw(y)
+    if SYM:
+        qz = q
+    elif QTYPE == quant.Q_INT:
+        qz = q - zp
+    else:
+        qz = quant.rd_hw(q - zp, DTYPE)
+    return quant.rd_hw(qz * scale, DTYPE)
+
+
+
+@triton.jit
+def _step_errors(
+    x, valid, w, bmin, bmax, p, tab_ptr,
+    rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm, pw0,
+    DTYPE: tl.constexpr, SYM: tl.constexpr, QTYPE: tl.constexpr, SCALE: tl.constexpr,
+    ZP: tl.constexpr, NORM_MODE: tl.constexpr, IMATRIX: tl.constexpr, HAS_W: tl.constexpr,
+    ROUND_SUM: tl.constexpr, FAST: tl.constexpr,
+):
+    """Errors [BG] of ONE step (shrink p, a scalar) over the tile x [BG, BE]:
+    the same arithmetic as _block_errors on 2-D tiles, so the per-group sums
+    keep the load's layout (each thread adds its own run of a group before
+    any shuffle). FAST: the GPU's conversions (quant.py, GPU arithmetic)."""
+    if FAST:
+        cmin = quant.rd_hw(bmin * p, DTYPE)
+        cmax = quant.rd_hw(bmax * p, DTYPE)
+    else:
+        cmin = quant.rd(bmin * p, DTYPE)
+        cmax = quant.rd(bmax * p, DTYPE)
+    scale, zp = quant.qparams(
+        cmin, cmax, rng, half, qmin, qmax, eps, zlo, zhi, mx_offset,
+        DTYPE, SYM, SCALE, ZP, FAST,
+    )
+    if FAST:
+        dq = _fake_quant_hw(x, scale[:, None], zp[:, None], qmin, qmax, DTYPE, SYM, QTYPE)
+        if IMATRIX:
+            err = quant.abs_pow_hw(tl.abs(dq - x), norm, pw0, tab_ptr, NORM_MODE,
+                                   quant.F32, quant.F32)
+            if HAS_W:
+                err = err * w
+        else:
+            d = tl.abs(quant.rd_hw(dq - x, DTYPE))
+            err = quant.abs_pow_hw(d, norm, pw0, tab_ptr, NORM_MODE, DTYPE, DTYPE)
+    else:
+        dq = quant.fake_quant(x, scale[:, None], zp[:, None], qmin, qmax, DTYPE, QTYPE)
+        if IMATRIX:
+            err = quant.abs_pow(tl.abs(dq - x), norm, NORM_MODE, quant.F32)
+            if HAS_W:
+                err = err * w
+        else:
+            err = quant.abs_pow(tl.abs(quant.rd(dq - x, DTYPE)), norm, NORM_MODE, DTYPE)
+    err = tl.sum(tl.where(valid, err, 0.0), axis=1)
+    if ROUND_SUM:
+        if FAST:
+            err = quant.rd_hw(err, DTYPE)
+        else:
+            err = quant.rd(err, DTYPE)
+    return err
+
+
+
+@triton.jit
+def _improved(err, best, ok):
+    """Improvement bits [BG, SB] of a block of consecutive steps and the new
+    best [BG]: step j improves when err_j < best and err_j < err_k for every
+    earlier k of the block (strict; NaN never improves, nor counts as best)."""
+    SB: tl.constexpr = err.shape[1]
+    e = tl.where(ok & (err == err), err, float("inf"))
+    j = tl.arange(0, SB)
+    earlier = tl.where(j[None, :, None] > j[None, None, :], e[:, None, :], float("inf"))
+    prev = tl.min(earlier, axis=2)
+    imp = (e < best[:, None]) & (e < prev)
+    return imp, tl.minimum(best, tl.min(e, axis=1))
+
+
+
+@triton.jit
+def _importance_norm(wmean_ptr, wcode_ptr, tiny, NORM_W: tl.constexpr):
+    """(divisor, usable) of raw importance (NORM_W): the reference's fp32
+    mean(w) + tiny, the mean being torch's own (one value, computed by the
+    launcher), and whether the verdict at wcode_ptr lets the search use it."""
+    if NORM_W:
+        c = tl.load(wmean_ptr) + tiny
+        ok = tl.load(wcode_ptr) == 0
+    else:
+        c = tiny
+        ok = True
+    return c, ok
+
+
+
+@triton.jit
+def _importance_weights(w, c, ok, NORM_W: tl.constexpr):
+    """Search weights from loaded importance w. NORM_W: w is the raw E[x²]
+    (kernels/importance.py) and the weight is w / c correctly rounded
+    (div_rn), as the reference's fp32 division; 1.0, which leaves every
+    error as it is, where the importance is not usable (``_importance_norm``)."""
+    if NORM_W:
+        w = tl.where(ok, tl.math.div_rn(w, c + tl.zeros_like(w)), 1.0)
+    return w
+
+
+
+@triton.jit
+def _load_group(
+    x_ptr, w_ptr, g, k, group_numel,
+    G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e,
+    PAD: tl.constexpr, HAS_W: tl.constexpr, FAST: tl.constexpr,
+):
+    """Elements k of groups g as an fp32 tile [len(g), len(k)] (k: position in
+    the reference's flattened group, see ``_layout.load_flat``), the importance
+    of each element's input column (HAS_W; else x again), and which slots are
+    group elements (the padding zeros of a partial block are)."""
+    valid = (g < G)[:, None] & (k < group_numel)[None, :]
+    x, col = load_flat(
+        x_ptr, x_ptr, g[:, None], k[None, :], valid,
+        QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, PAD, False,
+    )
+    if FAST:
+        # the GPU's own widening is exact (subnormals too); in the step loop
+        # sm_90a keeps it cheaper than the bit form (int4 g128: 58.3 vs 60.8
+        # SASS per element and step)
+        x = x.to(tl.float32)
+    else:
+        x = widen(x)  # bf16 through its bits: the interpreter's cast gets subnormals wrong
+    if HAS_W:
+        # importance comes only with CHANNEL / GROUP layouts: col < cols, no padding
+        w = tl.load(w_ptr + col, mask=valid, other=0.0)
+    else:
+        w = x
+    return x, w, valid
+
+
+
+@triton.jit
+def _nan_minmax(x, valid):
+    """(amin, amax) over axis 1 of the valid elements, NaN if any is NaN."""
+    ok = valid & (x == x)
+    mn = tl.min(tl.where(ok, x, float("inf")), axis=1)
+    mx = tl.max(tl.where(ok, x, float("-inf")), axis=1)
+    has_nan = tl.max((valid & (x != x)).to(tl.int32), axis=1) > 0
+    mn = tl.where(has_nan, float("nan"), mn)
+    mx = tl.where(has_nan, float("nan"), mx)
+    return mn, mx
