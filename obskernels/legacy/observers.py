@@ -39,7 +39,7 @@ from typing import Any, Dict, Iterable, Optional, Tuple, Union
 
 import torch
 from compressed_tensors import InternalModule
-from compressed_tensors.quantization import QuantizationArgs, QuantizationStrategy as S
+from compressed_tensors.quantization import QuantizationArgs, QuantizationStrategy as Strategy
 from compressed_tensors.quantization.utils import calculate_qparams, generate_gparam
 from compressed_tensors.registry.registry import RegistryMixin
 from torch import Tensor
@@ -85,8 +85,8 @@ def _reduce_layout(observed: Tensor, reduce_dims: Optional[Iterable[int]]):
 def _row_args(args: QuantizationArgs) -> QuantizationArgs:
     """``args`` as a per-row ("channel") search: each row of the (kept,
     reduced) view is one group. TENSOR_GROUP searches without scale_dtype."""
-    update: Dict[str, Any] = {"strategy": S.CHANNEL, "group_size": None, "block_structure": None}
-    if args.strategy == S.TENSOR_GROUP:
+    update: Dict[str, Any] = {"strategy": Strategy.CHANNEL, "group_size": None, "block_structure": None}
+    if args.strategy == Strategy.TENSOR_GROUP:
         update["scale_dtype"] = None
     return args.model_copy(update=update)
 
@@ -147,7 +147,7 @@ class Observer(InternalModule, RegistryMixin):
 
     def get_gparam(self, observed: Tensor) -> Tensor:
         """``calculate_gparam(observed)``; only the TENSOR_GROUP strategy has one."""
-        if self.quantization_args.strategy == S.TENSOR_GROUP:
+        if self.quantization_args.strategy == Strategy.TENSOR_GROUP:
             return self.calculate_gparam(observed)
         raise NotImplementedError(
             f"a global scale exists for strategy 'tensor_group' only, got "
@@ -176,17 +176,17 @@ class Observer(InternalModule, RegistryMixin):
             raise TypeError(f"observed must be a torch.Tensor, got {type(observed).__name__}")
         args = self.quantization_args
         strategy = S(args.strategy)
-        if strategy == S.TENSOR:
+        if strategy == Strategy.TENSOR:
             self._scale, self._zero_point = self.calculate_qparams(observed, global_scale=global_scale)
-        elif strategy in (S.GROUP, S.TENSOR_GROUP):
+        elif strategy in (Strategy.GROUP, Strategy.TENSOR_GROUP):
             self._scale, self._zero_point = self._group_qparams(observed, g_idx, global_scale)
-        elif strategy == S.CHANNEL:
+        elif strategy == Strategy.CHANNEL:
             self._scale, self._zero_point = self.get_qparams_along_dim(observed, 0, global_scale=global_scale)
-        elif strategy == S.TOKEN:
+        elif strategy == Strategy.TOKEN:
             self._scale, self._zero_point = self.get_qparams_along_dim(
                 observed, {0, 1}, global_scale=global_scale
             )
-        elif strategy == S.BLOCK:
+        elif strategy == Strategy.BLOCK:
             self._scale, self._zero_point = self._block_qparams(observed)
         else:
             raise ValueError(f"the older observer API has no strategy {strategy.value!r}")

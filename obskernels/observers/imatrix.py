@@ -23,7 +23,7 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
-from compressed_tensors.quantization import QuantizationStrategy as S
+from compressed_tensors.quantization import QuantizationStrategy as Strategy
 
 from obskernels import ops
 from obskernels.backends import resolve_backend
@@ -40,7 +40,7 @@ from obskernels.spec.search import IMATRIX_DEFAULTS, NVFP4_EXPANDED
 
 __all__ = ["IMatrixMSEObserver", "ImportanceFallbackWarning", "NVFP4ExpandedIMatrixObserver"]
 
-_IMPORTANCE_STRATEGIES = (S.CHANNEL, S.GROUP, S.TENSOR_GROUP)
+_IMPORTANCE_STRATEGIES = (Strategy.CHANNEL, Strategy.GROUP, Strategy.TENSOR_GROUP)
 
 
 _NO_DATA = (ValueError, "no importance data (attach and run a forward first)")
@@ -216,14 +216,14 @@ class IMatrixMSEObserver(SearchKwargsMixin, Observer):
     def _early_fallback(self) -> Optional[tuple]:
         if not self.is_weight_obs:
             return NotImplementedError, "only weight observers use importance"
-        if S(self.args.strategy) == S.TENSOR:
+        if Strategy(self.args.strategy) == Strategy.TENSOR:
             return NotImplementedError, "strategy 'tensor' does not use importance"
         if self._imatrix_sum is None or self._imatrix_count is None:
             return _NO_DATA
         return None
 
     def _late_fallback(self, channels: int, cols: int) -> Optional[tuple]:
-        strategy = S(self.args.strategy)
+        strategy = Strategy(self.args.strategy)
         if strategy not in _IMPORTANCE_STRATEGIES:
             return NotImplementedError, f"strategy {strategy.value!r} does not use importance"
         if channels != cols:
@@ -263,8 +263,8 @@ class IMatrixMSEObserver(SearchKwargsMixin, Observer):
         if not self.is_weight_obs:
             return self._fallback(NotImplementedError, "only weight observers use importance")
         # the order of these checks (and so which one reports) follows llm-compressor
-        strategy = S(self.args.strategy)
-        if strategy == S.TENSOR:
+        strategy = Strategy(self.args.strategy)
+        if strategy == Strategy.TENSOR:
             return self._fallback(NotImplementedError, "strategy 'tensor' does not use importance")
         if self._imatrix_sum is None or self._imatrix_count is None:
             return self._fallback(*_NO_DATA)
