@@ -175,7 +175,7 @@ class Observer(InternalModule, RegistryMixin):
         if not isinstance(observed, Tensor):
             raise TypeError(f"observed must be a torch.Tensor, got {type(observed).__name__}")
         args = self.quantization_args
-        strategy = S(args.strategy)
+        strategy = Strategy(args.strategy)
         if strategy == Strategy.TENSOR:
             self._scale, self._zero_point = self.calculate_qparams(observed, global_scale=global_scale)
         elif strategy in (Strategy.GROUP, Strategy.TENSOR_GROUP):
