@@ -37,6 +37,7 @@ from obskernels.spec.checks import (
     STATUS_FIRST_BAD,
     STATUS_NAN,
     check_combine_args,
+    check_statistics_shape,
 )
 
 __all__ = ["combine_statistics", "CONFIG", "combine_modes"]
@@ -181,11 +182,7 @@ def combine_statistics(value, base_name, args, new_min, new_max, *, held=None,
     """Triton twin of ``reference.stats.combine_statistics``: (min_vals, max_vals)."""
     check_combine_args(new_min, new_max, held, averaging_constant, status)
     layout = group_layout(value, base_name, args, storage_order=False)
-    if tuple(new_min.shape) != tuple(layout.qshape):
-        raise ValueError(
-            f"combine_statistics: new statistics of shape {tuple(new_min.shape)} do not match "
-            f"the value's groups {tuple(layout.qshape)}"
-        )
+    check_statistics_shape(new_min, layout.qshape)
     dtype = new_min.dtype
     mode, a, c = combine_modes(held, averaging_constant)
     out_min, out_max = torch.empty_like(new_min), torch.empty_like(new_max)

@@ -18,7 +18,9 @@ from obskernels.spec.checks import (
     STATUS_NAN,
     check_combine_args,
     check_held,
+    check_statistics_shape,
 )
+from obskernels.spec.layout import group_layout
 
 __all__ = ["combine", "record", "combine_statistics", "moving_average"]
 
@@ -54,6 +56,8 @@ def combine_statistics(value, base_name, args, new_min, new_max, *, held=None,
     """(min_vals, max_vals) to hold: ``new`` combined with ``held``; records
     ``value``'s non-finite elements into ``status``."""
     check_combine_args(new_min, new_max, held, averaging_constant, status)
+    # the flatten checks of the value and its group shape, as the kernels take them
+    check_statistics_shape(new_min, group_layout(value, base_name, args, float64=True).qshape)
     out = combine(new_min, new_max, held, averaging_constant)
     if status is not None:
         record(status, value, new_min, new_max, observation)

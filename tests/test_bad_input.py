@@ -295,6 +295,41 @@ def test_accumulate_sq_errors_are_the_same_on_every_backend():
         assert results["triton"] == results["reference"], name
 
 
+# combine_statistics: (value, base_name, args, new_min, new_max) -> error
+COMBINE_ERRORS = [
+    ("stats-of-another-shape", lambda: (torch.randn(8, 64), "weight", qargs("group", group_size=16),
+                                        torch.zeros(8, 2), torch.ones(8, 2)),
+     ValueError, r"new statistics of shape \(8, 2\) do not match the value's groups \(8, 4\)"),
+    ("bad-base-name", lambda: (torch.randn(8, 64), "bias", qargs(), torch.zeros(8, 1), torch.ones(8, 1)),
+     ValueError, r"base_name must be one of"),
+    ("weight-3d", lambda: (torch.randn(2, 8, 64), "weight", qargs(), torch.zeros(8, 1), torch.ones(8, 1)),
+     ValueError, r"value of a weight must be 2-D"),
+    ("group-not-dividing", lambda: (torch.randn(8, 10), "weight", qargs("group", group_size=4),
+                                    torch.zeros(8, 2), torch.ones(8, 2)),
+     ValueError, r"value has 10 columns, not divisible by group_size 4"),
+]
+
+
+@pytest.mark.parametrize("row", COMBINE_ERRORS, ids=[r[0] for r in COMBINE_ERRORS])
+def test_combine_statistics_rejects(backend, row):
+    # the statistics must be the value's: the same flatten checks and group
+    # shape as min_max, on every backend
+    _, make, error, match = row
+    with pytest.raises(error, match=match):
+        ops.combine_statistics(*make())
+
+
+def test_combine_statistics_errors_are_the_same_on_every_backend():
+    if triton_unavailable_reason(None) is not None:
+        pytest.skip(f"triton backend unavailable: {triton_unavailable_reason(None)}")
+    for name, make, _, _ in COMBINE_ERRORS:
+        results = {}
+        for b in ("reference", "triton"):
+            with use_backend(b):
+                results[b] = outcome(lambda: ops.combine_statistics(*make()))
+        assert results["triton"] == results["reference"], name
+
+
 def test_accumulate_sq_x_on_meta(backend):
     x, s, c = torch.randn(4, 8, device="meta"), torch.zeros(8), count()
     if backend == "triton":

@@ -67,6 +67,7 @@ __all__ = [
     "check_importance_status",
     "check_importance_args",
     "check_combine_args",
+    "check_statistics_shape",
     "HeldStatisticsError",
 ]
 
@@ -473,6 +474,15 @@ def check_combine_args(new_min, new_max, held, averaging_constant, status) -> No
         check_held(held, new_min.shape, new_min.dtype, new_min.device)
     check_averaging(averaging_constant)
     check_status(status)
+
+
+def check_statistics_shape(new_min, qshape) -> None:
+    """``combine_statistics``: the new statistics have one entry per group of the value."""
+    if tuple(new_min.shape) != tuple(qshape):
+        raise ValueError(
+            f"combine_statistics: new statistics of shape {tuple(new_min.shape)} do not match "
+            f"the value's groups {tuple(qshape)}"
+        )
 
 
 def check_importance_status(importance, importance_status) -> None:

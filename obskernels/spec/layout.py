@@ -180,19 +180,24 @@ def _whole(value: torch.Tensor, dims: list[tuple[int, int]], qshape, flat_shape,
     )
 
 
-def group_layout(value, base_name, args, g_idx=None, *, storage_order=True) -> GroupLayout:
+def group_layout(value, base_name, args, g_idx=None, *, storage_order=True,
+                 float64: bool = False) -> GroupLayout:
     """The layout of ``flatten_for_calibration(value, base_name, args, g_idx)``.
 
     Runs the checks of obskernels.spec that the reference runs, in the same
     order, so bad input raises the same ValueError / TypeError on both backends
     before anything launches.
-    The value must be non-empty (callers hand empty values to the reference).
+    For an empty value only the shapes mean something (the kernels launch
+    nothing for it: obskernels.ops hands it to the reference).
 
     storage_order: for whole-value reductions (a single group reduced over
     every element), visit elements in memory order instead of the reference's
     flattened order. Order-insensitive reductions (min/max) want True.
+    float64: whether the caller computes float64 values (the reference, which
+    takes only the group shape from a layout); otherwise they raise
+    KernelUnsupportedError after the other checks (``check_value``).
     """
-    base_name, strategy = check_flatten(value, base_name, args, g_idx)
+    base_name, strategy = check_flatten(value, base_name, args, g_idx, float64=float64)
     shape, strides = tuple(value.shape), tuple(value.stride())
 
     if base_name == WEIGHT:
