@@ -1,7 +1,10 @@
 """Fused Triton kernels for the observer operations.
 
-One launcher per operation, each with the signature of its twin in
-obskernels.reference. The rules both share (checks, errors, the search's
+One launcher per operation, each taking the checked call of
+``obskernels.spec.calls`` that its twin in obskernels.reference takes; it
+checks no input (the front checked the call once) and raises
+KernelUnsupportedError only for valid input it does not cover (float64
+values, a few formats). The rules both share (checks, errors, the search's
 step rule, the group layout) come from obskernels.spec; this package never
 imports the reference nor the front. Importing it requires triton; obskernels
 imports it only when the triton backend is used.

@@ -11,9 +11,10 @@ index k = r * E + e per element instead (mse_search walks groups that way).
 ``widen`` and ``store_exact`` move values between the value's dtype and fp32
 exactly on both a GPU and the interpreter (bf16 through its bits); every
 kernel that loads or stores values in the value's dtype goes through them.
-Every launcher (min_max, flatten, mse_search) gets its layout (and with it
-the checks of obskernels.spec) from ``group_layout``; ``LaunchConfig`` and
-the block / split helpers below are the launchers' shared host-side policy.
+Every launcher (min_max, flatten, mse_search, combine_statistics) derives
+its layout from the call's checked ``Flattening`` with ``group_layout``;
+``LaunchConfig`` and the block / split helpers below are the launchers'
+shared host-side policy.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ __all__ = [
     "LaunchConfig",
     "launch_config",
     "current_config",
-    "device_guard",
+    "on_device",
+    "check_kernel_dtype",
     "check_launchable",
     "group_layout",
     "choose_blocks",
@@ -137,28 +139,30 @@ def _device_context(device: torch.device):
     return contextlib.nullcontext()
 
 
-def device_guard(value: torch.Tensor, **others):
-    """Context for launching kernels on ``value``'s device.
-
-    ``others`` (name=tensor or None) are the call's other tensors (importance,
-    g_idx, buffers): one on another device is a ValueError naming it, not a
-    kernel reading another GPU's memory. The launch itself then runs with
-    ``value.device`` current, whatever device the caller had current.
-    """
-    for name, t in others.items():
-        if isinstance(t, torch.Tensor) and t.device != value.device:
-            raise ValueError(
-                f"{name} is on {t.device} but the value is on {value.device}: "
-                "every tensor of a call must be on the value's device"
-            )
+def on_device(value: torch.Tensor):
+    """Context for launching kernels on ``value``'s device: the launch runs
+    with ``value.device`` current, whatever device the caller had current.
+    (That every tensor of the call is on that device was checked with the
+    call, in obskernels.spec.calls.)"""
     return _device_context(value.device)
 
 
-def check_launchable(value, op: str) -> None:
+def check_kernel_dtype(value: torch.Tensor, name: str = "value") -> None:
+    """KernelUnsupportedError for a float64 value: valid input (the reference
+    computes it, as llm-compressor does) that the kernels do not cover."""
+    if value.dtype == torch.float64:
+        # a constant message: the "auto" fallback logs it once per operation
+        raise KernelUnsupportedError(
+            f"{name} dtype float64 (the triton kernels cover float32, float16 and "
+            "bfloat16; the reference backend computes float64)"
+        )
+
+
+def check_launchable(value: torch.Tensor, op: str) -> None:
     """An empty value has nothing to launch (nor a layout to describe): the
-    front (obskernels.ops) computes it with the reference; called here directly
-    it is a KernelUnsupportedError."""
-    if isinstance(value, torch.Tensor) and value.numel() == 0:
+    front (obskernels.ops) computes it with the reference on every backend;
+    called here directly it is a KernelUnsupportedError."""
+    if value.numel() == 0:
         raise KernelUnsupportedError(
             f"{op}: an empty value (shape {tuple(value.shape)}) has nothing to launch; "
             "obskernels.ops computes it with the reference"

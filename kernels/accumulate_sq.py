@@ -25,14 +25,14 @@ from obskernels.kernels._layout import (
     choose_split,
     coalesce,
     current_config,
-    device_guard,
     finish_blocks,
     num_warps_for,
+    on_device,
     pow2_at_most,
     row_offsets,
     widen,
 )
-from obskernels.spec.checks import check_accumulate_args
+from obskernels.spec.calls import AccumulateCall
 
 __all__ = ["accumulate_sq", "CONFIG"]
 
@@ -105,12 +105,12 @@ def _sum_sq_finish_kernel(
         tl.store(count_ptr, tl.load(count_ptr) + NT)
 
 
-def accumulate_sq(x, sum_buf, count_buf):
+def accumulate_sq(call: AccumulateCall):
     """sum_buf += sum over tokens of x**2 (fp32); count_buf += tokens. In place.
 
-    Same signature, checks and result (to fp32 rounding) as the reference.
+    The reference's result for the same call, to fp32 rounding.
     """
-    check_accumulate_args(x, sum_buf, count_buf)
+    x, sum_buf, count_buf = call.x, call.sum_buf, call.count_buf
     check_launchable(x, "accumulate_sq")
     H, sh = x.shape[-1], x.stride(-1)
     token_dims = coalesce(list(zip(x.shape[:-1], x.stride()[:-1])))
@@ -136,7 +136,7 @@ def accumulate_sq(x, sum_buf, count_buf):
     split, tokens_per_split = choose_split(NT, BT, BH, n_h, x.device, config)
 
     rows = (H, sh, NT, R1, R2, sr0, sr1, sr2, tokens_per_split)
-    with device_guard(x, sum_buf=sum_buf, count_buf=count_buf):
+    with on_device(x):
         _launch(x, sum_buf, count_buf, rows, n_h, split, BT, BH, config)
     return None
 

@@ -19,17 +19,19 @@ from compressed_tensors.quantization import QuantizationStrategy
 
 from obskernels.kernels._layout import (
     LaunchConfig,
+    check_kernel_dtype,
     check_launchable,
     choose_blocks,
     current_config,
-    device_guard,
     group_coords,
     group_layout,
     load_tile,
     num_warps_for,
+    on_device,
     row_offsets,
 )
-from obskernels.spec.checks import ATTENTION, strategy_of
+from obskernels.spec.checks import ATTENTION
+from obskernels.spec.layout import Flattening
 
 __all__ = ["flatten_for_calibration", "CONFIG"]
 
@@ -62,27 +64,28 @@ def _flatten_kernel(
         tl.store(out_ptr + out_base + e, x, mask=in_group)
 
 
-def flatten_for_calibration(value, base_name, args, g_idx=None):
-    """Same signature, checks and result as the reference's flatten_for_calibration.
+def flatten_for_calibration(flat: Flattening):
+    """The result of the reference's flatten_for_calibration for the same call.
 
     BLOCK and g_idx layouts come back as new contiguous tensors written by the
     kernel; every other strategy returns the reference's view.
     """
+    value = flat.value
+    check_kernel_dtype(value)
     check_launchable(value, "flatten_for_calibration")
-    layout = group_layout(value, base_name, args, g_idx)  # raises what the reference raises
-    strategy = strategy_of(args)
-    if not (strategy == QuantizationStrategy.BLOCK or layout.gather):
+    layout = group_layout(flat)
+    if not (flat.strategy == QuantizationStrategy.BLOCK or layout.gather):
         # a view: the flattened order is the value's logical order (attention's
         # with heads behind tokens); TOKEN keeps the value as it is
-        if strategy == QuantizationStrategy.TOKEN:
+        if flat.strategy == QuantizationStrategy.TOKEN:
             return value
-        src = value.transpose(1, 2) if base_name in ATTENTION else value
+        src = value.transpose(1, 2) if flat.base_name in ATTENTION else value
         return src.reshape(layout.flat_shape)
     out = torch.empty(layout.flat_shape, dtype=value.dtype, device=value.device)
     Q, NR, E = layout.num_groups, layout.num_rows, layout.elems
     BQ, BR, BE = choose_blocks((Q, NR, E), layout.axis_strides(), current_config(CONFIG).tile)
     perm = layout.perm if layout.gather else value  # unread unless GATHER
-    with device_guard(value, g_idx=g_idx, perm=layout.perm):
+    with on_device(value):
         _flatten_kernel[(triton.cdiv(Q, BQ), triton.cdiv(NR, BR))](
             value, perm, out, *layout.scalar_args(),
             BLOCK_Q=BQ, BLOCK_R=BR, BLOCK_E=BE, PAD=layout.pad, GATHER=layout.gather,

@@ -18,7 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from obskernels.kernels._layout import device_guard
+from obskernels.kernels._layout import on_device
+from obskernels.spec.calls import ImportanceCall
 from obskernels.spec.checks import (
     IMPORTANCE_NEGATIVE,
     IMPORTANCE_NO_DATA,
@@ -26,7 +27,6 @@ from obskernels.spec.checks import (
     IMPORTANCE_OK,
     IMPORTANCE_ZEROS,
     STATUS_IMPORTANCE,
-    check_importance_args,
 )
 
 __all__ = ["importance"]
@@ -66,12 +66,12 @@ def _importance_kernel(sum_ptr, count_ptr, imp_ptr, status_ptr, H, sh, BLOCK: tl
     tl.store(status_ptr + _SLOT + one, verdict.to(tl.int64))
 
 
-def importance(sum_buf, count_buf, status):
+def importance(call: ImportanceCall):
     """Triton twin of ``reference.importance``: (imp, with the verdict written
     into ``status``)."""
-    check_importance_args(sum_buf, count_buf, status)
+    sum_buf, count_buf, status = call.sum_buf, call.count_buf, call.status
     imp = torch.empty(sum_buf.shape, dtype=torch.float32, device=sum_buf.device)
-    with device_guard(sum_buf, count_buf=count_buf, status=status):
+    with on_device(sum_buf):
         _importance_kernel[(1,)](sum_buf, count_buf, imp, status, sum_buf.numel(),
                                  sum_buf.stride(0), BLOCK=_BLOCK)
     return imp

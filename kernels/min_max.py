@@ -21,23 +21,24 @@ import triton.language as tl
 
 from obskernels.kernels._layout import (
     LaunchConfig,
+    check_kernel_dtype,
     check_launchable,
     choose_blocks,
     choose_split,
     current_config,
-    device_guard,
     finish_blocks,
     group_coords,
     group_layout,
     load_tile,
     num_warps_for,
+    on_device,
     row_offsets,
     store_exact,
     widen,
 )
 from obskernels.kernels import stats as ST
 from obskernels.kernels.quant import DTYPE_CODE
-from obskernels.spec.checks import check_averaging, check_held, check_status
+from obskernels.spec.calls import MinMaxCall
 
 __all__ = ["min_max", "CONFIG"]
 
@@ -192,21 +193,18 @@ def _warps(tile_elems: int, record: bool = False) -> int:
     return max(8 if record else 4, min(16, tile_elems // 256))
 
 
-def min_max(value, base_name, args, g_idx=None, *, held=None, averaging_constant=None,
-            status=None, observation=0):
+def min_max(call: MinMaxCall):
     """(min_vals, max_vals) per group, shaped like the qparams, in value's dtype.
 
-    Same signature, checks and results as ``obskernels.reference.min_max``;
+    The results of ``obskernels.reference.min_max`` for the same call;
     ``held`` / ``averaging_constant`` / ``status`` run the epilogue of
     kernels/stats.py in the same launch.
     """
+    value, held, status = call.flat.value, call.held, call.status
+    check_kernel_dtype(value)
     check_launchable(value, "min_max")
-    layout = group_layout(value, base_name, args, g_idx)
-    check_averaging(averaging_constant)
-    check_status(status)
-    if held is not None:
-        check_held(held, layout.qshape, value.dtype, value.device)
-    mode, avg_a, avg_c = ST.combine_modes(held, averaging_constant)
+    layout = group_layout(call.flat)
+    mode, avg_a, avg_c = ST.combine_modes(held, call.averaging_constant)
     bits16 = held is not None and value.dtype == torch.bfloat16
     config = current_config(CONFIG)
     Q, NR, E = layout.num_groups, layout.num_rows, layout.elems
@@ -228,13 +226,12 @@ def min_max(value, base_name, args, g_idx=None, *, held=None, averaging_constant
 
     held_min, held_max = held if held is not None else (mins, maxs)  # unread without held
     epilogue = dict(MODE=mode, DTYPE=DTYPE_CODE[value.dtype], BITS16=bits16)
-    with device_guard(value, g_idx=g_idx, perm=layout.perm, held_min=held_min,
-                      held_max=held_max, status=status):
+    with on_device(value):
         _min_max_kernel[(n_q, split)](
             value, perm, bits(pmin) if split == 1 else pmin, bits(pmax) if split == 1 else pmax,
             *layout.scalar_args(), rows_per_split,
             bits(held_min), bits(held_max), status if status is not None else pmin,
-            avg_a, avg_c, observation,
+            avg_a, avg_c, call.observation,
             BLOCK_Q=BQ, BLOCK_R=BR, BLOCK_E=BE, PAD=layout.pad, GATHER=layout.gather,
             RECORD=status is not None, num_warps=_warps(BQ * BR * BE, status is not None),
             **(epilogue if split == 1 else dict(MODE=ST.MODE_REPLACE.value,

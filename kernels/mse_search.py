@@ -51,8 +51,8 @@ round-half-even, a MUFU pow checked against rounding boundaries with torch's
 own pow as the fallback table); the interpreter keeps the exact emulation,
 and the tests compile both. One step per iteration on a GPU, 2-D tiles.
 
-Importance: given normalised (a user's per-column weights), its values are
-checked on the host (one read). Given raw with ``importance_status`` (the
+Importance: given normalised (a user's per-column weights), its values were
+checked with the call (obskernels.spec.calls: one read). Given raw with ``importance_status`` (the
 imatrix observer: ``ops.importance``'s sum / count, whose verdict lies in that
 record on the device), nothing is read: the launcher takes torch's own mean
 of it (one aten op; the reference divides by that mean, and a kernel's own
@@ -72,7 +72,6 @@ shrink factor is computed by the kernels (``_shrink``).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import os
@@ -87,21 +86,23 @@ from compressed_tensors.quantization.utils.mxfp_utils import should_generate_mx_
 from obskernels.kernels import quant
 from obskernels.kernels._layout import (
     LaunchConfig,
+    check_kernel_dtype,
+    check_launchable,
     choose_split,
     current_config,
-    device_guard,
-    check_launchable,
     group_layout,
     num_warps_for,
+    on_device,
     pow2_at_most,
 )
 from obskernels.kernels.mse_search_details._choose import _choose_kernel
 from obskernels.kernels.mse_search_details._register import _search_kernel
 from obskernels.kernels.mse_search_details._split import _minmax_part_kernel, _search_part_kernel
 from obskernels.kernels.mse_search_details._step import _shrink  # noqa: F401 - the step rule, tested
-from obskernels.spec.checks import STATUS_IMPORTANCE, check_importance_status, check_importance_target
+from obskernels.spec.calls import SearchCall
+from obskernels.spec.checks import STATUS_IMPORTANCE
 from obskernels.spec.errors import KernelUnsupportedError
-from obskernels.spec.search import check_search_params, num_steps, search_args
+from obskernels.spec.search import search_args
 
 __all__ = ["mse_search", "CONFIG"]
 
@@ -239,43 +240,22 @@ def _format(args, dtype):
     )
 
 
-def mse_search(
-    value,
-    base_name,
-    args,
-    *,
-    maxshrink,
-    patience,
-    grid,
-    norm,
-    expand=1.0,
-    importance=None,
-    flavour="mse",
-    importance_status=None,
-):
+def mse_search(call: SearchCall):
     """Triton twin of ``reference.mse_search`` (docs/spec.md §4); returns (min_vals, max_vals)."""
-    # launches on value's device (the checks inside name a misplaced importance)
-    guard = device_guard(value) if isinstance(value, torch.Tensor) else contextlib.nullcontext()
-    with guard:
-        return _mse_search(
-            value, base_name, args, maxshrink=maxshrink, patience=patience, grid=grid,
-            norm=norm, expand=expand, importance=importance, flavour=flavour,
-            importance_status=importance_status,
-        )
-
-
-def _mse_search(value, base_name, args, *, maxshrink, patience, grid, norm, expand,
-                importance, flavour, importance_status):
-    check_search_params(maxshrink, patience, grid, norm, expand, flavour)
-    check_importance_status(importance, importance_status)
+    value = call.flat.value
+    check_kernel_dtype(value)
     check_launchable(value, "mse_search")
-    # the flatten checks, in the reference's order; elements in its flattened order
-    layout = group_layout(value, base_name, args, storage_order=False)
-    if importance is not None:
-        # raw importance (importance_status) is judged by its verdict on the
-        # device, not read here: shape, dtype and device only
-        check_importance_target(importance, value, base_name, args,
-                                values=importance_status is None)
+    with on_device(value):
+        return _mse_search(call)
+
+
+def _mse_search(call: SearchCall):
+    flat, params, importance, importance_status = (
+        call.flat, call.params, call.importance, call.importance_status)
+    value, args = flat.value, flat.args
+    norm, grid, flavour = params.norm, params.grid, params.flavour
+    # elements in the reference's flattened order
+    layout = group_layout(flat, storage_order=False)
 
     dtype = value.dtype
     qparam_args, _ = search_args(args)
@@ -291,7 +271,7 @@ def _mse_search(value, base_name, args, *, maxshrink, patience, grid, norm, expa
     wcode = importance_status[STATUS_IMPORTANCE:] if norm_w else w
     wargs = (w, wmean, wcode, _TINY)
 
-    n_steps = num_steps(maxshrink, grid, flavour)
+    n_steps = params.steps
     dev = value.device
     # the kernels compute step i's p = fp32(1 - i / grid) themselves (_shrink):
     # no table to build on the host and copy to the device
@@ -302,6 +282,7 @@ def _mse_search(value, base_name, args, *, maxshrink, patience, grid, norm, expa
     )
     err_dtype = torch.float32 if imatrix else dtype
     best_init = float(torch.finfo(err_dtype).max)
+    patience = params.patience
     if imatrix:
         patience_eff = patience if patience > 0 else n_steps + 1
         norm_run = quant.round_host(norm, torch.float32)
@@ -373,7 +354,7 @@ def _mse_search(value, base_name, args, *, maxshrink, patience, grid, norm, expa
         flags = torch.empty((programs, max(n_words, 1)), dtype=torch.int32, device=dev)
         _search_kernel[(programs,)](
             value, *wargs, tab, *steps, bits, flags, base, *geometry,
-            n_steps, n_words, float(expand), best_init, **consts, pw0=pw0, **switches,
+            n_steps, n_words, float(params.expand), best_init, **consts, pw0=pw0, **switches,
             FAST=fast, BLOCK_G=block_g, BLOCK_E=block_e, BLOCK_S=steps_block, BLOCK_J=block_j,
             num_warps=warps, **launch,
         )
@@ -420,7 +401,7 @@ def _mse_search(value, base_name, args, *, maxshrink, patience, grid, norm, expa
     part = torch.empty((G, K, max(n_steps, 1)), dtype=torch.float32, device=dev)
     _search_part_kernel[(row_programs, K)](
         value, *wargs, tab, *steps, mm, part, base, tickets, bits, flags, out_min, out_max,
-        *geometry, K, cps * rows, n_steps, n_words, patience_eff, float(expand), best_init,
+        *geometry, K, cps * rows, n_steps, n_words, patience_eff, float(params.expand), best_init,
         **consts, pw0=pw0, **switches, FAST=fast, ROWS=rows, BLOCK_E=chunk // rows,
         BLOCK_K=block_k,
         BLOCK_KF=min(64, block_k), BLOCK_S=block_s, BLOCK_SB=steps_block,

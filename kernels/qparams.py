@@ -37,9 +37,10 @@ from compressed_tensors.quantization.quant_args import FP4_E2M1_DATA, FP8_E4M3_D
 from compressed_tensors.quantization.utils.mxfp_utils import should_generate_mx_scales
 
 from obskernels.kernels import quant
-from obskernels.kernels._layout import LaunchConfig, current_config, device_guard, pow2_at_most
+from obskernels.kernels._layout import LaunchConfig, current_config, on_device, pow2_at_most
 from obskernels.kernels.stats import load_stat
-from obskernels.spec.checks import FLOAT_DTYPES, STATUS_FIRST_BAD, STATUS_INIT, check_qparams_args
+from obskernels.spec.calls import QParamsCall
+from obskernels.spec.checks import FLOAT_DTYPES, STATUS_FIRST_BAD, STATUS_INIT
 from obskernels.spec.errors import KernelUnsupportedError
 
 __all__ = ["calculate_qparams", "CONFIG"]
@@ -339,11 +340,12 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint16) if t.dtype == torch.bfloat16 else t
 
 
-def calculate_qparams(min_vals, max_vals, args, global_scale=None, *, fused=None, widen=False,
-                      carry=None):
+def calculate_qparams(call: QParamsCall):
     """Triton twin of ``reference.qparams.calculate_qparams``: returns
     (scale, zero_point, global_scale, status), bit-identical."""
-    check_qparams_args(min_vals, max_vals, args, global_scale, fused, carry)
+    min_vals, max_vals, args, global_scale, fused, widen, carry = (
+        call.min_vals, call.max_vals, call.args, call.global_scale, call.fused, call.widen,
+        call.carry)
     dtype, dev = min_vals.dtype, min_vals.device
     if dtype not in FLOAT_DTYPES:
         raise KernelUnsupportedError(
@@ -380,9 +382,7 @@ def calculate_qparams(min_vals, max_vals, args, global_scale=None, *, fused=None
 
     parts = gs_out = status  # unread placeholders
     n_parts = 0
-    fused_tensors = {f"fused[{i}]": t for i, pair in enumerate(pairs) for t in pair}
-    with device_guard(min_vals, max_vals=max_vals, global_scale=global_scale, carry=carry,
-                      **fused_tensors):
+    with on_device(min_vals):
         if gs_mode == GS_FUSED.value:
             counts = []
             for mn, _ in pairs:

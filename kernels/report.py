@@ -125,6 +125,11 @@ def cases() -> List[Case]:
     import torch
     from compressed_tensors.quantization import QuantizationArgs as QA
 
+    from obskernels.spec import calls
+
+    def checked(launcher, *args, **kwargs):  # a launcher takes its call checked
+        return launcher(getattr(calls, launcher.__name__)(*args, **kwargs))
+
     bf, f16, f32 = torch.bfloat16, torch.float16, torch.float32
 
     def w(*shape, dtype=bf):  # nothing reads the values: no launch runs
@@ -140,31 +145,31 @@ def cases() -> List[Case]:
     imp = torch.rand(4096, generator=torch.Generator().manual_seed(0)) + 0.5
     C = lambda *a, **k: Case(*a, **k)  # noqa: E731
     out = [
-        C("weight int4 g128", "min_max", lambda m: m.min_max(w(*W), "weight", g128)),
-        C("weight tensor (split)", "min_max", lambda m: m.min_max(w(*W), "weight", QA(num_bits=8, strategy="tensor"))),
-        C("weight channel fp16", "min_max", lambda m: m.min_max(w(*W, dtype=f16), "weight", QA(num_bits=8, strategy="channel"))),
-        C("weight g_idx g128", "min_max", lambda m: m.min_max(w(*W), "weight", g128, g_idx=g_idx)),
-        C("weight block 128 partial (pad)", "min_max", lambda m: m.min_max(w(4000, 4000), "weight", QA(num_bits=8, type="float", strategy="block", block_structure=[128, 128]))),
-        C("weight block 8x16 partial fp32 (pad)", "min_max", lambda m: m.min_max(w(4097, 4095, dtype=f32), "weight", QA(num_bits=8, strategy="block", block_structure=[8, 16]))),
-        C("weight block 128 transposed (pad)", "min_max", lambda m: m.min_max(w(4000, 4000).t(), "weight", QA(num_bits=8, type="float", strategy="block", block_structure=[128, 128]))),
-        C("act token", "min_max", lambda m: m.min_max(w(4, 2048, 4096), "input", QA(num_bits=8, strategy="token", dynamic=True))),
-        C("attn_head q", "min_max", lambda m: m.min_max(w(1, 2048, 32, 128).transpose(1, 2), "q", QA(num_bits=8, strategy="attn_head"))),
-        C("block 128 partial (pad)", "flatten", lambda m: m.flatten_for_calibration(w(4000, 4000), "weight", QA(num_bits=8, type="float", strategy="block", block_structure=[128, 128]))),
-        C("g_idx g128", "flatten", lambda m: m.flatten_for_calibration(w(*W), "weight", g128, g_idx=g_idx)),
-        C("act (1, 7, 4096) add", "accumulate_sq", lambda m: m.accumulate_sq(w(1, 7, 4096), torch.zeros(4096), torch.zeros(1, dtype=torch.int64))),
-        C("act (8, 2048, 4096) split", "accumulate_sq", lambda m: m.accumulate_sq(w(8, 2048, 4096), torch.zeros(4096), torch.zeros(1, dtype=torch.int64))),
-        C("int4 g128 sym norm 2.4", "mse_search", lambda m: m.mse_search(w(*W), "weight", g128, **mse)),
-        C("int4 g128 asym norm 2.4", "mse_search", lambda m: m.mse_search(w(*W), "weight", QA(num_bits=4, symmetric=False, strategy="group", group_size=128), **mse)),
-        C("int4 g128 norm 2", "mse_search", lambda m: m.mse_search(w(*W), "weight", g128, **dict(mse, norm=2.0))),
-        C("nvfp4 g16 (expanded)", "mse_search", lambda m: m.mse_search(w(*W), "weight", QA(strategy="tensor_group", group_size=16, **nvfp4), **nvx)),
-        C("imatrix int4 g128", "mse_search", lambda m: m.mse_search(w(*W), "weight", g128, importance=imp, **imx)),
-        C("int8 channel norm 2.4", "mse_search", lambda m: m.mse_search(w(*W), "weight", QA(num_bits=8, strategy="channel"), **mse)),
-        C("fp8 block 128 (split)", "mse_search", lambda m: m.mse_search(w(*W), "weight", QA(num_bits=8, type="float", strategy="block", block_structure=[128, 128]), **mse)),
-        C("fp8 block 128 partial (split, pad)", "mse_search", lambda m: m.mse_search(w(4000, 4000), "weight", QA(num_bits=8, type="float", strategy="block", block_structure=[128, 128]), **mse)),
-        C("int8 block 4 partial (pad)", "mse_search", lambda m: m.mse_search(w(10, 10), "weight", QA(num_bits=8, strategy="block", block_structure=[4, 4]), **mse)),
-        C("fp8 asym channel fp16 norm 2", "mse_search", lambda m: m.mse_search(w(*W, dtype=f16), "weight", QA(num_bits=8, type="float", symmetric=False, strategy="channel"), **dict(mse, norm=2.0))),
-        C("mxfp4 g32 fp32 norm 0.5", "mse_search", lambda m: m.mse_search(w(*W, dtype=f32), "weight", QA(num_bits=4, type="float", symmetric=True, strategy="group", group_size=32, scale_dtype=torch.uint8), **dict(mse, norm=0.5))),
-        C("imatrix int8 channel 16384 (split)", "mse_search", lambda m: m.mse_search(w(512, 16384, dtype=f16), "weight", QA(num_bits=8, strategy="channel"), importance=torch.rand(16384) + 0.5, **imx)),
+        C("weight int4 g128", "min_max", lambda m: checked(m.min_max, w(*W), "weight", g128)),
+        C("weight tensor (split)", "min_max", lambda m: checked(m.min_max, w(*W), "weight", QA(num_bits=8, strategy="tensor"))),
+        C("weight channel fp16", "min_max", lambda m: checked(m.min_max, w(*W, dtype=f16), "weight", QA(num_bits=8, strategy="channel"))),
+        C("weight g_idx g128", "min_max", lambda m: checked(m.min_max, w(*W), "weight", g128, g_idx=g_idx)),
+        C("weight block 128 partial (pad)", "min_max", lambda m: checked(m.min_max, w(4000, 4000), "weight", QA(num_bits=8, type="float", strategy="block", block_structure=[128, 128]))),
+        C("weight block 8x16 partial fp32 (pad)", "min_max", lambda m: checked(m.min_max, w(4097, 4095, dtype=f32), "weight", QA(num_bits=8, strategy="block", block_structure=[8, 16]))),
+        C("weight block 128 transposed (pad)", "min_max", lambda m: checked(m.min_max, w(4000, 4000).t(), "weight", QA(num_bits=8, type="float", strategy="block", block_structure=[128, 128]))),
+        C("act token", "min_max", lambda m: checked(m.min_max, w(4, 2048, 4096), "input", QA(num_bits=8, strategy="token", dynamic=True))),
+        C("attn_head q", "min_max", lambda m: checked(m.min_max, w(1, 2048, 32, 128).transpose(1, 2), "q", QA(num_bits=8, strategy="attn_head"))),
+        C("block 128 partial (pad)", "flatten", lambda m: checked(m.flatten_for_calibration, w(4000, 4000), "weight", QA(num_bits=8, type="float", strategy="block", block_structure=[128, 128]))),
+        C("g_idx g128", "flatten", lambda m: checked(m.flatten_for_calibration, w(*W), "weight", g128, g_idx=g_idx)),
+        C("act (1, 7, 4096) add", "accumulate_sq", lambda m: checked(m.accumulate_sq, w(1, 7, 4096), torch.zeros(4096), torch.zeros(1, dtype=torch.int64))),
+        C("act (8, 2048, 4096) split", "accumulate_sq", lambda m: checked(m.accumulate_sq, w(8, 2048, 4096), torch.zeros(4096), torch.zeros(1, dtype=torch.int64))),
+        C("int4 g128 sym norm 2.4", "mse_search", lambda m: checked(m.mse_search, w(*W), "weight", g128, **mse)),
+        C("int4 g128 asym norm 2.4", "mse_search", lambda m: checked(m.mse_search, w(*W), "weight", QA(num_bits=4, symmetric=False, strategy="group", group_size=128), **mse)),
+        C("int4 g128 norm 2", "mse_search", lambda m: checked(m.mse_search, w(*W), "weight", g128, **dict(mse, norm=2.0))),
+        C("nvfp4 g16 (expanded)", "mse_search", lambda m: checked(m.mse_search, w(*W), "weight", QA(strategy="tensor_group", group_size=16, **nvfp4), **nvx)),
+        C("imatrix int4 g128", "mse_search", lambda m: checked(m.mse_search, w(*W), "weight", g128, importance=imp, **imx)),
+        C("int8 channel norm 2.4", "mse_search", lambda m: checked(m.mse_search, w(*W), "weight", QA(num_bits=8, strategy="channel"), **mse)),
+        C("fp8 block 128 (split)", "mse_search", lambda m: checked(m.mse_search, w(*W), "weight", QA(num_bits=8, type="float", strategy="block", block_structure=[128, 128]), **mse)),
+        C("fp8 block 128 partial (split, pad)", "mse_search", lambda m: checked(m.mse_search, w(4000, 4000), "weight", QA(num_bits=8, type="float", strategy="block", block_structure=[128, 128]), **mse)),
+        C("int8 block 4 partial (pad)", "mse_search", lambda m: checked(m.mse_search, w(10, 10), "weight", QA(num_bits=8, strategy="block", block_structure=[4, 4]), **mse)),
+        C("fp8 asym channel fp16 norm 2", "mse_search", lambda m: checked(m.mse_search, w(*W, dtype=f16), "weight", QA(num_bits=8, type="float", symmetric=False, strategy="channel"), **dict(mse, norm=2.0))),
+        C("mxfp4 g32 fp32 norm 0.5", "mse_search", lambda m: checked(m.mse_search, w(*W, dtype=f32), "weight", QA(num_bits=4, type="float", symmetric=True, strategy="group", group_size=32, scale_dtype=torch.uint8), **dict(mse, norm=0.5))),
+        C("imatrix int8 channel 16384 (split)", "mse_search", lambda m: checked(m.mse_search, w(512, 16384, dtype=f16), "weight", QA(num_bits=8, strategy="channel"), importance=torch.rand(16384) + 0.5, **imx)),
     ]
     # qparams (every mode switch: formats, scale_dtype, global scale, widen,
     # carry) and the statistics epilogues (min_max's and combine_statistics')
@@ -186,35 +191,35 @@ def cases() -> List[Case]:
         return torch.zeros(8, 4, dtype=bf), torch.ones(8, 4, dtype=bf)
 
     out += [
-        C("int4 asym widen", "qparams", lambda m: m.calculate_qparams(*stats(8, bf), int4a, widen=True)),
-        C("nvfp4 fused", "qparams", lambda m: m.calculate_qparams(*stats(8, bf), nvfp4_tg, fused=[stats(8, bf), stats(3, bf)], widen=True, carry=rec())),
-        C("mxfp4", "qparams", lambda m: m.calculate_qparams(*stats(8, f16), QA(num_bits=4, type="float", symmetric=True, strategy="group", group_size=32, scale_dtype=torch.uint8), widen=True)),
-        C("fp8 given global scale", "qparams", lambda m: m.calculate_qparams(*stats(8), QA(num_bits=8, type="float", symmetric=False), torch.ones(1), widen=True)),
-        C("bf16 scale_dtype", "qparams", lambda m: m.calculate_qparams(*stats(8), QA(num_bits=8, symmetric=True, scale_dtype=torch.bfloat16))),
-        C("average record", "stats", lambda m: m.combine_statistics(rn(8, 64, dtype=bf), "weight", int4a, *held84(), held=held84(), averaging_constant=0.01, status=rec(), observation=1)),
-        C("running block pad", "stats", lambda m: m.combine_statistics(rn(10, 10), "weight", QA(num_bits=8, strategy="block", block_structure=[4, 4]), torch.zeros(3, 3), torch.ones(3, 3), held=(torch.zeros(3, 3), torch.ones(3, 3)), status=rec())),
-        C("average record", "min_max", lambda m: m.min_max(rn(8, 64, dtype=bf), "weight", int4a, held=held84(), averaging_constant=0.01, status=rec(), observation=2)),
-        C("running g_idx", "min_max", lambda m: m.min_max(rn(5, 64), "weight", QA(num_bits=8, strategy="group", group_size=16), g_idx=g_idx64, held=(torch.zeros(5, 4), torch.ones(5, 4)), status=rec())),
-        C("split average", "min_max", lambda m: m.min_max(rn(19, 40, dtype=bf), "input", QA(num_bits=8, strategy="tensor"), held=(torch.zeros(1, dtype=bf), torch.ones(1, dtype=bf)), averaging_constant=0.5, status=rec()), config=dict(tile=16, split=3)),
+        C("int4 asym widen", "qparams", lambda m: checked(m.calculate_qparams, *stats(8, bf), int4a, widen=True)),
+        C("nvfp4 fused", "qparams", lambda m: checked(m.calculate_qparams, *stats(8, bf), nvfp4_tg, fused=[stats(8, bf), stats(3, bf)], widen=True, carry=rec())),
+        C("mxfp4", "qparams", lambda m: checked(m.calculate_qparams, *stats(8, f16), QA(num_bits=4, type="float", symmetric=True, strategy="group", group_size=32, scale_dtype=torch.uint8), widen=True)),
+        C("fp8 given global scale", "qparams", lambda m: checked(m.calculate_qparams, *stats(8), QA(num_bits=8, type="float", symmetric=False), torch.ones(1), widen=True)),
+        C("bf16 scale_dtype", "qparams", lambda m: checked(m.calculate_qparams, *stats(8), QA(num_bits=8, symmetric=True, scale_dtype=torch.bfloat16))),
+        C("average record", "stats", lambda m: checked(m.combine_statistics, rn(8, 64, dtype=bf), "weight", int4a, *held84(), held=held84(), averaging_constant=0.01, status=rec(), observation=1)),
+        C("running block pad", "stats", lambda m: checked(m.combine_statistics, rn(10, 10), "weight", QA(num_bits=8, strategy="block", block_structure=[4, 4]), torch.zeros(3, 3), torch.ones(3, 3), held=(torch.zeros(3, 3), torch.ones(3, 3)), status=rec())),
+        C("average record", "min_max", lambda m: checked(m.min_max, rn(8, 64, dtype=bf), "weight", int4a, held=held84(), averaging_constant=0.01, status=rec(), observation=2)),
+        C("running g_idx", "min_max", lambda m: checked(m.min_max, rn(5, 64), "weight", QA(num_bits=8, strategy="group", group_size=16), g_idx=g_idx64, held=(torch.zeros(5, 4), torch.ones(5, 4)), status=rec())),
+        C("split average", "min_max", lambda m: checked(m.min_max, rn(19, 40, dtype=bf), "input", QA(num_bits=8, strategy="tensor"), held=(torch.zeros(1, dtype=bf), torch.ones(1, dtype=bf)), averaging_constant=0.5, status=rec()), config=dict(tile=16, split=3)),
     ]
     # The search's exact emulation (what the interpreter runs, gpu_arith off) is
     # compiled too: both arithmetic paths must build for sm_90a.
     emu = dict(gpu_arith=False)
     out += [
-        C("emulated int4 g128 norm 2.4", "mse_search", lambda m: m.mse_search(w(*W), "weight", g128, **mse), config=emu),
-        C("emulated int4 g128 asym norm 2", "mse_search", lambda m: m.mse_search(w(*W), "weight", QA(num_bits=4, symmetric=False, strategy="group", group_size=128), **dict(mse, norm=2.0)), config=emu),
-        C("emulated nvfp4 g16", "mse_search", lambda m: m.mse_search(w(*W), "weight", QA(strategy="tensor_group", group_size=16, **nvfp4), **nvx), config=emu),
-        C("emulated fp8 channel fp16", "mse_search", lambda m: m.mse_search(w(*W, dtype=f16), "weight", QA(num_bits=8, type="float", strategy="channel"), **mse), config=emu),
-        C("emulated imatrix int4 g128", "mse_search", lambda m: m.mse_search(w(*W), "weight", g128, importance=imp, **imx), config=emu),
-        C("emulated fp8 block 128 (split)", "mse_search", lambda m: m.mse_search(w(*W), "weight", QA(num_bits=8, type="float", strategy="block", block_structure=[128, 128]), **mse), config=emu),
-        C("imatrix fp32 int8 g32 norm 2.4", "mse_search", lambda m: m.mse_search(w(*W, dtype=f32), "weight", QA(num_bits=8, symmetric=False, strategy="group", group_size=32), importance=imp, **dict(imx, norm=2.4))),
+        C("emulated int4 g128 norm 2.4", "mse_search", lambda m: checked(m.mse_search, w(*W), "weight", g128, **mse), config=emu),
+        C("emulated int4 g128 asym norm 2", "mse_search", lambda m: checked(m.mse_search, w(*W), "weight", QA(num_bits=4, symmetric=False, strategy="group", group_size=128), **dict(mse, norm=2.0)), config=emu),
+        C("emulated nvfp4 g16", "mse_search", lambda m: checked(m.mse_search, w(*W), "weight", QA(strategy="tensor_group", group_size=16, **nvfp4), **nvx), config=emu),
+        C("emulated fp8 channel fp16", "mse_search", lambda m: checked(m.mse_search, w(*W, dtype=f16), "weight", QA(num_bits=8, type="float", strategy="channel"), **mse), config=emu),
+        C("emulated imatrix int4 g128", "mse_search", lambda m: checked(m.mse_search, w(*W), "weight", g128, importance=imp, **imx), config=emu),
+        C("emulated fp8 block 128 (split)", "mse_search", lambda m: checked(m.mse_search, w(*W), "weight", QA(num_bits=8, type="float", strategy="block", block_structure=[128, 128]), **mse), config=emu),
+        C("imatrix fp32 int8 g32 norm 2.4", "mse_search", lambda m: checked(m.mse_search, w(*W, dtype=f32), "weight", QA(num_bits=8, symmetric=False, strategy="group", group_size=32), importance=imp, **dict(imx, norm=2.4))),
     ]
     # The imatrix observer's path: raw importance (sum / count and its
     # verdict, one launch), normalised by the search as it loads it.
     out += [
-        C("importance 4096", "importance", lambda m: m.importance(torch.rand(4096) * 7, torch.full((), 7, dtype=torch.int64), rec())),
-        C("imatrix raw int4 g128", "mse_search", lambda m: m.mse_search(w(*W), "weight", g128, importance=imp, importance_status=rec(), **imx)),
-        C("imatrix raw int8 channel 16384 (split)", "mse_search", lambda m: m.mse_search(w(512, 16384, dtype=f16), "weight", QA(num_bits=8, strategy="channel"), importance=torch.rand(16384) + 0.5, importance_status=rec(), **imx)),
+        C("importance 4096", "importance", lambda m: checked(m.importance, torch.rand(4096) * 7, torch.full((), 7, dtype=torch.int64), rec())),
+        C("imatrix raw int4 g128", "mse_search", lambda m: checked(m.mse_search, w(*W), "weight", g128, importance=imp, importance_status=rec(), **imx)),
+        C("imatrix raw int8 channel 16384 (split)", "mse_search", lambda m: checked(m.mse_search, w(512, 16384, dtype=f16), "weight", QA(num_bits=8, strategy="channel"), importance=torch.rand(16384) + 0.5, importance_status=rec(), **imx)),
     ]
     # Search parameters only: same format, shape and mode switches each time.
     r = lambda *s: w(*s)  # noqa: E731
@@ -223,13 +228,13 @@ def cases() -> List[Case]:
         (40, 0, 0.5, 1.2, 2.4), (32, 16, 0.5, 1.0, 7.3),
     ]:
         kw = dict(grid=grid, patience=patience, maxshrink=maxshrink, expand=expand, norm=norm)
-        out.append(C("nvfp4 params", "mse_search", lambda m, kw=kw: m.mse_search(
+        out.append(C("nvfp4 params", "mse_search", lambda m, kw=kw: checked(m.mse_search,
             r(8, 64), "weight", QA(strategy="tensor_group", group_size=16, **nvfp4), **kw), tag="params-small"))
     # the split path's step buffers are sized by a power of two of the steps: stay in one
     split = dict(max_reg_group=64, chunk=64, split=2)
     for grid, patience, maxshrink in [(100, 5, 0.2), (90, 1, 0.2), (125, 16, 0.2), (17, 0, 1.0)]:
         kw = dict(grid=grid, patience=patience, maxshrink=maxshrink, norm=2.4)
-        out.append(C("tensor params (split)", "mse_search", lambda m, kw=kw: m.mse_search(
+        out.append(C("tensor params (split)", "mse_search", lambda m, kw=kw: checked(m.mse_search,
             r(9, 70), "weight", QA(num_bits=8, strategy="tensor"), **kw), config=split, tag="params-split"))
     return out
 

@@ -25,20 +25,16 @@ import triton.language as tl
 from obskernels.kernels import quant
 from obskernels.kernels._layout import (
     LaunchConfig,
-    device_guard,
-    widen,
+    check_kernel_dtype,
     group_coords,
     group_layout,
     load_tile,
+    on_device,
     row_offsets,
+    widen,
 )
-from obskernels.spec.checks import (
-    STATUS_BAD_STATS,
-    STATUS_FIRST_BAD,
-    STATUS_NAN,
-    check_combine_args,
-    check_statistics_shape,
-)
+from obskernels.spec.calls import CombineCall
+from obskernels.spec.checks import STATUS_BAD_STATS, STATUS_FIRST_BAD, STATUS_NAN
 
 __all__ = ["combine_statistics", "CONFIG", "combine_modes"]
 
@@ -177,14 +173,15 @@ def _combine_kernel(
         record(status_ptr, nan, pos, neg, n_bad > 0, observation)
 
 
-def combine_statistics(value, base_name, args, new_min, new_max, *, held=None,
-                       averaging_constant=None, status=None, observation=0):
+def combine_statistics(call: CombineCall):
     """Triton twin of ``reference.stats.combine_statistics``: (min_vals, max_vals)."""
-    check_combine_args(new_min, new_max, held, averaging_constant, status)
-    layout = group_layout(value, base_name, args, storage_order=False)
-    check_statistics_shape(new_min, layout.qshape)
+    value, new_min, new_max, held, status = (
+        call.flat.value, call.new_min, call.new_max, call.held, call.status)
+    check_kernel_dtype(value)
+    check_kernel_dtype(new_min, "new_min")
+    layout = group_layout(call.flat, storage_order=False)
     dtype = new_min.dtype
-    mode, a, c = combine_modes(held, averaging_constant)
+    mode, a, c = combine_modes(held, call.averaging_constant)
     out_min, out_max = torch.empty_like(new_min), torch.empty_like(new_max)
     bits16 = dtype == torch.bfloat16
 
@@ -197,11 +194,10 @@ def combine_statistics(value, base_name, args, new_min, new_max, *, held=None,
         return out_min, out_max
     held_min, held_max = held if held is not None else (new_min, new_max)
     block_q = max(min(triton.next_power_of_2(Q), 1024), 16)
-    with device_guard(value, new_min=new_min, new_max=new_max, held_min=held_min,
-                      held_max=held_max, status=status):
+    with on_device(value):
         _combine_kernel[(triton.cdiv(Q, block_q),)](
             value, v(new_min), v(new_max), v(held_min), v(held_max), v(out_min), v(out_max),
-            status if status is not None else out_min, a, c, observation,
+            status if status is not None else out_min, a, c, call.observation,
             *layout.scalar_args(),
             MODE=mode, DTYPE=quant.DTYPE_CODE[dtype], BITS16=bits16, RECORD=status is not None,
             PAD=layout.pad, BLOCK_Q=block_q,

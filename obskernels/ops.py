@@ -1,7 +1,10 @@
-"""The observer operations, dispatched to the active backend.
+"""The observer operations, checked once and dispatched to the active backend.
 
-Every function here has the signature of its twin in ``obskernels.reference``
-and ``obskernels.kernels``. Observers reach tensors only through this module.
+Each function here checks its call with the function of the same name in
+``obskernels.spec.calls`` (every input rule, one message each) and hands the
+checked call to the backend: ``obskernels.reference`` or ``obskernels.kernels``,
+whose twins take that same call and check nothing. Observers reach tensors
+only through this module.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from obskernels.backends import (
     logger,
     resolve_backend,
 )
+from obskernels.spec import calls
 
 __all__ = ["flatten_for_calibration", "min_max", "mse_search", "accumulate_sq", "calculate_qparams",
            "combine_statistics", "importance"]
@@ -30,16 +34,21 @@ _EMPTY_ON_REFERENCE = frozenset(("flatten_for_calibration", "min_max", "mse_sear
 
 
 def _dispatch(op: str, tensor: torch.Tensor, *args, **kwargs):
+    """Resolve the backend for ``tensor`` (a forced backend that cannot run
+    is an error first), check the call once, run it there. Under "auto" a
+    kernel's KernelUnsupportedError (valid input it does not cover) falls back
+    to the reference with the same checked call, logged once per reason."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{op}: expected a torch.Tensor, got {type(tensor).__name__}")
     name = resolve_backend(tensor)
+    call = getattr(calls, op)(tensor, *args, **kwargs)
     if tensor.numel() == 0 and op in _EMPTY_ON_REFERENCE:
         name = "reference"
     fn: Callable = getattr(backend_module(name), op)
     if name == "reference":
-        return fn(tensor, *args, **kwargs)
+        return fn(call)
     try:
-        return fn(tensor, *args, **kwargs)
+        return fn(call)
     except KernelUnsupportedError as exc:
         if get_backend() == "triton":
             raise
@@ -47,7 +56,7 @@ def _dispatch(op: str, tensor: torch.Tensor, *args, **kwargs):
         if key not in _fallbacks_logged:
             _fallbacks_logged.add(key)
             logger.warning("obskernels: %s; using the reference backend", key)
-        return getattr(backend_module("reference"), op)(tensor, *args, **kwargs)
+        return getattr(backend_module("reference"), op)(call)
 
 
 def flatten_for_calibration(value, base_name, args, g_idx=None):
@@ -62,7 +71,7 @@ def min_max(value, base_name, args, g_idx=None, *, held=None, averaging_constant
     ``held``: statistics held from earlier values, combined in: running min /
     max, or the moving average ``held * (1 - c) + new * c`` when
     ``averaging_constant`` c is given. ``status``: an observer's non-finite
-    record (``validation.STATUS_INIT`` layout) that the value's NaN / +-inf
+    record (``spec.checks.STATUS_INIT`` layout) that the value's NaN / +-inf
     counts are added to, as observation number ``observation``.
     """
     return _dispatch("min_max", value, base_name, args, g_idx=g_idx, held=held,
@@ -134,6 +143,6 @@ def combine_statistics(value, base_name, args, new_min, new_max, *, held=None,
 
 def importance(sum_buf, count_buf, status):
     """The imatrix importance ``sum_buf / fp32(count_buf)`` (fp32, per input
-    column); its verdict (validation.IMPORTANCE_*: usable, or why not) goes
+    column); its verdict (spec.checks.IMPORTANCE_*: usable, or why not) goes
     into ``status[STATUS_IMPORTANCE]``, on the device, unread."""
     return _dispatch("importance", sum_buf, count_buf, status)

@@ -1,8 +1,9 @@
 """Pure-PyTorch reference of every obskernels operation: the oracle.
 
-Each function has the exact signature of its Triton twin in obskernels.kernels.
-Its checks come from obskernels.spec (one function per rule); this package
-never imports the kernels nor the front.
+Each function takes the checked call of ``obskernels.spec.calls`` that its
+Triton twin in obskernels.kernels takes, and checks nothing itself: the
+front (``obskernels.ops``) checked the call once. This package never
+imports the kernels nor the front.
 """
 
 # This folder is installed as obskernels.reference (pyproject.toml maps it). Run from

@@ -1,9 +1,10 @@
 """Reference imatrix importance: E[x²] per input column and its verdict.
 
-``importance(sum_buf, count_buf, status)`` returns ``sum_buf / fp32(count_buf)``
-(fp32, one entry per input column) and writes into ``status[STATUS_IMPORTANCE]``
-(an observer's record, ``obskernels.spec.checks.STATUS_INIT`` layout) whether the search
-may use it, checked in this order (the first that holds is the verdict):
+``importance(call)`` (``call = spec.calls.importance(sum_buf, count_buf,
+status)``) returns ``sum_buf / fp32(count_buf)`` (fp32, one entry per input
+column) and writes into ``status[STATUS_IMPORTANCE]`` (an observer's record,
+``obskernels.spec.checks.STATUS_INIT`` layout) whether the search may use it,
+judged in this order (the first that holds is the verdict):
 no tokens (IMPORTANCE_NO_DATA), a NaN or +-inf entry (IMPORTANCE_NONFINITE), a
 negative entry (IMPORTANCE_NEGATIVE), every entry zero, or none at all
 (IMPORTANCE_ZEROS); otherwise IMPORTANCE_OK. Nothing is read to the host: the
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from obskernels.spec.calls import ImportanceCall
 from obskernels.spec.checks import (
     IMPORTANCE_NEGATIVE,
     IMPORTANCE_NO_DATA,
@@ -21,16 +23,14 @@ from obskernels.spec.checks import (
     IMPORTANCE_OK,
     IMPORTANCE_ZEROS,
     STATUS_IMPORTANCE,
-    check_importance_args,
 )
 
 __all__ = ["importance"]
 
 
-def importance(sum_buf, count_buf, status):
-    check_importance_args(sum_buf, count_buf, status)
-    count = count_buf.reshape(()).to(torch.float32)
-    imp = sum_buf / count
+def importance(call: ImportanceCall):
+    count = call.count_buf.reshape(()).to(torch.float32)
+    imp = call.sum_buf / count
     verdict = torch.full((), IMPORTANCE_OK, dtype=torch.int64, device=imp.device)
     checks = (
         (count == 0, IMPORTANCE_NO_DATA),
@@ -40,5 +40,5 @@ def importance(sum_buf, count_buf, status):
     )
     for failed, code in reversed(checks):  # the first failing check wins
         verdict = torch.where(failed, code, verdict)
-    status[STATUS_IMPORTANCE] = verdict
+    call.status[STATUS_IMPORTANCE] = verdict
     return imp

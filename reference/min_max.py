@@ -11,23 +11,19 @@ import torch
 
 from obskernels.reference.flatten import flatten_for_calibration
 from obskernels.reference.stats import combine, record
-from obskernels.spec.checks import check_averaging, check_groups_nonempty, check_status
+from obskernels.spec.calls import MinMaxCall
 
 __all__ = ["min_max"]
 
 
-def min_max(value, base_name, args, g_idx=None, *, held=None, averaging_constant=None,
-            status=None, observation=0):
-    observed = flatten_for_calibration(value, base_name, args, g_idx=g_idx)
-    check_groups_nonempty(observed, value, "min_max")
-    check_averaging(averaging_constant)
-    check_status(status)
+def min_max(call: MinMaxCall):
+    observed = flatten_for_calibration(call.flat)
     if observed.numel() == 0:  # no groups: nothing to reduce
         qshape = observed.shape[1:-1]
         mn, mx = observed.new_empty(qshape), observed.new_empty(qshape)
     else:
         mn, mx = torch.amin(observed, dim=(0, -1)), torch.amax(observed, dim=(0, -1))
-    out = combine(mn, mx, held, averaging_constant)  # checks held first
-    if status is not None:
-        record(status, value, mn, mx, observation)
+    out = combine(mn, mx, call.held, call.averaging_constant)
+    if call.status is not None:
+        record(call.status, call.flat.value, mn, mx, call.observation)
     return out

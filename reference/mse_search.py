@@ -12,70 +12,45 @@ from compressed_tensors.quantization.lifecycle import fake_quantize
 from compressed_tensors.quantization.utils import calculate_qparams
 
 from obskernels.reference.flatten import flatten_for_calibration
-from obskernels.spec.checks import (
-    IMPORTANCE_OK,
-    STATUS_IMPORTANCE,
-    WEIGHT,
-    check_groups_nonempty,
-    check_importance_status,
-    check_importance_target,
-)
-from obskernels.spec.search import check_search_params, num_steps, search_args
+from obskernels.spec.calls import SearchCall
+from obskernels.spec.checks import IMPORTANCE_OK, STATUS_IMPORTANCE
+from obskernels.spec.layout import Flattening
+from obskernels.spec.search import search_args
 
-__all__ = ["mse_search", "search_args", "num_steps", "broadcast_importance"]
+__all__ = ["mse_search", "broadcast_importance"]
 
 
-def broadcast_importance(importance, value, args):
-    """Per-column importance, broadcast over rows and flattened like the weight."""
-    rows, cols = value.shape
+def broadcast_importance(importance: torch.Tensor, flat: Flattening) -> torch.Tensor:
+    """Per-column importance (fp32), broadcast over the weight's rows and
+    flattened like it."""
+    rows, cols = flat.value.shape
     full = importance.to(torch.float32).unsqueeze(0).expand(rows, cols)
-    return flatten_for_calibration(full, WEIGHT, args)
+    return flatten_for_calibration(flat.of(full))
 
 
-def mse_search(
-    value,
-    base_name,
-    args,
-    *,
-    maxshrink,
-    patience,
-    grid,
-    norm,
-    expand=1.0,
-    importance=None,
-    flavour="mse",
-    importance_status=None,
-):
-    """``importance``: per-input-column weights (flavour "imatrix"). With
+def mse_search(call: SearchCall):
+    """``call.importance``: per-input-column weights (flavour "imatrix"). With
     ``importance_status`` (an observer's record, ``spec.checks.STATUS_INIT``
-    layout, as ``importance()`` leaves it) ``importance`` is the raw E[x²] per
+    layout, as ``importance()`` leaves it) the importance is the raw E[x²] per
     column and the search normalises it, ``importance / (mean + fp32 tiny)``
     as the imatrix observer does, when the record's verdict says it is usable;
     otherwise it searches with uniform weights."""
-    check_search_params(maxshrink, patience, grid, norm, expand, flavour)
-    check_importance_status(importance, importance_status)
-    if importance_status is not None and isinstance(value, torch.Tensor):
-        check_importance_target(importance, value, base_name, args, values=False)
-        if int(importance_status[STATUS_IMPORTANCE]) == IMPORTANCE_OK:
+    flat, importance = call.flat, call.importance
+    params = call.params
+    patience, grid, norm, expand, flavour = (
+        params.patience, params.grid, params.norm, params.expand, params.flavour)
+    if call.importance_status is not None:
+        if int(call.importance_status[STATUS_IMPORTANCE]) == IMPORTANCE_OK:
             importance = importance / (importance.mean() + torch.finfo(torch.float32).tiny)
         else:
             importance = None
-    observed = flatten_for_calibration(value, base_name, args)
-    weights = None
-    if importance is not None:
-        check_importance_target(importance, value, base_name, args)
-        weights = broadcast_importance(importance, value, args)
-    check_groups_nonempty(observed, value, "mse_search")
+    observed = flatten_for_calibration(flat)
+    weights = None if importance is None else broadcast_importance(importance, flat)
     if observed.numel() == 0:  # no groups: nothing to search
         qshape = observed.shape[1:-1]
         return observed.new_empty(qshape), observed.new_empty(qshape)
-    if observed.device.type == "meta":
-        raise ValueError(
-            "mse_search: value is on the meta device; expected a device with data "
-            "(where the search stops depends on the values)"
-        )
 
-    qparam_args, token_args = search_args(args)
+    qparam_args, token_args = search_args(flat.args)
     base_min = torch.amin(observed, dim=(0, -1)) * expand
     base_max = torch.amax(observed, dim=(0, -1)) * expand
     error_dtype = observed.dtype if flavour == "mse" else torch.float32
@@ -85,7 +60,7 @@ def mse_search(
     best_min, best_max = base_min.clone(), base_max.clone()
 
     stale = 0
-    for i in range(num_steps(maxshrink, grid, flavour)):
+    for i in range(params.steps):  # num_steps(maxshrink, grid, flavour)
         p = 1 - i / grid
         cand_min, cand_max = base_min * p, base_max * p
         scale, zero_point = calculate_qparams(cand_min, cand_max, qparam_args, None)

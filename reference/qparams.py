@@ -13,7 +13,7 @@ with, on request, what an observer adds around that call (docs/spec.md §1, §3)
   past the dtype) gets the qparams of the same call on float64 statistics,
   cast back to the dtypes compressed-tensors returned. Every other group keeps
   compressed-tensors' answer bit for bit.
-- ``carry``: an observer's int64 non-finite record (``validation.STATUS_INIT``
+- ``carry``: an observer's int64 non-finite record (``spec.checks.STATUS_INIT``
   layout), copied to the front of the returned status and reset to its initial
   values.
 
@@ -28,7 +28,8 @@ import torch
 from compressed_tensors.quantization.utils import calculate_qparams as _ct_calculate_qparams
 from compressed_tensors.quantization.utils import generate_gparam
 
-from obskernels.spec.checks import STATUS_INIT, check_qparams_args
+from obskernels.spec.calls import QParamsCall
+from obskernels.spec.checks import STATUS_INIT
 
 __all__ = ["calculate_qparams", "fused_absmax"]
 
@@ -42,9 +43,10 @@ def fused_absmax(fused) -> torch.Tensor:
     return absmax
 
 
-def calculate_qparams(min_vals, max_vals, args, global_scale=None, *, fused=None, widen=False,
-                      carry=None):
-    check_qparams_args(min_vals, max_vals, args, global_scale, fused, carry)
+def calculate_qparams(call: QParamsCall):
+    min_vals, max_vals, args, global_scale, fused, widen, carry = (
+        call.min_vals, call.max_vals, call.args, call.global_scale, call.fused, call.widen,
+        call.carry)
     if fused is not None:
         absmax = fused_absmax(fused)
         global_scale = generate_gparam(-absmax.reshape(1), absmax.reshape(1))

@@ -3,7 +3,7 @@
 - held (min_vals, max_vals) with ``averaging_constant`` None: running
   ``torch.minimum`` / ``torch.maximum``; with c: ``held * (1.0 - c) + new * c``
   (not torch.lerp: its rounding differs; llm-compressor writes it out this way).
-- status (int64, ``validation.STATUS_INIT`` layout): the value's NaN / +inf /
+- status (int64, ``spec.checks.STATUS_INIT`` layout): the value's NaN / +inf /
   -inf counts are added; when the new statistics are not finite the flag is
   set and the first such observation kept. Tensor ops only, no host read.
 """
@@ -12,15 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from obskernels.spec.checks import (
-    STATUS_BAD_STATS,
-    STATUS_FIRST_BAD,
-    STATUS_NAN,
-    check_combine_args,
-    check_held,
-    check_statistics_shape,
-)
-from obskernels.spec.layout import group_layout
+from obskernels.spec.calls import CombineCall
+from obskernels.spec.checks import STATUS_BAD_STATS, STATUS_FIRST_BAD, STATUS_NAN
 
 __all__ = ["combine", "record", "combine_statistics", "moving_average"]
 
@@ -33,7 +26,6 @@ def moving_average(old: torch.Tensor, new: torch.Tensor, c: float) -> torch.Tens
 def combine(new_min, new_max, held=None, averaging_constant=None):
     if held is None:
         return new_min, new_max
-    check_held(held, new_min.shape, new_min.dtype, new_min.device)
     old_min, old_max = held
     if averaging_constant is None:
         return torch.minimum(new_min, old_min), torch.maximum(new_max, old_max)
@@ -51,14 +43,10 @@ def record(status, value, new_min, new_max, observation) -> None:
     status[STATUS_FIRST_BAD] = torch.where(bad, first, status[STATUS_FIRST_BAD])
 
 
-def combine_statistics(value, base_name, args, new_min, new_max, *, held=None,
-                       averaging_constant=None, status=None, observation=0):
-    """(min_vals, max_vals) to hold: ``new`` combined with ``held``; records
-    ``value``'s non-finite elements into ``status``."""
-    check_combine_args(new_min, new_max, held, averaging_constant, status)
-    # the flatten checks of the value and its group shape, as the kernels take them
-    check_statistics_shape(new_min, group_layout(value, base_name, args, float64=True).qshape)
-    out = combine(new_min, new_max, held, averaging_constant)
-    if status is not None:
-        record(status, value, new_min, new_max, observation)
+def combine_statistics(call: CombineCall):
+    """(min_vals, max_vals) to hold: the new statistics combined with the held
+    ones; records the value's non-finite elements into ``status``."""
+    out = combine(call.new_min, call.new_max, call.held, call.averaging_constant)
+    if call.status is not None:
+        record(call.status, call.flat.value, call.new_min, call.new_max, call.observation)
     return out

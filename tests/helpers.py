@@ -21,8 +21,32 @@ from compressed_tensors.quantization.lifecycle import fake_quantize
 from compressed_tensors.quantization.utils import calculate_qparams
 
 from obskernels.reference.flatten import flatten_for_calibration
-from obskernels.reference.mse_search import broadcast_importance, search_args
-from obskernels.reference.mse_search import mse_search as reference_search
+from obskernels.reference.mse_search import broadcast_importance
+from obskernels.reference.mse_search import mse_search as _reference_search
+from obskernels.spec import calls
+from obskernels.spec.search import search_args
+
+
+# --------------------------------------------------------------------------- #
+# a backend's operation, called directly
+# --------------------------------------------------------------------------- #
+def call_backend(fn, *args, **kwargs):
+    """A backend's operation (``obskernels.reference.min_max``,
+    ``obskernels.kernels.mse_search.mse_search``, ...) on the call that
+    ``obskernels.ops`` would check and hand it: the checks of
+    ``spec.calls.<fn name>`` run first, as in the front, and no backend
+    choice or fallback is involved."""
+    return fn(getattr(calls, fn.__name__)(*args, **kwargs))
+
+
+def reference_flatten(value, base_name, args, g_idx=None):
+    """The reference's flattening of (value, base_name, args, g_idx)."""
+    return call_backend(flatten_for_calibration, value, base_name, args, g_idx)
+
+
+def reference_search(value, base_name, args, **kw):
+    """The reference search of (value, base_name, args, **search keywords)."""
+    return call_backend(_reference_search, value, base_name, args, **kw)
 
 # --------------------------------------------------------------------------- #
 # inputs
@@ -153,7 +177,8 @@ EXACT_FRACTION = 0.99
 def group_errors(value, base_name, args, mins, maxs, *, norm, importance=None, flavour="mse"):
     """Reference error of each group for the ranges (mins, maxs), as the
     reference search computes it for a candidate."""
-    observed = flatten_for_calibration(value, base_name, args)
+    flat = calls.flatten_for_calibration(value, base_name, args)
+    observed = flatten_for_calibration(flat)
     qparam_args, token_args = search_args(args)
     scale, zp = calculate_qparams(mins, maxs, qparam_args, None)
     q = fake_quantize(observed, scale.unsqueeze(-1), zp.unsqueeze(-1), token_args)
@@ -161,7 +186,7 @@ def group_errors(value, base_name, args, mins, maxs, *, norm, importance=None, f
         return torch.sum((q.to(observed.dtype) - observed).abs().pow(norm), dim=(0, -1))
     diff = (q.float() - observed.float()).abs().pow(norm)
     if importance is not None:
-        diff = diff * broadcast_importance(importance, value, args)
+        diff = diff * broadcast_importance(importance, flat)
     return diff.sum(dim=(0, -1))
 
 

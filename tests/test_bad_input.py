@@ -24,6 +24,7 @@ import re
 
 import pytest
 import torch
+from compressed_tensors.quantization import QuantizationArgs
 
 from obskernels import Observer, ops
 from obskernels.backends import (
@@ -328,6 +329,136 @@ def test_combine_statistics_errors_are_the_same_on_every_backend():
             with use_backend(b):
                 results[b] = outcome(lambda: ops.combine_statistics(*make()))
         assert results["triton"] == results["reference"], name
+
+
+def test_combine_statistics_rejects_statistics_of_two_dtypes(backend):
+    with pytest.raises(TypeError, match=r"new_min and new_max must have the same dtype, got "
+                                        r"torch.bfloat16 and torch.float32"):
+        ops.combine_statistics(torch.randn(8, 64), "weight", qargs(), torch.zeros(8, 1, dtype=torch.bfloat16),
+                               torch.ones(8, 1))
+    with pytest.raises(TypeError, match=r"new_min dtype must be one of .* got torch.int32"):
+        ops.combine_statistics(torch.randn(8, 64), "weight", qargs(), torch.zeros(8, 1, dtype=torch.int32),
+                               torch.ones(8, 1, dtype=torch.int32))
+
+
+# Every tensor of a call on the value's device (the first tensor of the call):
+# (id, op, make -> (positional, keyword arguments), match). The value is on
+# the CPU, so every backend takes the call; the odd tensor is on meta.
+def _on_meta(*shape, dtype=torch.float32):
+    return torch.zeros(*shape, dtype=dtype, device="meta")
+
+
+def _record(device="cpu"):
+    from obskernels.spec.checks import STATUS_INIT
+
+    return torch.tensor(STATUS_INIT, dtype=torch.int64, device=device)
+
+
+DEVICE_ERRORS = [
+    ("min_max held", "min_max",
+     lambda: ((torch.randn(8, 64), "weight", qargs()), dict(held=(_on_meta(8, 1), _on_meta(8, 1)))),
+     r"held statistics \(torch.float32 on meta\) must have the new statistics' dtype and device "
+     r"\(torch.float32 on cpu\)"),
+    ("min_max status", "min_max",
+     lambda: ((torch.randn(8, 64), "weight", qargs()), dict(status=_record("meta"))),
+     r"status is on meta but value is on cpu; expected the same device"),
+    ("combine new_min", "combine_statistics",
+     lambda: ((torch.randn(8, 64), "weight", qargs(), _on_meta(8, 1), _on_meta(8, 1)), {}),
+     r"new_min is on meta but value is on cpu; expected the same device"),
+    ("combine new_max", "combine_statistics",
+     lambda: ((torch.randn(8, 64), "weight", qargs(), torch.zeros(8, 1), _on_meta(8, 1)), {}),
+     r"new_max is on meta but new_min is on cpu; expected the same device"),
+    ("combine status", "combine_statistics",
+     lambda: ((torch.randn(8, 64), "weight", qargs(), torch.zeros(8, 1), torch.ones(8, 1)),
+              dict(status=_record("meta"))),
+     r"status is on meta but value is on cpu; expected the same device"),
+    ("qparams global_scale", "calculate_qparams",
+     lambda: ((torch.zeros(8, 1), torch.ones(8, 1), qargs()), dict(global_scale=_on_meta(1))),
+     r"global_scale is on meta but min_vals is on cpu; expected the same device"),
+    ("qparams carry", "calculate_qparams",
+     lambda: ((torch.zeros(8, 1), torch.ones(8, 1), qargs()), dict(carry=_record("meta"))),
+     r"carry is on meta but min_vals is on cpu; expected the same device"),
+    ("qparams fused", "calculate_qparams",
+     lambda: ((torch.zeros(8, 1), torch.ones(8, 1), qargs()),
+              dict(fused=[(torch.zeros(3, 1), _on_meta(3, 1))])),
+     r"fused max_vals is on meta but min_vals is on cpu; expected the same device"),
+    ("importance count_buf", "importance",
+     lambda: ((torch.ones(8), torch.ones(1, dtype=torch.int64, device="meta"), _record()), {}),
+     r"count_buf is on meta but sum_buf is on cpu; expected the same device"),
+    ("importance status", "importance",
+     lambda: ((torch.ones(8), torch.ones(1, dtype=torch.int64), _record("meta")), {}),
+     r"status is on meta but sum_buf is on cpu; expected the same device"),
+]
+
+
+@pytest.mark.parametrize("row", DEVICE_ERRORS, ids=[r[0] for r in DEVICE_ERRORS])
+def test_tensors_of_a_call_on_another_device(backend, row):
+    _, op, make, match = row
+    args, kwargs = make()
+    with pytest.raises(ValueError, match=match):
+        getattr(ops, op)(*args, **kwargs)
+
+
+def test_device_errors_are_the_same_on_every_backend():
+    if triton_unavailable_reason(None) is not None:
+        pytest.skip(f"triton backend unavailable: {triton_unavailable_reason(None)}")
+    for name, op, make, _ in DEVICE_ERRORS:
+        results = {}
+        for b in ("reference", "triton"):
+            args, kwargs = make()
+            with use_backend(b):
+                results[b] = outcome(lambda: getattr(ops, op)(*args, **kwargs))
+        assert results["triton"] == results["reference"] and results["triton"] is not None, name
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float64), ids=("fp32", "fp64-fallback"))
+@pytest.mark.parametrize("op", VALUE_OPS + ("combine_statistics",))
+def test_a_call_is_checked_once(op, dtype, monkeypatch):
+    """The front checks a call once and hands the checked call down: the
+    value's flatten checks run once per call on every backend, also when
+    "auto" falls back from the kernels (float64) to the reference, and also
+    for the search, which flattens the importance as well."""
+    import obskernels.spec.layout as spec_layout
+
+    seen = []
+    original = spec_layout.check_flatten
+
+    def counting(*args, **kwargs):
+        seen.append(args[1])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(spec_layout, "check_flatten", counting)
+    w = torch.randn(8, 64, dtype=dtype)
+    args = qargs("group", group_size=16)
+    imp = torch.rand(64) + 0.5
+    run = {
+        "flatten_for_calibration": lambda: ops.flatten_for_calibration(w, "weight", args),
+        "min_max": lambda: ops.min_max(w, "weight", args),
+        "mse_search": lambda: ops.mse_search(w, "weight", args, importance=imp, flavour="imatrix", **MSE),
+        "combine_statistics": lambda: ops.combine_statistics(
+            w, "weight", args, torch.zeros(8, 4, dtype=dtype), torch.ones(8, 4, dtype=dtype)),
+    }[op]
+    backends = ["reference", "auto"] + (["triton"] if triton_unavailable_reason(None) is None else [])
+    for b in backends:
+        if b == "triton" and dtype == torch.float64:
+            continue  # a forced triton reports float64 instead (test_float64_forced_triton_...)
+        seen.clear()
+        with use_backend(b):
+            run()
+        assert seen == ["weight"], (b, seen)
+
+
+def test_fused_statistics_may_come_from_an_iterator(backend):
+    # the call reads `fused` once and hands the pairs on: a generator gives
+    # the global scale of the same pairs as a list
+    args = QuantizationArgs(num_bits=4, type="float", symmetric=True, strategy="tensor_group",
+                            group_size=16, scale_dtype=torch.float8_e4m3fn)
+    mn, mx = -torch.rand(4, 2) * 3, torch.rand(4, 2) * 5
+    pairs = [(mn, mx), (-torch.rand(3, 2) * 7, torch.rand(3, 2))]
+    want = ops.calculate_qparams(mn, mx, args, fused=pairs)
+    got = ops.calculate_qparams(mn, mx, args, fused=(p for p in pairs))
+    for g, w in zip(got[:3], want[:3]):
+        assert torch.equal(g.float(), w.float()), (g, w)
 
 
 def test_accumulate_sq_x_on_meta(backend):

@@ -406,7 +406,7 @@ def test_both_step_formulas_search_alike(monkeypatch, split, flavour):
     """The search through the fp64 step formula (forced) equals the search
     through the fp32 one, bit for bit, and with a non-integer grid it picks
     the reference's ranges."""
-    from obskernels.reference.mse_search import mse_search as reference_search
+    from helpers import reference_search
 
     if split:
         monkeypatch.setattr(mse_module, "CONFIG", SPLIT_CONFIG)

@@ -19,16 +19,18 @@ from compressed_tensors.quantization import QuantizationArgs
 
 from obskernels import ops
 from obskernels.backends import KernelUnsupportedError, use_backend
-from obskernels.reference.mse_search import mse_search as reference_search
 
-from helpers import DTYPES, FORMATS, IMATRIX, MSE, assert_search_parity
+from helpers import DTYPES, FORMATS, IMATRIX, MSE, assert_search_parity, call_backend, reference_search
 
 pytestmark = pytest.mark.kernel
 pytest.importorskip("triton", reason="the Triton kernels need triton")
 
 mse_module = importlib.import_module("obskernels.kernels.mse_search")
 layout_module = importlib.import_module("obskernels.kernels._layout")
-kernel_search = mse_module.mse_search
+
+
+def kernel_search(value, base_name, args, **kw):
+    return call_backend(mse_module.mse_search, value, base_name, args, **kw)
 
 
 def pin_config(monkeypatch, **fields):
@@ -217,7 +219,7 @@ def test_raw_importance_is_normalised_in_the_load(monkeypatch, verdict, path):
     the reference's."""
     from obskernels.kernels.importance import importance as kernel_importance
     from obskernels.reference.importance import importance as reference_importance
-    from obskernels.validation import STATUS_IMPORTANCE
+    from obskernels.spec.checks import STATUS_IMPORTANCE
 
     _, setup, code = verdict
     if path == "split":
@@ -226,8 +228,8 @@ def test_raw_importance_is_normalised_in_the_load(monkeypatch, verdict, path):
     value = sample(shape, torch.bfloat16, seed=33)
     sums, count, status = _raw_importance(shape[1], 34, setup)
     ref_status = status.clone()
-    reference_importance(sums, count, ref_status)
-    imp = kernel_importance(sums, count, status)
+    call_backend(reference_importance, sums, count, ref_status)
+    imp = call_backend(kernel_importance, sums, count, status)
     assert torch.equal(status, ref_status) and int(status[STATUS_IMPORTANCE]) == code, (
         status, ref_status)
     torch.testing.assert_close(imp, sums / count.to(torch.float32), rtol=0, atol=0,
@@ -258,7 +260,7 @@ def test_split_importance_traffic(monkeypatch, raw):
     sums, count, status = _raw_importance(cols, 36)
     kw = dict(IMATRIX, grid=5)
     if raw:
-        imp = kernel_importance(sums, count, status)
+        imp = call_backend(kernel_importance, sums, count, status)
         extra = dict(importance=imp, importance_status=status)
     else:
         extra = dict(importance=_torch_weights(sums, count))

@@ -17,10 +17,9 @@ import torch
 from compressed_tensors.quantization import QuantizationArgs
 
 from obskernels import ops
-from obskernels.reference.flatten import flatten_for_calibration
 from obskernels.validation import STATUS_INIT, HeldStatisticsError
 
-from helpers import DTYPES, assert_same
+from helpers import DTYPES, assert_same, reference_flatten
 
 pytestmark = pytest.mark.kernel
 pytest.importorskip("triton", reason="the Triton kernels need triton")
@@ -47,7 +46,7 @@ def value_for(base_name, shape, dtype, seed, poison=True):
 
 
 def oracle(value, base_name, args, held, c):
-    flat = flatten_for_calibration(value, base_name, args)
+    flat = reference_flatten(value, base_name, args)
     mn, mx = torch.amin(flat, dim=(0, -1)), torch.amax(flat, dim=(0, -1))
     new = (mn, mx)
     if held is None:
@@ -67,7 +66,7 @@ def oracle_record(value, new, observation):
 def held_for(base_name, shape, args, dtype):
     """Held statistics with subnormal and large entries (the dtype's edges)."""
     prev = value_for(base_name, shape, dtype, seed=7, poison=False)
-    flat = flatten_for_calibration(prev, base_name, args)
+    flat = reference_flatten(prev, base_name, args)
     mn, mx = torch.amin(flat, dim=(0, -1)).clone(), torch.amax(flat, dim=(0, -1)).clone()
     tiny = torch.finfo(dtype).tiny
     mn.view(-1)[0], mx.view(-1)[0] = -tiny / 8, tiny / 2
@@ -111,7 +110,7 @@ def test_combine_statistics(backend, scheme, dtype, mode):
     held = held_for(base_name, shape, args, dtype) if with_held else None
     for poison in (True, False):
         value = value_for(base_name, shape, dtype, seed=3, poison=poison)
-        flat = flatten_for_calibration(value, base_name, args)
+        flat = reference_flatten(value, base_name, args)
         big = torch.finfo(dtype).max / 2
         new = (torch.amin(flat, dim=(0, -1)), torch.amax(flat, dim=(0, -1)) * 1)
         if not poison:

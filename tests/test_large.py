@@ -30,6 +30,7 @@ import torch
 
 from obskernels import ops
 from obskernels.backends import triton_unavailable_reason, use_backend
+from obskernels.spec.layout import flattening
 
 from helpers import assert_search_parity
 from helpers import qargs as _qargs
@@ -37,7 +38,12 @@ from helpers import qargs as _qargs
 triton = pytest.importorskip("triton", reason="the Triton kernels need triton")
 tl = triton.language
 _layout = importlib.import_module("obskernels.kernels._layout")
-group_layout, load_flat = _layout.group_layout, _layout.load_flat
+load_flat = _layout.load_flat
+
+
+def group_layout(value, base_name, args, g_idx=None, **kw):
+    """The kernels' index map of a checked flattening call."""
+    return _layout.group_layout(flattening(value, base_name, args, g_idx), **kw)
 
 pytestmark = [
     pytest.mark.kernel,

@@ -11,6 +11,7 @@ compressed-tensors and the standard library.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 import tempfile
@@ -63,6 +64,52 @@ def test_backends_import_only_spec(folder):
         if not allowed(module, own)
     ]
     assert not bad, f"{folder}/ may import only obskernels.spec and {own}:\n" + "\n".join(bad)
+
+
+# What checks input: the rules of spec.checks, the flattening check and the
+# call builders of spec.calls (lower-case; its call types are CamelCase).
+CHECKING = re.compile(r"^(check_\w+|flattening|strategy_of|group_size_of|block_shape|unsupported)$")
+# kernels/report.py drives the launchers for the compile probe: it builds
+# checked calls as the front does, it is not an operation
+BUILDS_CALLS = {"kernels/report.py"}
+
+
+def checking_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module.name) of every name ``path`` imports from obskernels.spec
+    that checks input."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if not (isinstance(node, ast.ImportFrom) and (node.module or "").startswith("obskernels.spec")):
+            continue
+        for alias in node.names:
+            builder = (node.module == "obskernels.spec.calls" and alias.name[:1].islower()) or (
+                node.module == "obskernels.spec" and alias.name == "calls")
+            if CHECKING.match(alias.name) or builder:
+                found.append((node.lineno, f"{node.module}.{alias.name}"))
+    return found
+
+
+@pytest.mark.parametrize("folder", sorted(LAYERS))
+def test_backends_check_nothing(folder):
+    """The front checks each call once (obskernels.spec.calls) and hands the
+    checked call down: neither backend imports a check."""
+    files = [p for p in sorted((ROOT / folder).rglob("*.py"))
+             if str(p.relative_to(ROOT)) not in BUILDS_CALLS]
+    bad = [f"{path.relative_to(ROOT)}:{line}: {name}" for path in files
+           for line, name in checking_imports(path)]
+    assert not bad, f"{folder}/ imports input checks:\n" + "\n".join(bad)
+
+
+def test_the_check_rule_catches_a_check(tmp_path):
+    leak = tmp_path / "leak.py"
+    leak.write_text(
+        "from obskernels.spec.checks import STATUS_NAN, check_status\n"
+        "from obskernels.spec.calls import MinMaxCall, min_max\n"
+        "def f():\n    from obskernels.spec.layout import Flattening, flattening\n"
+    )
+    got = [name for _, name in checking_imports(leak)]
+    assert got == ["obskernels.spec.checks.check_status", "obskernels.spec.calls.min_max",
+                   "obskernels.spec.layout.flattening"]
 
 
 def test_spec_stands_alone():

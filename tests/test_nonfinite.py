@@ -31,9 +31,8 @@ from compressed_tensors.quantization.utils import calculate_qparams, calculate_r
 
 import obskernels.observers.base as base_module
 from obskernels import Observer
-from obskernels.reference.flatten import flatten_for_calibration
 
-from helpers import formats
+from helpers import formats, reference_flatten
 
 NAMES = ("memoryless_minmax", "static_minmax", "minmax", "memoryless_mse", "mse", "nvfp4_expanded_mse", "imatrix_mse")
 MINMAX_FAMILY = ("memoryless_minmax", "static_minmax", "minmax")
@@ -162,7 +161,7 @@ def test_propagate_keeps_llm_compressors_behaviour(backend, name):
     obs = Observer.load_from_registry(name, base_name="weight", args=args, nonfinite="propagate")
     with pytest.warns() if name == "imatrix_mse" else _no_warning():
         obs(x)
-    flat = flatten_for_calibration(x, "weight", args)
+    flat = reference_flatten(x, "weight", args)
     want_min, want_max = torch.amin(flat, dim=(0, -1)), torch.amax(flat, dim=(0, -1))
     bad = ~(torch.isfinite(want_min) & torch.isfinite(want_max))
     assert bad.sum() == 2
@@ -246,7 +245,7 @@ def test_values_near_the_top_of_the_range(backend, name, fmt, dtype):
         wide, _ = calculate_qparams(mn.double(), mx.double(), obs.args, qp["global_scale"])
         assert torch.equal(qp["scale"][~finite], wide.to(ct_scale.dtype)[~finite])
         # the range still fits: its ends dequantize within one step of themselves
-        flat = flatten_for_calibration(x, "weight", obs.args)[0]
+        flat = reference_flatten(x, "weight", obs.args)[0]
         zargs = obs.args.model_copy(update={"strategy": "token"})
         dq = fake_quantize(flat.double(), qp["scale"].double().unsqueeze(-1), qp["zero_point"].unsqueeze(-1), zargs)
         step = qp["scale"].double().unsqueeze(-1)

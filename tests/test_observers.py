@@ -32,9 +32,8 @@ from obskernels import (
     ops,
     use_backend,
 )
-from obskernels.reference.mse_search import mse_search as reference_search
 
-from helpers import nvfp4_args, qargs
+from helpers import nvfp4_args, qargs, reference_search
 
 CLASSES = {
     "memoryless_minmax": MemorylessMinMaxObserver,

@@ -28,9 +28,9 @@ from compressed_tensors.quantization.utils import calculate_qparams
 
 from obskernels import Observer, ops
 from obskernels.backends import use_backend
-from obskernels.reference.flatten import flatten_for_calibration
-from obskernels.reference.mse_search import mse_search as reference_search
-from obskernels.reference.mse_search import search_args
+from obskernels.spec.search import search_args
+
+from helpers import call_backend, reference_flatten, reference_search
 
 triton = pytest.importorskip("triton", reason="the Triton kernels need triton")
 tl = triton.language
@@ -159,7 +159,7 @@ def test_mse_search_of_bf16_subnormals(fmt, flavour):
     x = subnormal_bf16((4, 32), seed=7)
     kw = dict(maxshrink=0.2, patience=5, grid=100, norm=2.4, flavour=flavour)
     want = reference_search(x, "weight", args, **kw)
-    got = mse_module.mse_search(x, "weight", args, **kw)
+    got = call_backend(mse_module.mse_search, x, "weight", args, **kw)
     # the search's base range is min/max: it must see the same subnormals
     assert _same(got[0], want[0]) and _same(got[1], want[1]), (got, want)
 
@@ -188,7 +188,7 @@ TOL = {torch.float32: 1e-6, torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
 def candidate_errors(value, args, mins, maxs, *, norm, flavour):
     """Per group: the reference's fp32 (or observed-dtype) error of the range
     (mins, maxs) summed by torch, and the same terms summed exactly (fsum)."""
-    observed = flatten_for_calibration(value, "weight", args)
+    observed = reference_flatten(value, "weight", args)
     qargs, token_args = search_args(args)
     scale, zp = calculate_qparams(mins, maxs, qargs, None)
     q = fake_quantize(observed, scale.unsqueeze(-1), zp.unsqueeze(-1), token_args)
@@ -207,7 +207,7 @@ def check_tie_bound(value, args, **kw):
     the reference's, both candidates' errors are equal when summed exactly
     (a tie that rounding broke differently). Returns the differing groups."""
     want = reference_search(value, "weight", args, **kw)
-    got = mse_module.mse_search(value, "weight", args, **kw)
+    got = call_backend(mse_module.mse_search, value, "weight", args, **kw)
     ekw = dict(norm=kw["norm"], flavour=kw.get("flavour", "mse"))
     e_ref, x_ref = candidate_errors(value, args, *want, **ekw)
     e_got, x_got = candidate_errors(value, args, *got, **ekw)

@@ -30,10 +30,9 @@ from hypothesis import strategies as st
 
 from obskernels import Observer, ops
 from obskernels.backends import triton_unavailable_reason, use_backend
-from obskernels.reference.flatten import flatten_for_calibration
-from obskernels.reference.mse_search import search_args
+from obskernels.spec.search import search_args
 
-from helpers import DTYPES, TOL, assert_search_parity, formats, group_errors
+from helpers import DTYPES, TOL, assert_search_parity, formats, group_errors, reference_flatten
 
 pytestmark = pytest.mark.skipif(
     triton_unavailable_reason(None) is not None,
@@ -197,7 +196,7 @@ SEARCH = st.fixed_dictionaries({
 def errors_no_worse(value, base_name, args, mins, maxs, kw, slack):
     """Per group: error(choice) <= error(min/max range) * (1 + slack), by the
     search's own measure (its qparams args, its error formula)."""
-    observed = flatten_for_calibration(value, base_name, args)
+    observed = reference_flatten(value, base_name, args)
     base_min, base_max = torch.amin(observed, dim=(0, -1)), torch.amax(observed, dim=(0, -1))
     ekw = dict(norm=kw["norm"], importance=kw.get("importance"), flavour=kw.get("flavour", "mse"))
     e_choice = group_errors(value, base_name, args, mins, maxs, **ekw).double().flatten()
@@ -265,7 +264,7 @@ def test_observer_sequences_agree_across_backends(seq):
     assert ref_tokens == got_tokens == sum(x.numel() // x.shape[-1] for x in batches)
     assert_valid_qparams(*ref_stats, args, batches[0].dtype, name)
     if name == "static_minmax":
-        flats = [flatten_for_calibration(x, "input", args) for x in batches]
+        flats = [reference_flatten(x, "input", args) for x in batches]
         want_min = torch.stack([f.amin(dim=(0, -1)) for f in flats]).amin(0)
         want_max = torch.stack([f.amax(dim=(0, -1)) for f in flats]).amax(0)
         assert torch.equal(ref_stats[0], want_min) and torch.equal(ref_stats[1], want_max)

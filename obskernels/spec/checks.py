@@ -1,12 +1,13 @@
 """Input checks: one function (and one message) per rule, for every backend.
 
 Each check raises ValueError or TypeError with a message that names the
-argument and what was expected. Both backends take their checks from here (the
-kernels never run the reference's, nor the reference the kernels'), so bad
-input fails the same way everywhere, before anything launches; a case that is
-valid input but that the kernels do not cover (float64 values) raises
-``KernelUnsupportedError`` after those checks, so "auto" falls back to the
-reference with one logged message and a forced "triton" reports it.
+argument and what was expected. ``obskernels.spec.calls`` runs them, once per
+call, in the order each operation documents, and hands the backends a checked
+call; neither backend checks anything itself, so bad input fails the same way
+everywhere, before anything launches. Valid input that the kernels do not
+cover (float64 values) is not an input error: the triton backend raises
+``KernelUnsupportedError`` for it, so "auto" falls back to the reference with
+one logged message and a forced "triton" reports it.
 
 dtype policy:
 - values: float32, float16, bfloat16 on every backend; float64 on the
@@ -24,7 +25,7 @@ import math
 import torch
 from compressed_tensors.quantization import QuantizationArgs, QuantizationStrategy
 
-from obskernels.spec.errors import HeldStatisticsError, KernelUnsupportedError
+from obskernels.spec.errors import HeldStatisticsError
 
 __all__ = [
     "FLOAT_DTYPES",
@@ -116,13 +117,8 @@ def strategy_of(args) -> QuantizationStrategy:
         ) from None
 
 
-def check_value(value, base_name: str, name: str = "value", *, float64: bool = False) -> None:
-    """A floating tensor with the rank that ``base_name`` implies.
-
-    float64: whether the caller computes in float64 (the reference does);
-    otherwise a float64 value raises KernelUnsupportedError after every other
-    check of this function passed.
-    """
+def check_value(value, base_name: str, name: str = "value") -> None:
+    """A floating tensor with the rank that ``base_name`` implies."""
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     if value.dtype not in VALUE_DTYPES:
@@ -144,21 +140,15 @@ def check_value(value, base_name: str, name: str = "value", *, float64: bool = F
             f"{name} of attention {base_name!r} must be (batch, heads, seq, head_dim), "
             f"got shape {tuple(value.shape)}"
         )
-    if value.dtype == torch.float64 and not float64:
-        # a constant message: the "auto" fallback logs it once per operation
-        raise KernelUnsupportedError(
-            f"{name} dtype float64 (the triton kernels cover float32, float16 and "
-            "bfloat16; the reference backend computes float64)"
-        )
 
 
-def check_flatten(value, base_name, args, g_idx=None, *, float64: bool = False):
+def check_flatten(value, base_name, args, g_idx=None):
     """The checks every operation that flattens ``value`` (docs/spec.md §2) runs
-    first, in this order; returns (base_name, strategy). The g_idx values are
-    checked later, against the group size (``check_g_idx``)."""
+    first, in this order; returns (base_name, strategy). The strategy's own
+    arguments and the g_idx values come next (``spec.layout.flattening``)."""
     base_name = check_base_name(base_name)
     strategy = strategy_of(args)
-    check_value(value, base_name, float64=float64)
+    check_value(value, base_name)
     if g_idx is not None and not (base_name == WEIGHT and strategy == QuantizationStrategy.GROUP):
         raise ValueError("g_idx applies only to weights with the 'group' strategy")
     return base_name, strategy
@@ -196,16 +186,16 @@ def unsupported(base_name: str, strategy: QuantizationStrategy) -> ValueError:
     )
 
 
-def check_groups_nonempty(observed: torch.Tensor, value: torch.Tensor, op: str) -> None:
-    """Every group of the flattened ``observed`` (obs, *qparam_shape, group) must
-    hold an element: an empty group has no min/max. A value with no groups at
-    all (a qparam shape with a 0) is fine: its result is empty. Observers skip
-    empty values before they get here."""
-    groups = math.prod(observed.shape[1:-1])
-    if observed.numel() == 0 and groups != 0:
+def check_groups_nonempty(flat_shape, value: torch.Tensor, op: str) -> None:
+    """Every group of a flattened value of shape ``flat_shape`` (obs,
+    *qparam_shape, group) must hold an element: an empty group has no
+    min/max. A value with no groups at all (a qparam shape with a 0) is fine:
+    its result is empty. Observers skip empty values before they get here."""
+    groups = math.prod(flat_shape[1:-1])
+    if math.prod(flat_shape) == 0 and groups != 0:
         raise ValueError(
             f"{op}: value of shape {tuple(value.shape)} leaves its {groups} group(s) empty "
-            f"(flattened shape {tuple(observed.shape)}); expected at least one element "
+            f"(flattened shape {tuple(flat_shape)}); expected at least one element "
             "per group"
         )
 
@@ -407,8 +397,10 @@ def check_qparams_args(min_vals, max_vals, args, global_scale=None, fused=None, 
         raise TypeError(f"args must be a QuantizationArgs, got {type(args).__name__}")
     if global_scale is not None and fused is not None:
         raise ValueError("pass either global_scale or fused statistics, not both")
-    if global_scale is not None and not isinstance(global_scale, torch.Tensor):
-        raise TypeError(f"global_scale must be a torch.Tensor, got {type(global_scale).__name__}")
+    if global_scale is not None:
+        if not isinstance(global_scale, torch.Tensor):
+            raise TypeError(f"global_scale must be a torch.Tensor, got {type(global_scale).__name__}")
+        check_same_device("global_scale", global_scale, "min_vals", min_vals)
     if fused is not None:
         pairs = list(fused)
         if not pairs:
@@ -421,13 +413,15 @@ def check_qparams_args(min_vals, max_vals, args, global_scale=None, fused=None, 
                     f"fused statistics must be non-empty pairs of one shape, got "
                     f"{tuple(mn.shape)} and {tuple(mx.shape)}"
                 )
-            if mn.device != min_vals.device or mx.device != min_vals.device:
-                raise ValueError("fused statistics must be on the device of min_vals")
+            for name, t in (("min_vals", mn), ("max_vals", mx)):
+                check_same_device(f"fused {name}", t, "min_vals", min_vals)
     if carry is not None and (
         not isinstance(carry, torch.Tensor) or carry.dtype != torch.int64
         or carry.shape != (len(STATUS_INIT),)
     ):
         raise TypeError(f"carry must be an int64 tensor of shape ({len(STATUS_INIT)},)")
+    if carry is not None:
+        check_same_device("carry", carry, "min_vals", min_vals)
 
 
 def check_held(held, qshape, dtype, device) -> None:
@@ -468,8 +462,17 @@ def check_combine_args(new_min, new_max, held, averaging_constant, status) -> No
     for name, t in (("new_min", new_min), ("new_max", new_max)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in VALUE_DTYPES:
+            raise TypeError(
+                f"{name} dtype must be one of float32, float16, bfloat16 or float64, got {t.dtype}"
+            )
     if new_min.shape != new_max.shape:
         raise ValueError("new_min and new_max must have the same shape")
+    if new_min.dtype != new_max.dtype:
+        raise TypeError(
+            f"new_min and new_max must have the same dtype, got {new_min.dtype} and {new_max.dtype}"
+        )
+    check_same_device("new_max", new_max, "new_min", new_min)
     if held is not None:
         check_held(held, new_min.shape, new_min.dtype, new_min.device)
     check_averaging(averaging_constant)

@@ -1,10 +1,14 @@
-"""The group layout of a value: the frozen object a flattening call is checked into.
+"""A value checked for flattening, and its group layout.
 
 Every observer operation reduces the flattened value of docs/spec.md §2,
-``(num_observations, *qparam_shape, group_size)``, over dims (0, -1). The
-kernels never build that flattened tensor. Instead ``group_layout`` describes,
-for each base_name x strategy, where element ``(q, r, e)`` of the flattened
-value lives in the RAW value's storage:
+``(num_observations, *qparam_shape, group_size)``, over dims (0, -1).
+``flattening`` checks a (value, base_name, args, g_idx) call against every
+rule of §2, once, into a frozen ``Flattening``: the strategy, its group size
+or block shape, g_idx's column order, and the shapes that come out. The
+reference reshapes the value by it; the kernels never build the flattened
+tensor. For them ``group_layout`` derives from a Flattening, for each
+base_name x strategy, where element ``(q, r, e)`` of the flattened value
+lives in the RAW value's storage:
 
 - ``q`` in [0, Q): the group, i.e. the flat index into the qparam shape
   (``min_vals.reshape(-1)[q]``). It splits as ``q = qa * QB + qb``.
@@ -26,20 +30,17 @@ For every layout except the whole-value reductions (``storage_order=True``
 with a single group), the order of (r, e) within a group is the reference's
 flattened order, so ``r * E + e`` is the index along the last flattened dim
 (after the observation dim) -- the flatten kernel and order-sensitive
-reductions rely on it.
-
-``group_layout`` runs the flatten checks of ``obskernels.spec.checks`` (those
-the reference's flattening runs, in its order) and describes the result; the
-kernels address raw storage with it (kernels/_layout.py) and never build the
-flattened tensor.
+reductions rely on it. ``group_layout`` checks nothing: its input was checked.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import torch
+from compressed_tensors.quantization import QuantizationArgs
 from compressed_tensors.quantization import QuantizationStrategy as Strategy
 
 from obskernels.spec.checks import (
@@ -52,7 +53,48 @@ from obskernels.spec.checks import (
     unsupported,
 )
 
-__all__ = ["GroupLayout", "group_layout", "coalesce"]
+__all__ = ["Flattening", "flattening", "GroupLayout", "group_layout", "coalesce"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Flattening:
+    """A value checked for flattening (``flattening``), docs/spec.md §2.
+
+    ``group_size``: GROUP and TENSOR_GROUP's; ``block``: BLOCK's (height,
+    width); ``column_order``: a weight's columns in the stable order of its
+    g_idx (int64, what ``check_g_idx`` returns), None without g_idx.
+    ``qshape``: the shape of min_vals / max_vals; ``flat_shape``: the
+    flattened value's (padding of partial blocks included).
+    """
+
+    value: torch.Tensor
+    base_name: str
+    strategy: Strategy
+    args: QuantizationArgs
+    qshape: tuple[int, ...]
+    flat_shape: tuple[int, ...]
+    group_size: int | None = None
+    block: tuple[int, int] | None = None
+    column_order: torch.Tensor | None = None
+
+    @property
+    def num_groups(self) -> int:
+        return math.prod(self.qshape)
+
+    @property
+    def has_elements(self) -> bool:
+        """Whether the flattened value holds any element."""
+        return math.prod(self.flat_shape) != 0
+
+    def of(self, other: torch.Tensor) -> "Flattening":
+        """The same flattening of ``other``, a tensor of the value's shape
+        (the search's per-column importance, broadcast over the rows)."""
+        if tuple(other.shape) != tuple(self.value.shape):
+            raise ValueError(
+                f"a flattening of shape {tuple(self.value.shape)} cannot take a tensor of "
+                f"shape {tuple(other.shape)}"
+            )
+        return dataclasses.replace(self, value=other)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,7 +187,7 @@ def _rows(dims: list[tuple[int, int]]) -> tuple[tuple[int, int, int], tuple[int,
     return tuple(n for n, _ in dims), tuple(s for _, s in dims)
 
 
-def _whole(value: torch.Tensor, dims: list[tuple[int, int]], qshape, flat_shape, storage_order):
+def _whole(dims: list[tuple[int, int]], qshape, flat_shape, storage_order):
     """One group covering ``dims`` (size, stride), outer to inner in logical order.
 
     storage_order: visit elements in memory order (dims sorted by stride and
@@ -180,34 +222,78 @@ def _whole(value: torch.Tensor, dims: list[tuple[int, int]], qshape, flat_shape,
     )
 
 
-def group_layout(value, base_name, args, g_idx=None, *, storage_order=True,
-                 float64: bool = False) -> GroupLayout:
-    """The layout of ``flatten_for_calibration(value, base_name, args, g_idx)``.
+def flattening(value, base_name, args, g_idx=None) -> Flattening:
+    """``value`` checked for ``flatten_for_calibration(value, base_name, args,
+    g_idx)``: every rule of docs/spec.md §2, in one order (base_name, strategy,
+    value, g_idx's applicability, then the strategy's own arguments: group
+    size and g_idx's values, or block shape), each with its message from
+    obskernels.spec.checks. Every dtype of ``VALUE_DTYPES`` passes (the kernels
+    raise KernelUnsupportedError for float64 themselves)."""
+    base_name, strategy = check_flatten(value, base_name, args, g_idx)
+    shape = tuple(value.shape)
+    checked = functools.partial(Flattening, value, base_name, strategy, args)
 
-    Runs the checks of obskernels.spec that the reference runs, in the same
-    order, so bad input raises the same ValueError / TypeError on both backends
-    before anything launches.
-    For an empty value only the shapes mean something (the kernels launch
-    nothing for it: obskernels.ops hands it to the reference).
+    if base_name == WEIGHT:
+        rows, cols = shape
+        if strategy == Strategy.TENSOR:
+            return checked((1,), (1, 1, rows * cols))
+        if strategy == Strategy.CHANNEL:
+            return checked((rows, 1), (1, rows, 1, cols))
+        if strategy in (Strategy.GROUP, Strategy.TENSOR_GROUP):
+            g = group_size_of(args, cols)
+            # the stable column order by group comes with the check (one sort)
+            order = None if g_idx is None else check_g_idx(g_idx, value, g)
+            return checked((rows, cols // g), (1, rows, cols // g, g), group_size=g,
+                           column_order=order)
+        if strategy == Strategy.BLOCK:
+            bh, bw = block_shape(args)
+            nbr, nbc = -(-rows // bh), -(-cols // bw)
+            return checked((nbr, nbc), (1, nbr, nbc, bh * bw), block=(bh, bw))
+        raise unsupported(base_name, strategy)
+
+    if base_name in ACTIVATIONS:
+        hidden = shape[-1]
+        tokens = math.prod(shape[:-1])
+        if strategy == Strategy.TENSOR:
+            return checked((1,), (tokens, 1, hidden))
+        if strategy == Strategy.TOKEN:
+            # amin over (0, -1) of the value itself: a 0-d result for 2-D tokens
+            return checked(() if len(shape) == 2 else (shape[1],), shape)
+        if strategy in (Strategy.GROUP, Strategy.TENSOR_GROUP):
+            g = group_size_of(args, hidden)
+            return checked((hidden // g,), (tokens, hidden // g, g), group_size=g)
+        raise unsupported(base_name, strategy)
+
+    # attention q / k / v: (batch, heads, seq, head_dim)
+    batch, heads, seq, head_dim = shape
+    if strategy == Strategy.TENSOR:
+        return checked((1,), (batch * seq, 1, heads * head_dim))
+    if strategy == Strategy.ATTN_HEAD:
+        return checked((heads, 1, 1), (batch * seq, heads, 1, 1, head_dim))
+    raise unsupported(base_name, strategy)
+
+
+def group_layout(flat: Flattening, *, storage_order: bool = True) -> GroupLayout:
+    """The index map of a checked flattening (``flattening``): where each
+    element of the flattened value lives in the raw value's storage. Only
+    arithmetic on shapes and strides (and g_idx's column order as int32).
 
     storage_order: for whole-value reductions (a single group reduced over
     every element), visit elements in memory order instead of the reference's
     flattened order. Order-insensitive reductions (min/max) want True.
-    float64: whether the caller computes float64 values (the reference, which
-    takes only the group shape from a layout); otherwise they raise
-    KernelUnsupportedError after the other checks (``check_value``).
     """
-    base_name, strategy = check_flatten(value, base_name, args, g_idx, float64=float64)
+    value, strategy = flat.value, flat.strategy
     shape, strides = tuple(value.shape), tuple(value.stride())
+    qshape, flat_shape = flat.qshape, flat.flat_shape
 
-    if base_name == WEIGHT:
+    if flat.base_name == WEIGHT:
         (rows, cols), (sr, sc) = shape, strides
         if strategy == Strategy.TENSOR:
-            return _whole(value, [(rows, sr), (cols, sc)], (1,), (1, 1, rows * cols), storage_order)
+            return _whole([(rows, sr), (cols, sc)], qshape, flat_shape, storage_order)
         if strategy == Strategy.CHANNEL:
             return GroupLayout(
-                qshape=(rows, 1),
-                flat_shape=(1, rows, 1, cols),
+                qshape=qshape,
+                flat_shape=flat_shape,
                 groups=(rows, 1),
                 group_strides=(sr, 0),
                 rows=(1, 1, 1),
@@ -215,54 +301,45 @@ def group_layout(value, base_name, args, g_idx=None, *, storage_order=True,
                 elems=cols,
                 elem_stride=sc,
             )
-        if strategy in (Strategy.GROUP, Strategy.TENSOR_GROUP):
-            g = group_size_of(args, cols)
-            perm = None
-            if g_idx is not None:
-                # the stable column order by group comes with the check (one sort)
-                perm = check_g_idx(g_idx, value, g).to(torch.int32)
-            return GroupLayout(
-                qshape=(rows, cols // g),
-                flat_shape=(1, rows, cols // g, g),
-                groups=(rows, cols // g),
-                group_strides=(sr, 0 if perm is not None else g * sc),
-                rows=(1, 1, 1),
-                row_strides=(0, 0, 0),
-                elems=g,
-                elem_stride=sc,
-                perm=perm,
-            )
         if strategy == Strategy.BLOCK:
-            bh, bw = block_shape(args)
-            nbr, nbc = -(-rows // bh), -(-cols // bw)
-            partial = rows % bh != 0 or cols % bw != 0
+            (bh, bw), (nbr, nbc) = flat.block, qshape
             return GroupLayout(
-                qshape=(nbr, nbc),
-                flat_shape=(1, nbr, nbc, bh * bw),
+                qshape=qshape,
+                flat_shape=flat_shape,
                 groups=(nbr, nbc),
                 group_strides=(bh * sr, bw * sc),
                 rows=(1, 1, bh),
                 row_strides=(0, 0, sr),
                 elems=bw,
                 elem_stride=sc,
-                pad_limits=(rows, cols) if partial else None,
+                pad_limits=(rows, cols) if rows % bh != 0 or cols % bw != 0 else None,
             )
-        raise unsupported(base_name, strategy)
+        # GROUP, TENSOR_GROUP
+        g = flat.group_size
+        perm = None if flat.column_order is None else flat.column_order.to(torch.int32)
+        return GroupLayout(
+            qshape=qshape,
+            flat_shape=flat_shape,
+            groups=qshape,
+            group_strides=(sr, 0 if perm is not None else g * sc),
+            rows=(1, 1, 1),
+            row_strides=(0, 0, 0),
+            elems=g,
+            elem_stride=sc,
+            perm=perm,
+        )
 
-    if base_name in ACTIVATIONS:
+    if flat.base_name in ACTIVATIONS:
         hidden, sh = shape[-1], strides[-1]
         token_dims = list(zip(shape[:-1], strides[:-1]))
-        tokens = math.prod(shape[:-1])
-        if strategy == Strategy.TENSOR:
-            return _whole(value, token_dims + [(hidden, sh)], (1,), (tokens, 1, hidden), storage_order)
+        if strategy == Strategy.TENSOR or (strategy == Strategy.TOKEN and value.dim() == 2):
+            return _whole(token_dims + [(hidden, sh)], qshape, flat_shape, storage_order)
         if strategy == Strategy.TOKEN:
-            if value.dim() == 2:  # amin over (0, -1) of a 2-D value: a 0-d result
-                return _whole(value, token_dims + [(hidden, sh)], (), shape, storage_order)
             (batch, sb), (seq, ss) = token_dims
             rows, row_strides = _rows([(batch, sb)])
             return GroupLayout(
-                qshape=(seq,),
-                flat_shape=shape,
+                qshape=qshape,
+                flat_shape=flat_shape,
                 groups=(seq, 1),
                 group_strides=(ss, 0),
                 rows=rows,
@@ -270,36 +347,34 @@ def group_layout(value, base_name, args, g_idx=None, *, storage_order=True,
                 elems=hidden,
                 elem_stride=sh,
             )
-        if strategy in (Strategy.GROUP, Strategy.TENSOR_GROUP):
-            g = group_size_of(args, hidden)
-            rows, row_strides = _rows(token_dims)
-            return GroupLayout(
-                qshape=(hidden // g,),
-                flat_shape=(tokens, hidden // g, g),
-                groups=(hidden // g, 1),
-                group_strides=(g * sh, 0),
-                rows=rows,
-                row_strides=row_strides,
-                elems=g,
-                elem_stride=sh,
-            )
-        raise unsupported(base_name, strategy)
+        # GROUP, TENSOR_GROUP
+        g = flat.group_size
+        rows, row_strides = _rows(token_dims)
+        return GroupLayout(
+            qshape=qshape,
+            flat_shape=flat_shape,
+            groups=(hidden // g, 1),
+            group_strides=(g * sh, 0),
+            rows=rows,
+            row_strides=row_strides,
+            elems=g,
+            elem_stride=sh,
+        )
 
     # attention q / k / v: (batch, heads, seq, head_dim)
     (batch, heads, seq, head_dim), (sb, shd, ss, sd) = shape, strides
     if strategy == Strategy.TENSOR:
         dims = [(batch, sb), (seq, ss), (heads, shd), (head_dim, sd)]
-        return _whole(value, dims, (1,), (batch * seq, 1, heads * head_dim), storage_order)
-    if strategy == Strategy.ATTN_HEAD:
-        rows, row_strides = _rows([(batch, sb), (seq, ss)])
-        return GroupLayout(
-            qshape=(heads, 1, 1),
-            flat_shape=(batch * seq, heads, 1, 1, head_dim),
-            groups=(heads, 1),
-            group_strides=(shd, 0),
-            rows=rows,
-            row_strides=row_strides,
-            elems=head_dim,
-            elem_stride=sd,
-        )
-    raise unsupported(base_name, strategy)
+        return _whole(dims, qshape, flat_shape, storage_order)
+    # ATTN_HEAD
+    rows, row_strides = _rows([(batch, sb), (seq, ss)])
+    return GroupLayout(
+        qshape=qshape,
+        flat_shape=flat_shape,
+        groups=(heads, 1),
+        group_strides=(shd, 0),
+        rows=rows,
+        row_strides=row_strides,
+        elems=head_dim,
+        elem_stride=sd,
+    )

@@ -1,0 +1,201 @@
+"""Every operation's call, checked once: what the backends receive.
+
+``obskernels.ops`` hands each call to the function of the same name here,
+with the same arguments (``calls.min_max(value, base_name, args, ...)``),
+which runs every input rule of ``spec.checks`` in the order below and returns
+a frozen call object. Both backends take that object and check nothing
+themselves: a rule has one place and one message, and a bad call fails the
+same way whichever backend was chosen, before anything launches.
+
+Order of the checks (the first rule broken is the error):
+- flatten_for_calibration: the value's flattening (``spec.layout.flattening``).
+- min_max: flattening, every group non-empty, averaging_constant, status,
+  held statistics; every tensor on the value's device.
+- mse_search: search parameters, importance_status, flattening, importance
+  (its values too, unless they are raw with a verdict in importance_status),
+  every group non-empty, a value with data (not on the meta device).
+- combine_statistics: the statistics, held statistics, averaging_constant,
+  status, then the value's flattening and one statistic per group.
+- accumulate_sq, calculate_qparams, importance: their argument checks.
+
+A backend called directly takes these objects too:
+``obskernels.reference.min_max(calls.min_max(value, "weight", args))``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from obskernels.spec.checks import (
+    check_accumulate_args,
+    check_averaging,
+    check_combine_args,
+    check_groups_nonempty,
+    check_held,
+    check_importance_args,
+    check_importance_status,
+    check_importance_target,
+    check_qparams_args,
+    check_same_device,
+    check_statistics_shape,
+    check_status,
+)
+from obskernels.spec.layout import Flattening, flattening
+from obskernels.spec.search import SearchParams
+
+__all__ = [
+    "Flattening",
+    "MinMaxCall",
+    "SearchCall",
+    "CombineCall",
+    "AccumulateCall",
+    "QParamsCall",
+    "ImportanceCall",
+    "flatten_for_calibration",
+    "min_max",
+    "mse_search",
+    "combine_statistics",
+    "accumulate_sq",
+    "calculate_qparams",
+    "importance",
+]
+
+Pair = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclasses.dataclass(frozen=True)
+class MinMaxCall:
+    """``min_max``: the flattening, and what to combine the new statistics with."""
+
+    flat: Flattening
+    held: Pair | None = None
+    averaging_constant: float | None = None
+    status: torch.Tensor | None = None
+    observation: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchCall:
+    """``mse_search``: the flattening, the search parameters and the importance.
+
+    ``importance_status`` not None: ``importance`` is raw E[x²] (fp32) whose
+    verdict lies in that record; its values were not read."""
+
+    flat: Flattening
+    params: SearchParams
+    importance: torch.Tensor | None = None
+    importance_status: torch.Tensor | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class CombineCall:
+    """``combine_statistics``: statistics computed from ``flat.value`` by
+    another operation, and what to combine them with."""
+
+    flat: Flattening
+    new_min: torch.Tensor
+    new_max: torch.Tensor
+    held: Pair | None = None
+    averaging_constant: float | None = None
+    status: torch.Tensor | None = None
+    observation: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class AccumulateCall:
+    """``accumulate_sq``: x (..., channels), fp32 sums, one int64 count."""
+
+    x: torch.Tensor
+    sum_buf: torch.Tensor
+    count_buf: torch.Tensor
+
+
+@dataclasses.dataclass(frozen=True)
+class QParamsCall:
+    """``calculate_qparams``; ``fused`` as a tuple of (min_vals, max_vals) pairs."""
+
+    min_vals: torch.Tensor
+    max_vals: torch.Tensor
+    args: object  # QuantizationArgs
+    global_scale: torch.Tensor | None = None
+    fused: tuple[Pair, ...] | None = None
+    widen: bool = False
+    carry: torch.Tensor | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ImportanceCall:
+    """``importance``: fp32 per-column sums, one int64 count, an observer's record."""
+
+    sum_buf: torch.Tensor
+    count_buf: torch.Tensor
+    status: torch.Tensor
+
+
+def _check_on_device(value: torch.Tensor, **others) -> None:
+    for name, t in others.items():
+        if t is not None:
+            check_same_device(name, t, "value", value)
+
+
+def flatten_for_calibration(value, base_name, args, g_idx=None) -> Flattening:
+    return flattening(value, base_name, args, g_idx)
+
+
+def min_max(value, base_name, args, g_idx=None, *, held=None, averaging_constant=None,
+            status=None, observation=0) -> MinMaxCall:
+    flat = flattening(value, base_name, args, g_idx)
+    check_groups_nonempty(flat.flat_shape, value, "min_max")
+    check_averaging(averaging_constant)
+    check_status(status)
+    _check_on_device(value, status=status)
+    if held is not None:
+        check_held(held, flat.qshape, value.dtype, value.device)
+    return MinMaxCall(flat, held, averaging_constant, status, observation)
+
+
+def mse_search(value, base_name, args, *, maxshrink, patience, grid, norm, expand=1.0,
+               importance=None, flavour="mse", importance_status=None) -> SearchCall:
+    params = SearchParams(maxshrink, patience, grid, norm, expand, flavour)
+    check_importance_status(importance, importance_status)
+    flat = flattening(value, base_name, args)
+    if importance is not None:
+        # raw importance (with importance_status) is judged by its verdict on
+        # the device, not read here: shape, dtype and device only
+        check_importance_target(importance, value, flat.base_name, args,
+                                values=importance_status is None)
+    check_groups_nonempty(flat.flat_shape, value, "mse_search")
+    if flat.has_elements and value.device.type == "meta":
+        raise ValueError(
+            "mse_search: value is on the meta device; expected a device with data "
+            "(where the search stops depends on the values)"
+        )
+    return SearchCall(flat, params, importance, importance_status)
+
+
+def combine_statistics(value, base_name, args, new_min, new_max, *, held=None,
+                       averaging_constant=None, status=None, observation=0) -> CombineCall:
+    check_combine_args(new_min, new_max, held, averaging_constant, status)
+    flat = flattening(value, base_name, args)
+    check_statistics_shape(new_min, flat.qshape)
+    _check_on_device(value, new_min=new_min, status=status)
+    return CombineCall(flat, new_min, new_max, held, averaging_constant, status, observation)
+
+
+def accumulate_sq(x, sum_buf, count_buf) -> AccumulateCall:
+    check_accumulate_args(x, sum_buf, count_buf)
+    return AccumulateCall(x, sum_buf, count_buf)
+
+
+def calculate_qparams(min_vals, max_vals, args, global_scale=None, *, fused=None, widen=False,
+                      carry=None) -> QParamsCall:
+    fused = None if fused is None else tuple(fused)  # read once, even from an iterator
+    check_qparams_args(min_vals, max_vals, args, global_scale, fused, carry)
+    return QParamsCall(min_vals, max_vals, args, global_scale, fused, bool(widen), carry)
+
+
+def importance(sum_buf, count_buf, status) -> ImportanceCall:
+    check_importance_args(sum_buf, count_buf, status)
+    return ImportanceCall(sum_buf, count_buf, status)
