@@ -4,10 +4,14 @@ The index map itself (``GroupLayout``, ``group_layout``: where element
 (q, r, e) of the flattened value lives in the raw value's storage) is
 obskernels.spec.layout's; it is re-exported here for the launchers.
 
-Device side, ``group_coords``, ``row_offsets`` and ``load_tile`` do this
+Device side, ``group_base``, ``layout_rows`` and ``load_tile`` do this
 arithmetic for a [BLOCK_Q, BLOCK_R, BLOCK_E] tile with int64 offsets, so a
 value past 2^31 elements is addressed correctly; ``load_flat`` takes one flat
 index k = r * E + e per element instead (mse_search walks groups that way).
+A kernel takes the layout as ``GroupLayout.kernel_args()``: the extents
+``Q, NR, lim_r, lim_e`` (unspecialised: one variant for every size) and one
+``geo`` argument, the ``Geometry`` tuple of strides and inner sizes
+(specialised field by field), which the helpers read by name.
 ``widen`` and ``store_exact`` move values between the value's dtype and fp32
 exactly on both a GPU and the interpreter (bf16 through its bits); every
 kernel that loads or stores values in the value's dtype goes through them.
@@ -28,9 +32,10 @@ import triton
 import triton.language as tl
 
 from obskernels.spec.errors import KernelUnsupportedError
-from obskernels.spec.layout import GroupLayout, coalesce, group_layout
+from obskernels.spec.layout import Geometry, GroupLayout, coalesce, group_layout
 
 __all__ = [
+    "Geometry",
     "GroupLayout",
     "LaunchConfig",
     "launch_config",
@@ -46,7 +51,9 @@ __all__ = [
     "pow2_at_most",
     "coalesce",
     "group_coords",
+    "group_base",
     "row_offsets",
+    "layout_rows",
     "load_tile",
     "load_flat",
     "widen",
@@ -238,6 +245,14 @@ def group_coords(q, QB):
 
 
 @triton.jit
+def group_base(q, geo):
+    """(qa, qb, offset): group q's coordinates and the int64 storage offset of
+    its first element, qa*sqa + qb*sqb (``geo``: a ``Geometry``)."""
+    qa, qb = group_coords(q, geo.QB)
+    return qa, qb, qa.to(tl.int64) * geo.sqa + qb.to(tl.int64) * geo.sqb
+
+
+@triton.jit
 def row_offsets(r, R1, R2, sr0, sr1, sr2):
     """int64 storage offset of flat row r = (r0 * R1 + r1) * R2 + r2."""
     inner = R1 * R2
@@ -249,47 +264,53 @@ def row_offsets(r, R1, R2, sr0, sr1, sr2):
 
 
 @triton.jit
-def load_tile(x_ptr, perm_ptr, base, qa, qb, r, e, in_group, NR, E, se, lim_r, lim_e,
+def layout_rows(r, geo):
+    """``row_offsets`` of a layout's rows (``geo``: a ``Geometry``)."""
+    return row_offsets(r, geo.R1, geo.R2, geo.sr0, geo.sr1, geo.sr2)
+
+
+@triton.jit
+def load_tile(x_ptr, perm_ptr, base, qa, qb, r, e, in_group, geo, NR, lim_r, lim_e,
               PAD: tl.constexpr, GATHER: tl.constexpr):
     """One tile of the flattened value, in the value's dtype.
 
-    base: int64 offset of each (group, row) pair, qa*sqa + qb*sqb + row_offsets(r);
+    base: int64 offset of each (group, row) pair, ``group_base`` + ``layout_rows``;
     qa, qb, r, e: broadcastable int32 index tensors of the tile's axes;
-    in_group: which lanes are elements of the flattened value.
+    in_group: which lanes are elements of the flattened value; geo, NR,
+    lim_r, lim_e: the layout (``GroupLayout.kernel_args``).
     Lanes outside in_group read 0; so do padding lanes of a partial block
     (PAD), which ARE group elements: docs/spec.md §2 pads with zeros before reducing.
     """
     if GATHER:
-        col = tl.load(perm_ptr + (qb * E + e), mask=in_group, other=0)
-        offs = base + col.to(tl.int64) * se
+        col = tl.load(perm_ptr + (qb * geo.E + e), mask=in_group, other=0)
+        offs = base + col.to(tl.int64) * geo.se
     else:
-        offs = base + e.to(tl.int64) * se
+        offs = base + e.to(tl.int64) * geo.se
     inside = in_group
     if PAD:
-        inside = inside & (qa.to(tl.int64) * NR + r < lim_r) & (qb.to(tl.int64) * E + e < lim_e)
+        inside = inside & (qa.to(tl.int64) * NR + r < lim_r) & (qb.to(tl.int64) * geo.E + e < lim_e)
     return tl.load(x_ptr + offs, mask=inside, other=0.0)
 
 
 @triton.jit
-def load_flat(x_ptr, perm_ptr, q, k, in_group,
-              QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e,
+def load_flat(x_ptr, perm_ptr, q, k, in_group, geo, NR, lim_r, lim_e,
               PAD: tl.constexpr, GATHER: tl.constexpr):
     """Element k = r * E + e of group q, i.e. flat[q, r, e], through load_tile.
 
     q, k: broadcastable index tensors (int32, or int64 where k can pass 2^31);
-    in_group: which lanes are elements of the flattened value. The scalars are
-    ``GroupLayout.scalar_args()`` (Q left out). In an ordered layout k is the
-    element's position in the reference's flattened group, so a kernel can
-    walk a group as one run of k whatever its row levels. Returns (x, col),
-    col = qb * E + e the element's column coordinate (a weight's input column
-    for CHANNEL and GROUP layouts).
+    in_group: which lanes are elements of the flattened value. geo, NR,
+    lim_r, lim_e: the layout (``GroupLayout.kernel_args``, Q left out). In an
+    ordered layout k is the element's position in the reference's flattened
+    group, so a kernel can walk a group as one run of k whatever its row
+    levels. Returns (x, col), col = qb * E + e the element's column
+    coordinate (a weight's input column for CHANNEL and GROUP layouts).
     """
-    qa, qb = group_coords(q, QB)
-    r = k // E
-    e = k - r * E
-    base = qa.to(tl.int64) * sqa + qb.to(tl.int64) * sqb + row_offsets(r, R1, R2, sr0, sr1, sr2)
-    x = load_tile(x_ptr, perm_ptr, base, qa, qb, r, e, in_group, NR, E, se, lim_r, lim_e, PAD, GATHER)
-    return x, qb * E + e
+    qa, qb, gbase = group_base(q, geo)
+    r = k // geo.E
+    e = k - r * geo.E
+    base = gbase + layout_rows(r, geo)
+    x = load_tile(x_ptr, perm_ptr, base, qa, qb, r, e, in_group, geo, NR, lim_r, lim_e, PAD, GATHER)
+    return x, qb * geo.E + e
 
 
 # The interpreter converts bf16 <-> fp32 with its own bit routine, which

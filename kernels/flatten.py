@@ -23,12 +23,12 @@ from obskernels.kernels._layout import (
     check_launchable,
     choose_blocks,
     current_config,
-    group_coords,
+    group_base,
     group_layout,
+    layout_rows,
     load_tile,
     num_warps_for,
     on_device,
-    row_offsets,
 )
 from obskernels.spec.checks import ATTENTION
 from obskernels.spec.layout import Flattening
@@ -41,7 +41,7 @@ CONFIG = LaunchConfig()
 @triton.jit(do_not_specialize=["Q", "NR", "lim_r", "lim_e"])
 def _flatten_kernel(
     x_ptr, perm_ptr, out_ptr,
-    Q, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e,
+    Q, NR, lim_r, lim_e, geo,
     BLOCK_Q: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr,
     PAD: tl.constexpr, GATHER: tl.constexpr,
 ):
@@ -52,15 +52,16 @@ def _flatten_kernel(
     """
     q = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)[:, None, None]
     r = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)[None, :, None]
-    qa, qb = group_coords(q, QB)
-    base = qa.to(tl.int64) * sqa + qb.to(tl.int64) * sqb + row_offsets(r, R1, R2, sr0, sr1, sr2)
+    qa, qb, gbase = group_base(q, geo)
+    base = gbase + layout_rows(r, geo)
+    E = geo.E
     qr_ok = (q < Q) & (r < NR)
     out_base = (q.to(tl.int64) * NR + r) * E
     for e0 in range(0, E, BLOCK_E):
         e = e0 + tl.arange(0, BLOCK_E)[None, None, :]
         in_group = qr_ok & (e < E)
         x = load_tile(x_ptr, perm_ptr, base, qa, qb, r, e, in_group,
-                      NR, E, se, lim_r, lim_e, PAD, GATHER)
+                      geo, NR, lim_r, lim_e, PAD, GATHER)
         tl.store(out_ptr + out_base + e, x, mask=in_group)
 
 
@@ -87,7 +88,7 @@ def flatten_for_calibration(flat: Flattening):
     perm = layout.perm if layout.gather else value  # unread unless GATHER
     with on_device(value):
         _flatten_kernel[(triton.cdiv(Q, BQ), triton.cdiv(NR, BR))](
-            value, perm, out, *layout.scalar_args(),
+            value, perm, out, *layout.kernel_args(),
             BLOCK_Q=BQ, BLOCK_R=BR, BLOCK_E=BE, PAD=layout.pad, GATHER=layout.gather,
             num_warps=num_warps_for(BQ * BR * BE),
         )

@@ -27,12 +27,12 @@ from obskernels.kernels._layout import (
     choose_split,
     current_config,
     finish_blocks,
-    group_coords,
+    group_base,
     group_layout,
+    layout_rows,
     load_tile,
     num_warps_for,
     on_device,
-    row_offsets,
     store_exact,
     widen,
 )
@@ -66,7 +66,7 @@ def _epilogue(min_ptr, max_ptr, offs, lo_q, hi_q, qq, mask, held_min_ptr, held_m
 @triton.jit(do_not_specialize=["Q", "NR", "lim_r", "lim_e", "rows_per_split", "observation"])
 def _min_max_kernel(
     x_ptr, perm_ptr, min_ptr, max_ptr,
-    Q, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e,
+    Q, NR, lim_r, lim_e, geo,
     rows_per_split, held_min_ptr, held_max_ptr, status_ptr, avg_a, avg_c, observation,
     BLOCK_Q: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr,
     PAD: tl.constexpr, GATHER: tl.constexpr,
@@ -90,8 +90,8 @@ def _min_max_kernel(
     pid_s = tl.program_id(1)
     q = pid_q * BLOCK_Q + tl.arange(0, BLOCK_Q)[:, None, None]
     q_ok = q < Q
-    qa, qb = group_coords(q, QB)
-    gbase = qa.to(tl.int64) * sqa + qb.to(tl.int64) * sqb
+    qa, qb, gbase = group_base(q, geo)
+    E = geo.E
     r_lo = pid_s * rows_per_split
     r_hi = tl.minimum(r_lo + rows_per_split, NR)
 
@@ -100,13 +100,13 @@ def _min_max_kernel(
     nan = tl.zeros([BLOCK_Q, BLOCK_R, BLOCK_E], tl.int1)
     for r0 in range(r_lo, r_hi, BLOCK_R):
         r = r0 + tl.arange(0, BLOCK_R)[None, :, None]
-        base = gbase + row_offsets(r, R1, R2, sr0, sr1, sr2)
+        base = gbase + layout_rows(r, geo)
         qr_ok = q_ok & (r < r_hi)
         for e0 in range(0, E, BLOCK_E):
             e = e0 + tl.arange(0, BLOCK_E)[None, None, :]
             in_group = qr_ok & (e < E)
             x = load_tile(x_ptr, perm_ptr, base, qa, qb, r, e, in_group,
-                          NR, E, se, lim_r, lim_e, PAD, GATHER)
+                          geo, NR, lim_r, lim_e, PAD, GATHER)
             x = widen(x)
             # Lanes outside the group must not win: +-inf are neutral.
             lo = tl.minimum(lo, tl.where(in_group, x, float("inf")))
@@ -134,14 +134,14 @@ def _min_max_kernel(
             # rarely taken branch from raising the kernel's register count
             for r0 in range(r_lo, r_hi):
                 r = r0 + tl.arange(0, 1)[None, :, None]
-                base = gbase + row_offsets(r, R1, R2, sr0, sr1, sr2)
+                base = gbase + layout_rows(r, geo)
                 qr_ok = q_ok & (r < r_hi)
                 for e0 in range(0, E, 16):
                     e = e0 + tl.arange(0, 16)[None, None, :]
                     in_group = qr_ok & (e < E)
                     # counts only NaN / +-inf: the plain widening is exact for those
                     x = load_tile(x_ptr, perm_ptr, base, qa, qb, r, e, in_group,
-                                  NR, E, se, lim_r, lim_e, PAD, GATHER).to(tl.float32)
+                                  geo, NR, lim_r, lim_e, PAD, GATHER).to(tl.float32)
                     n1, p1, m1 = ST.count_nonfinite(x, in_group)
                     c_nan += n1
                     c_pos += p1
@@ -229,7 +229,7 @@ def min_max(call: MinMaxCall):
     with on_device(value):
         _min_max_kernel[(n_q, split)](
             value, perm, bits(pmin) if split == 1 else pmin, bits(pmax) if split == 1 else pmax,
-            *layout.scalar_args(), rows_per_split,
+            *layout.kernel_args(), rows_per_split,
             bits(held_min), bits(held_max), status if status is not None else pmin,
             avg_a, avg_c, call.observation,
             BLOCK_Q=BQ, BLOCK_R=BR, BLOCK_E=BE, PAD=layout.pad, GATHER=layout.gather,

@@ -300,7 +300,7 @@ def _mse_search(call: SearchCall):
         PAD=layout.pad, NORM_W=norm_w,
     )
     G, group_numel = layout.num_groups, layout.num_rows * layout.elems
-    geometry = (*layout.scalar_args(), group_numel)
+    geometry = (*layout.kernel_args(), group_numel)
     out_min = torch.empty(layout.qshape, dtype=dtype, device=dev)
     out_max = torch.empty(layout.qshape, dtype=dtype, device=dev)
     base = torch.empty((2, G), dtype=torch.float32, device=dev)

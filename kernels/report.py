@@ -517,16 +517,13 @@ def launch_work(launch: Launch) -> float:
         "_search_kernel": lambda: _cdiv(a["n_steps"], a["BLOCK_S"]),
         "_search_part_kernel": lambda: int(a["chunks_per_split"]) * _cdiv(a["n_steps"], a["BLOCK_SB"]),
         "_minmax_part_kernel": lambda: int(a["chunks_per_split"]),
-        "_min_max_kernel": lambda: _cdiv(a["rows_per_split"], a["BLOCK_R"]) * _cdiv(a["E"], a["BLOCK_E"]),
+        "_min_max_kernel": lambda: _cdiv(a["rows_per_split"], a["BLOCK_R"]) * _cdiv(a["geo"].E, a["BLOCK_E"]),
         "_sum_sq_kernel": lambda: _cdiv(a["tokens_per_split"], a["BLOCK_T"]),
         "_min_max_finish_kernel": lambda: _cdiv(a["SPLIT"], a["BLOCK_S"]),
         "_sum_sq_finish_kernel": lambda: _cdiv(a["SPLIT"], a["BLOCK_S"]),
         "_choose_kernel": lambda: int(a["n_steps"]),
     }.get(attr, lambda: 1)
-    try:
-        n = trips()
-    except (KeyError, TypeError):  # a kernel whose arguments changed: one iteration
-        n = 1
+    n = trips()  # a kernel whose arguments were renamed fails here, not silently
     return math.prod(launch.grid) * _iter_elems(launch.kernel, constexprs) * max(n, 1)
 
 

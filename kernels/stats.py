@@ -26,11 +26,11 @@ from obskernels.kernels import quant
 from obskernels.kernels._layout import (
     LaunchConfig,
     check_kernel_dtype,
-    group_coords,
+    group_base,
     group_layout,
+    layout_rows,
     load_tile,
     on_device,
-    row_offsets,
     widen,
 )
 from obskernels.spec.calls import CombineCall
@@ -123,7 +123,7 @@ def record(status_ptr, nan, pos, neg, bad, observation):
 def _combine_kernel(
     x_ptr, new_min_ptr, new_max_ptr, held_min_ptr, held_max_ptr, out_min_ptr, out_max_ptr,
     status_ptr, a, c, observation,
-    Q, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e,
+    Q, NR, lim_r, lim_e, geo,
     MODE: tl.constexpr, DTYPE: tl.constexpr, BITS16: tl.constexpr, RECORD: tl.constexpr,
     PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
 ):
@@ -156,16 +156,15 @@ def _combine_kernel(
                 sbad = qsm & ((slo != slo) | (shi != shi) | (tl.abs(slo) == float("inf"))
                               | (tl.abs(shi) == float("inf")))
                 qq = qs[:, None, None].to(tl.int32)
-                qa, qb = group_coords(qq, QB)
-                gbase = qa.to(tl.int64) * sqa + qb.to(tl.int64) * sqb
+                qa, qb, gbase = group_base(qq, geo)
                 for r0 in range(0, NR):
                     r = r0 + tl.arange(0, 1)[None, :, None]
-                    base = gbase + row_offsets(r, R1, R2, sr0, sr1, sr2)
-                    for e0 in range(0, E, 16):
+                    base = gbase + layout_rows(r, geo)
+                    for e0 in range(0, geo.E, 16):
                         e = e0 + tl.arange(0, 16)[None, None, :]
-                        inside = sbad[:, None, None] & (e < E)
+                        inside = sbad[:, None, None] & (e < geo.E)
                         x = widen(load_tile(x_ptr, x_ptr, base, qa, qb, r, e, inside,
-                                            NR, E, se, lim_r, lim_e, PAD, False))
+                                            geo, NR, lim_r, lim_e, PAD, False))
                         n1, p1, m1 = count_nonfinite(x, inside)
                         nan += n1
                         pos += p1
@@ -198,7 +197,7 @@ def combine_statistics(call: CombineCall):
         _combine_kernel[(triton.cdiv(Q, block_q),)](
             value, v(new_min), v(new_max), v(held_min), v(held_max), v(out_min), v(out_max),
             status if status is not None else out_min, a, c, call.observation,
-            *layout.scalar_args(),
+            *layout.kernel_args(),
             MODE=mode, DTYPE=quant.DTYPE_CODE[dtype], BITS16=bits16, RECORD=status is not None,
             PAD=layout.pad, BLOCK_Q=block_q,
         )

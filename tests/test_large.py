@@ -82,16 +82,14 @@ def pin(monkeypatch, module_name, **fields):
 # 1. address arithmetic on 2.8e9-element layouts
 # --------------------------------------------------------------------------- #
 @triton.jit
-def _probe_kernel(x_ptr, perm_ptr, q_ptr, k_ptr, out_ptr, N,
-                  QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e,
+def _probe_kernel(x_ptr, perm_ptr, q_ptr, k_ptr, out_ptr, N, Q, NR, lim_r, lim_e, geo,
                   BLOCK: tl.constexpr, PAD: tl.constexpr, GATHER: tl.constexpr):
     """out[i] = flat[q[i], k[i]] read through load_flat (k int64)."""
     i = tl.arange(0, BLOCK)
     ok = i < N
     q = tl.load(q_ptr + i, mask=ok, other=0)
     k = tl.load(k_ptr + i, mask=ok, other=0)
-    x, col = load_flat(x_ptr, perm_ptr, q, k, ok, QB, sqa, sqb, R1, R2, sr0, sr1, sr2,
-                       NR, E, se, lim_r, lim_e, PAD, GATHER)
+    x, col = load_flat(x_ptr, perm_ptr, q, k, ok, geo, NR, lim_r, lim_e, PAD, GATHER)
     tl.store(out_ptr + i, x, mask=ok)
 
 
@@ -176,14 +174,13 @@ def test_layout_addresses_past_2_pow_31(huge_storage, row):
             value[w] = float(n + 1)
     want = torch.tensor([0.0 if w is None else float(value[w]) for w in where], dtype=value.dtype)
     # the same lanes through the kernels' address arithmetic
-    _, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR_, E_, se, lim_r, lim_e = layout.scalar_args()
     q_t = torch.tensor([q for q, _ in lanes], dtype=torch.int32)
     k_t = torch.tensor([k for _, k in lanes], dtype=torch.int64)
     out = torch.full((len(lanes),), -7.0, dtype=value.dtype)
     perm = layout.perm if layout.gather else value
-    _probe_kernel[(1,)](value, perm, q_t, k_t, out, len(lanes), QB, sqa, sqb, R1, R2, sr0, sr1, sr2,
-                        NR_, E_, se, lim_r, lim_e, BLOCK=triton.next_power_of_2(len(lanes)),
-                        PAD=layout.pad, GATHER=layout.gather)
+    _probe_kernel[(1,)](value, perm, q_t, k_t, out, len(lanes), *layout.kernel_args(),
+                        BLOCK=triton.next_power_of_2(len(lanes)), PAD=layout.pad,
+                        GATHER=layout.gather)
     bad = (out != want).nonzero().flatten().tolist()
     assert not bad, [(lanes[i], offsets[i], float(out[i]), float(want[i])) for i in bad]
 
@@ -202,12 +199,10 @@ def test_gather_layout_addresses_past_2_pow_31(huge_storage):
     for n, w in enumerate(where):
         value[w] = float(n + 1)
     want = torch.tensor([float(value[w]) for w in where], dtype=value.dtype)
-    _, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e = layout.scalar_args()
     out = torch.zeros(len(lanes), dtype=value.dtype)
     _probe_kernel[(1,)](value, layout.perm, torch.tensor([q for q, _ in lanes], dtype=torch.int32),
                         torch.tensor([k for _, k in lanes], dtype=torch.int64), out, len(lanes),
-                        QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e,
-                        BLOCK=4, PAD=False, GATHER=True)
+                        *layout.kernel_args(), BLOCK=4, PAD=False, GATHER=True)
     assert torch.equal(out, want), (out, want)
 
 

@@ -27,7 +27,7 @@ from obskernels.kernels.mse_search_details._step import (
 def _search_kernel(
     x_ptr, w_ptr, wmean_ptr, wcode_ptr, tiny, tab_ptr, grid32, grid_bits, exact32, bits_ptr,
     flags_ptr, base_ptr,
-    G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, group_numel,
+    G, NR, lim_r, lim_e, geo, group_numel,
     n_steps, n_words, expand, best_init,
     rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm, pw0,
     DTYPE: tl.constexpr, SYM: tl.constexpr, QTYPE: tl.constexpr, SCALE: tl.constexpr,
@@ -55,24 +55,24 @@ def _search_kernel(
     pid = tl.program_id(0)
     if HAS_W:
         ROWS: tl.constexpr = BLOCK_G // BLOCK_J
-        n_jb = tl.cdiv(QB, BLOCK_J)
+        n_jb = tl.cdiv(geo.QB, BLOCK_J)
         rb = pid // n_jb
         j0 = (pid - rb * n_jb) * BLOCK_J
         idx = tl.arange(0, BLOCK_G)
         row = rb * ROWS + idx // BLOCK_J
         j = j0 + idx % BLOCK_J
-        g = tl.where((row < G // QB) & (j < QB), row.to(tl.int64) * QB + j, G)
+        g = tl.where((row < G // geo.QB) & (j < geo.QB), row.to(tl.int64) * geo.QB + j, G)
         gmask = g < G
         x, w, valid = _load_group(
             x_ptr, w_ptr, g, tl.arange(0, BLOCK_E), group_numel,
-            G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, PAD, False, FAST,
+            G, NR, lim_r, lim_e, geo, PAD, False, FAST,
         )
         # importance comes only with CHANNEL / GROUP layouts: element k of
         # column block j is input column j * E + k, no padding
         jj = j0 + tl.arange(0, BLOCK_J)
         kk = tl.arange(0, BLOCK_E)
-        wm = (jj < QB)[:, None] & (kk < group_numel)[None, :]
-        w1 = tl.load(w_ptr + jj[:, None] * E + kk[None, :], mask=wm, other=0.0)
+        wm = (jj < geo.QB)[:, None] & (kk < group_numel)[None, :]
+        w1 = tl.load(w_ptr + jj[:, None] * geo.E + kk[None, :], mask=wm, other=0.0)
         wc, wok = _importance_norm(wmean_ptr, wcode_ptr, tiny, NORM_W)
         w1 = _importance_weights(w1, wc, wok, NORM_W)
         w = tl.reshape(tl.broadcast_to(w1[None, :, :], (ROWS, BLOCK_J, BLOCK_E)),
@@ -82,7 +82,7 @@ def _search_kernel(
         gmask = g < G
         x, w, valid = _load_group(
             x_ptr, w_ptr, g, tl.arange(0, BLOCK_E), group_numel,
-            G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, PAD, False, FAST,
+            G, NR, lim_r, lim_e, geo, PAD, False, FAST,
         )
     mn, mx = _nan_minmax(x, valid)
     bmin = quant.rd(mn * expand, DTYPE)

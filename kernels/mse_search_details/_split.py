@@ -28,7 +28,7 @@ from obskernels.kernels.mse_search_details._step import (
 @triton.jit(do_not_specialize=_PER_CALL)
 def _minmax_part_kernel(
     x_ptr, part_ptr, tickets_ptr, flags_ptr,
-    G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, group_numel,
+    G, NR, lim_r, lim_e, geo, group_numel,
     K, chunks_per_split, n_words,
     PAD: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
@@ -46,7 +46,7 @@ def _minmax_part_kernel(
         e = (k * chunks_per_split + c) * BLOCK_E + e0
         x, w, valid = _load_group(
             x_ptr, x_ptr, g, e, group_numel,
-            G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, PAD, False, False,
+            G, NR, lim_r, lim_e, geo, PAD, False, False,
         )
         cmn, cmx = _nan_minmax(x, valid)
         mn = quant.nan_min(mn, cmn)
@@ -95,7 +95,7 @@ def _finish_group(part_ptr, bits_ptr, flags_ptr, gid, K, n_steps, n_words, best_
 def _search_part_kernel(
     x_ptr, w_ptr, wmean_ptr, wcode_ptr, tiny, tab_ptr, grid32, grid_bits, exact32, mm_ptr,
     part_ptr, base_ptr, tickets_ptr, bits_ptr, flags_ptr, out_min_ptr, out_max_ptr,
-    G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, group_numel,
+    G, NR, lim_r, lim_e, geo, group_numel,
     K, chunks_per_split, n_steps, n_words, patience, expand, best_init,
     rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm, pw0,
     DTYPE: tl.constexpr, SYM: tl.constexpr, QTYPE: tl.constexpr, SCALE: tl.constexpr,
@@ -125,10 +125,10 @@ def _search_part_kernel(
     k = tl.program_id(1).to(tl.int64)
     r = tl.arange(0, ROWS)
     if HAS_W:
-        rb = pid // QB
-        j = pid - rb * QB
+        rb = pid // geo.QB
+        j = pid - rb * geo.QB
         row = rb * ROWS + r
-        g = tl.where(row < G // QB, row.to(tl.int64) * QB + j, G)
+        g = tl.where(row < G // geo.QB, row.to(tl.int64) * geo.QB + j, G)
     else:
         g = pid.to(tl.int64) + r
     gmask = g < G
@@ -152,12 +152,12 @@ def _search_part_kernel(
         e = (k * chunks_per_split + c) * BLOCK_E + e0
         x, w, valid = _load_group(
             x_ptr, x_ptr, g, e, group_numel,
-            G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, PAD, False, FAST,
+            G, NR, lim_r, lim_e, geo, PAD, False, FAST,
         )
         if HAS_W:
             # importance comes only with CHANNEL / GROUP layouts: element e of
             # column block j is input column j * E + e, no padding
-            w1 = tl.load(w_ptr + j * E + e, mask=e < group_numel, other=0.0)
+            w1 = tl.load(w_ptr + j * geo.E + e, mask=e < group_numel, other=0.0)
             w1 = _importance_weights(w1, wc, wok, NORM_W)
             w = tl.broadcast_to(w1[None, :], (ROWS, BLOCK_E))
         if BLOCK_SB == 1:
@@ -188,15 +188,15 @@ def _search_part_kernel(
     # this program's first group and its number of rows, from the program id
     # (scalars: nothing of the loop above stays live through the tickets)
     if HAS_W:
-        rb = pid // QB
-        g_first = (rb * ROWS).to(tl.int64) * QB + (pid - rb * QB)
-        n_rows = G // QB - rb * ROWS
+        rb = pid // geo.QB
+        g_first = (rb * ROWS).to(tl.int64) * geo.QB + (pid - rb * geo.QB)
+        n_rows = G // geo.QB - rb * ROWS
     else:
         g_first = pid.to(tl.int64)
         n_rows = pid * 0 + 1
     for ri in range(ROWS):
         # one scalar ticket per row, as for a single group
-        gid = g_first + ri * QB
+        gid = g_first + ri * geo.QB
         if ri < n_rows:
             if tl.atomic_add(tickets_ptr + gid, 1) == K - 1:
                 _finish_group(part_ptr, bits_ptr, flags_ptr, gid, K, n_steps, n_words,

@@ -220,7 +220,7 @@ def _importance_weights(w, c, ok, NORM_W: tl.constexpr):
 @triton.jit
 def _load_group(
     x_ptr, w_ptr, g, k, group_numel,
-    G, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e,
+    G, NR, lim_r, lim_e, geo,
     PAD: tl.constexpr, HAS_W: tl.constexpr, FAST: tl.constexpr,
 ):
     """Elements k of groups g as an fp32 tile [len(g), len(k)] (k: position in
@@ -230,7 +230,7 @@ def _load_group(
     valid = (g < G)[:, None] & (k < group_numel)[None, :]
     x, col = load_flat(
         x_ptr, x_ptr, g[:, None], k[None, :], valid,
-        QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e, PAD, False,
+        geo, NR, lim_r, lim_e, PAD, False,
     )
     if FAST:
         # the GPU's own widening is exact (subnormals too); in the step loop

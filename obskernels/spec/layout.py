@@ -38,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from typing import NamedTuple
 
 import torch
 from compressed_tensors.quantization import QuantizationArgs
@@ -53,7 +54,7 @@ from obskernels.spec.checks import (
     unsupported,
 )
 
-__all__ = ["Flattening", "flattening", "GroupLayout", "group_layout", "coalesce"]
+__all__ = ["Flattening", "flattening", "Geometry", "GroupLayout", "group_layout", "coalesce"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +98,26 @@ class Flattening:
         return dataclasses.replace(self, value=other)
 
 
+class Geometry(NamedTuple):
+    """A layout's shape-and-stride scalars, one kernel argument (a tuple):
+    group q = qa * QB + qb starts at qa*sqa + qb*sqb; row r = (r0 * R1 + r1)
+    * R2 + r2 adds r0*sr0 + r1*sr1 + r2*sr2; element e adds e*se, for e < E.
+    Triton specialises every field of a tuple argument (a 1 becomes a
+    constant, a multiple of 16 is known aligned), as the kernels want for
+    these; the per-size extents stay separate arguments (``kernel_args``)."""
+
+    QB: int
+    sqa: int
+    sqb: int
+    R1: int
+    R2: int
+    sr0: int
+    sr1: int
+    sr2: int
+    E: int
+    se: int
+
+
 @dataclasses.dataclass(frozen=True)
 class GroupLayout:
     """Index map from flattened (group q, row r, element e) to raw storage offsets.
@@ -137,23 +158,21 @@ class GroupLayout:
     def gather(self) -> bool:
         return self.perm is not None
 
-    def scalar_args(self) -> tuple[int, ...]:
-        """The runtime scalars, in the order the kernels take them:
-        Q, QB, sqa, sqb, R1, R2, sr0, sr1, sr2, NR, E, se, lim_r, lim_e."""
-        lim_r, lim_e = self.pad_limits or (0, 0)
-        return (
-            self.num_groups,
-            self.groups[1],
-            *self.group_strides,
-            self.rows[1],
-            self.rows[2],
-            *self.row_strides,
-            self.num_rows,
-            self.elems,
-            self.elem_stride,
-            lim_r,
-            lim_e,
+    def geometry(self) -> "Geometry":
+        """The shape-and-stride scalars, grouped as the kernels take them."""
+        return Geometry(
+            self.groups[1], *self.group_strides, self.rows[1], self.rows[2], *self.row_strides,
+            self.elems, self.elem_stride,
         )
+
+    def kernel_args(self) -> tuple:
+        """What a kernel takes of the layout, in order: the extents
+        (Q, NR, lim_r, lim_e), then the ``geometry()``. The extents vary with
+        every size of value, so kernels leave them unspecialised (one compiled
+        variant for every size); the geometry's fields are specialised
+        (a stride or size of 1 is known at compile time, loads vectorise)."""
+        lim_r, lim_e = self.pad_limits or (0, 0)
+        return (self.num_groups, self.num_rows, lim_r, lim_e, self.geometry())
 
     def axis_strides(self) -> tuple[int, int, int]:
         """Memory stride along the tile's (Q, R, E) axes, to pick which to widen."""
