@@ -72,6 +72,7 @@ shrink factor is computed by the kernels (``_shrink``).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -98,6 +99,7 @@ from obskernels.kernels._layout import (
 from obskernels.kernels.mse_search_details._choose import _choose_kernel
 from obskernels.kernels.mse_search_details._register import _search_kernel
 from obskernels.kernels.mse_search_details._split import _minmax_part_kernel, _search_part_kernel
+from obskernels.kernels.mse_search_details._step import StepConstants
 from obskernels.kernels.mse_search_details._step import _shrink  # noqa: F401 - the step rule, tested
 from obskernels.spec.calls import SearchCall
 from obskernels.spec.checks import STATUS_IMPORTANCE
@@ -249,18 +251,47 @@ def mse_search(call: SearchCall):
         return _mse_search(call)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Search:
+    """One search's launch arguments, shared by both paths."""
+
+    value: torch.Tensor
+    weights: tuple  # (w, wmean, wcode, tiny): the importance and its normalisation
+    tab: torch.Tensor  # torch's pow of every 16-bit pattern (fast general pow), else unread
+    steps: tuple  # (grid32, grid_bits, exact32): how the kernels compute step i's shrink
+    geometry: tuple  # (G, NR, lim_r, lim_e, geo, group_numel): the layout
+    n_steps: int
+    n_words: int
+    patience: int  # the stale steps that stop the search, 0 made explicit
+    expand: float
+    best_init: float
+    consts: StepConstants
+    switches: dict  # the constexpr mode switches
+    fast: bool  # the GPU's arithmetic
+    steps_block: int  # grid steps per iteration of the step loop
+    out_min: torch.Tensor
+    out_max: torch.Tensor
+    base: torch.Tensor  # [2, G] fp32: each group's unshrunk range
+
+    @property
+    def num_groups(self) -> int:
+        return self.geometry[0]
+
+    @property
+    def group_numel(self) -> int:
+        return self.geometry[-1]
+
+
 def _mse_search(call: SearchCall):
     flat, params, importance, importance_status = (
         call.flat, call.params, call.importance, call.importance_status)
-    value, args = flat.value, flat.args
-    norm, grid, flavour = params.norm, params.grid, params.flavour
+    value, dtype, dev = flat.value, flat.value.dtype, flat.value.device
+    norm, grid = params.norm, params.grid
     # elements in the reference's flattened order
     layout = group_layout(flat, storage_order=False)
-
-    dtype = value.dtype
-    qparam_args, _ = search_args(args)
+    qparam_args, _ = search_args(flat.args)
     fmt = _format(qparam_args, dtype)
-    imatrix = flavour == "imatrix"
+    imatrix = params.flavour == "imatrix"
     has_w = imatrix and importance is not None
     w = importance.to(torch.float32).contiguous() if has_w else value
     # raw importance: the kernels normalise it as they load it, by torch's own
@@ -269,10 +300,8 @@ def _mse_search(call: SearchCall):
     norm_w = has_w and importance_status is not None
     wmean = w.mean() if norm_w else w
     wcode = importance_status[STATUS_IMPORTANCE:] if norm_w else w
-    wargs = (w, wmean, wcode, _TINY)
 
     n_steps = params.steps
-    dev = value.device
     # the kernels compute step i's p = fp32(1 - i / grid) themselves (_shrink):
     # no table to build on the host and copy to the device
     steps = (
@@ -280,34 +309,17 @@ def _mse_search(call: SearchCall):
         struct.unpack("<q", struct.pack("<d", float(grid)))[0],
         int(_fp32_steps_exact(grid, n_steps)),
     )
-    err_dtype = torch.float32 if imatrix else dtype
-    best_init = float(torch.finfo(err_dtype).max)
-    patience = params.patience
     if imatrix:
-        patience_eff = patience if patience > 0 else n_steps + 1
+        patience = params.patience if params.patience > 0 else n_steps + 1
         norm_run = quant.round_host(norm, torch.float32)
     else:
-        patience_eff = max(patience, 1)  # patience 0 stops at the first stale step too
+        patience = max(params.patience, 1)  # patience 0 stops at the first stale step too
         norm_run = quant.round_host(norm, dtype)
-    consts = dict(
-        rng=fmt["rng"], half=fmt["half"], qmin=fmt["qmin"], qmax=fmt["qmax"],
-        eps=fmt["eps"], zlo=fmt["zlo"], zhi=fmt["zhi"], mx_offset=fmt["mx_offset"],
-        norm=norm_run,
-    )
     switches = dict(
         DTYPE=quant.DTYPE_CODE[dtype], SYM=fmt["SYM"], QTYPE=fmt["QTYPE"], SCALE=fmt["SCALE"],
         ZP=fmt["ZP"], NORM_MODE=_norm_mode(float(norm)), IMATRIX=imatrix, HAS_W=has_w,
         PAD=layout.pad, NORM_W=norm_w,
     )
-    G, group_numel = layout.num_groups, layout.num_rows * layout.elems
-    geometry = (*layout.kernel_args(), group_numel)
-    out_min = torch.empty(layout.qshape, dtype=dtype, device=dev)
-    out_max = torch.empty(layout.qshape, dtype=dtype, device=dev)
-    base = torch.empty((2, G), dtype=torch.float32, device=dev)
-    n_words = -(-n_steps // 32)
-    # A GPU build fuses a * b + c into one FMA by default (the interpreter never
-    # does): rd(q - zp) * scale - x and pow_pos's sums would round once, not twice.
-    launch = dict(enable_fp_fusion=False)
 
     config = current_config(CONFIG)
     # The GPU's own conversions where they are exact by definition (FAST):
@@ -329,82 +341,113 @@ def _mse_search(call: SearchCall):
     if steps_block is None:
         steps_block = 1 if value.is_cuda else 32
     steps_block = max(1, min(steps_block, 32, triton.next_power_of_2(max(n_steps, 1))))
-    if group_numel <= config.max_reg_group:
-        block_e = max(triton.next_power_of_2(group_numel), 2)
-        tile = config.tile
-        if fast and switches["NORM_MODE"] == quant.P_SQRT.value:
-            # sqrt_rn's slow path is a call: at 4096 elements per program sm_90a
-            # saves a predicate register on the stack around it (8 bytes); half
-            # the tile keeps it in registers
-            tile = max(tile // 2, 1)
-        block_g = pow2_at_most(G, max(tile // block_e, 1))
-        bits = torch.empty((G, max(n_words, 1)), dtype=torch.int32, device=dev)
-        warps = _search_warps(block_g, block_e, fast)
-        if has_w:
-            # two rows or more per program share each column's importance read
-            # (a tile of two whole-row groups takes twice the threads)
-            qa, qb = layout.groups
-            if block_g == 1 and qa > 1:
-                block_g, warps = 2, 2 * warps
-            block_j = min(triton.next_power_of_2(qb), max(block_g // 2, 1))
-            programs = triton.cdiv(qa, block_g // block_j) * triton.cdiv(qb, block_j)
-        else:
-            block_j, programs = block_g, triton.cdiv(G, block_g)
-        # one word per (program, 32 steps), each stored by its program: no clearing
-        flags = torch.empty((programs, max(n_words, 1)), dtype=torch.int32, device=dev)
-        _search_kernel[(programs,)](
-            value, *wargs, tab, *steps, bits, flags, base, *geometry,
-            n_steps, n_words, float(params.expand), best_init, **consts, pw0=pw0, **switches,
-            FAST=fast, BLOCK_G=block_g, BLOCK_E=block_e, BLOCK_S=steps_block, BLOCK_J=block_j,
-            num_warps=warps, **launch,
-        )
-        # every choose program ORs all search programs' words: at most
-        # block_g / 4 programs keep those reads within a quarter of the bits'
-        choose_g = pow2_at_most(G, 1024)
-        n_choose = max(1, min(triton.cdiv(G, choose_g), block_g // 4))
-        per_program = triton.cdiv(triton.cdiv(G, n_choose), choose_g) * choose_g
-        _choose_kernel[(triton.cdiv(G, per_program),)](
-            bits, flags, base, *steps, out_min, out_max, G, programs, per_program, n_steps,
-            n_words, patience_eff, DTYPE=switches["DTYPE"], BLOCK_G=choose_g,
-            BLOCK_P=pow2_at_most(programs, 1024), **launch,
-        )
-        return out_min, out_max
 
-    if n_steps > _MAX_SPLIT_STEPS:
+    G, group_numel = layout.num_groups, layout.num_rows * layout.elems
+    search = _Search(
+        value=value, weights=(w, wmean, wcode, _TINY), tab=tab, steps=steps,
+        geometry=(*layout.kernel_args(), group_numel), n_steps=n_steps,
+        n_words=-(-n_steps // 32), patience=patience, expand=float(params.expand),
+        best_init=float(torch.finfo(torch.float32 if imatrix else dtype).max),
+        consts=StepConstants(fmt["rng"], fmt["half"], fmt["qmin"], fmt["qmax"], fmt["eps"],
+                             fmt["zlo"], fmt["zhi"], fmt["mx_offset"], norm_run, pw0),
+        switches=switches, fast=fast, steps_block=steps_block,
+        out_min=torch.empty(layout.qshape, dtype=dtype, device=dev),
+        out_max=torch.empty(layout.qshape, dtype=dtype, device=dev),
+        base=torch.empty((2, G), dtype=torch.float32, device=dev),
+    )
+    if group_numel <= config.max_reg_group:
+        _register_path(search, layout.groups, config)
+    else:
+        _split_path(search, layout.groups, config)
+    return search.out_min, search.out_max
+
+
+# A GPU build fuses a * b + c into one FMA by default (the interpreter never
+# does): rd(q - zp) * scale - x and pow_pos's sums would round once, not twice.
+_NO_FMA = dict(enable_fp_fusion=False)
+
+
+def _register_path(s: _Search, groups: tuple[int, int], config: LaunchConfig) -> None:
+    """Groups held whole in registers: _search_kernel, then _choose_kernel."""
+    G, group_numel, dev = s.num_groups, s.group_numel, s.value.device
+    block_e = max(triton.next_power_of_2(group_numel), 2)
+    tile = config.tile
+    if s.fast and s.switches["NORM_MODE"] == quant.P_SQRT.value:
+        # sqrt_rn's slow path is a call: at 4096 elements per program sm_90a
+        # saves a predicate register on the stack around it (8 bytes); half
+        # the tile keeps it in registers
+        tile = max(tile // 2, 1)
+    block_g = pow2_at_most(G, max(tile // block_e, 1))
+    bits = torch.empty((G, max(s.n_words, 1)), dtype=torch.int32, device=dev)
+    warps = _search_warps(block_g, block_e, s.fast)
+    if s.switches["HAS_W"]:
+        # two rows or more per program share each column's importance read
+        # (a tile of two whole-row groups takes twice the threads)
+        qa, qb = groups
+        if block_g == 1 and qa > 1:
+            block_g, warps = 2, 2 * warps
+        block_j = min(triton.next_power_of_2(qb), max(block_g // 2, 1))
+        programs = triton.cdiv(qa, block_g // block_j) * triton.cdiv(qb, block_j)
+    else:
+        block_j, programs = block_g, triton.cdiv(G, block_g)
+    # one word per (program, 32 steps), each stored by its program: no clearing
+    flags = torch.empty((programs, max(s.n_words, 1)), dtype=torch.int32, device=dev)
+    _search_kernel[(programs,)](
+        s.value, *s.weights, s.tab, *s.steps, bits, flags, s.base, *s.geometry,
+        s.n_steps, s.n_words, s.expand, s.best_init, s.consts, **s.switches,
+        FAST=s.fast, BLOCK_G=block_g, BLOCK_E=block_e, BLOCK_S=s.steps_block, BLOCK_J=block_j,
+        num_warps=warps, **_NO_FMA,
+    )
+    # every choose program ORs all search programs' words: at most
+    # block_g / 4 programs keep those reads within a quarter of the bits'
+    choose_g = pow2_at_most(G, 1024)
+    n_choose = max(1, min(triton.cdiv(G, choose_g), block_g // 4))
+    per_program = triton.cdiv(triton.cdiv(G, n_choose), choose_g) * choose_g
+    _choose_kernel[(triton.cdiv(G, per_program),)](
+        bits, flags, s.base, *s.steps, s.out_min, s.out_max, G, programs, per_program,
+        s.n_steps, s.n_words, s.patience, DTYPE=s.switches["DTYPE"], BLOCK_G=choose_g,
+        BLOCK_P=pow2_at_most(programs, 1024), **_NO_FMA,
+    )
+
+
+def _split_path(s: _Search, groups: tuple[int, int], config: LaunchConfig) -> None:
+    """Groups split over programs: _minmax_part_kernel, then _search_part_kernel,
+    whose last programs (tickets) finish each group and the choice."""
+    G, group_numel, dev = s.num_groups, s.group_numel, s.value.device
+    if s.n_steps > _MAX_SPLIT_STEPS:
         raise KernelUnsupportedError(
-            f"mse_search: {n_steps} grid steps over groups of {group_numel} elements "
+            f"mse_search: {s.n_steps} grid steps over groups of {group_numel} elements "
             f"(the split path keeps at most {_MAX_SPLIT_STEPS} step errors per program)"
         )
     chunk = config.chunk
-    if has_w:
+    if s.switches["HAS_W"]:
         # ROWS rows of one column block per program share each chunk's
         # importance load (traffic: 4 / ROWS bytes per element, not 4); the
         # search takes a chunk as ROWS x (chunk / ROWS) elements, so its split
         # k covers the columns of the min/max's split k
-        qa, qb = layout.groups
+        qa, qb = groups
         rows = max(1, min(_SPLIT_W_ROWS, triton.next_power_of_2(qa), chunk // 16))
         row_programs = triton.cdiv(qa, rows) * qb
     else:
         rows, row_programs = 1, G
     # K programs per group (or row block), cps chunks each; an element costs every grid step
-    K, cps = choose_split(triton.cdiv(group_numel, chunk), 1, chunk * max(n_steps, 1),
+    K, cps = choose_split(triton.cdiv(group_numel, chunk), 1, chunk * max(s.n_steps, 1),
                           row_programs, dev, config)
+    n_words = max(s.n_words, 1)
     mm = torch.empty((2, G, K), dtype=torch.float32, device=dev)
     tickets = torch.empty(G + 1, dtype=torch.int32, device=dev)
-    bits = torch.empty((G, max(n_words, 1)), dtype=torch.int32, device=dev)
-    flags = torch.empty(max(n_words, 1), dtype=torch.int32, device=dev)
-    _minmax_part_kernel[(G, K)](value, mm, tickets, flags, *geometry, K, cps, n_words,
-                                PAD=layout.pad, BLOCK_E=chunk,
-                                BLOCK_W=triton.next_power_of_2(max(n_words, 1)), **launch)
+    bits = torch.empty((G, n_words), dtype=torch.int32, device=dev)
+    flags = torch.empty(n_words, dtype=torch.int32, device=dev)
+    _minmax_part_kernel[(G, K)](s.value, mm, tickets, flags, *s.geometry, K, cps, s.n_words,
+                                PAD=s.switches["PAD"], BLOCK_E=chunk,
+                                BLOCK_W=triton.next_power_of_2(n_words), **_NO_FMA)
     block_k = triton.next_power_of_2(K)
-    block_s = triton.next_power_of_2(max(n_steps, 1))
-    part = torch.empty((G, K, max(n_steps, 1)), dtype=torch.float32, device=dev)
+    part = torch.empty((G, K, max(s.n_steps, 1)), dtype=torch.float32, device=dev)
     _search_part_kernel[(row_programs, K)](
-        value, *wargs, tab, *steps, mm, part, base, tickets, bits, flags, out_min, out_max,
-        *geometry, K, cps * rows, n_steps, n_words, patience_eff, float(params.expand), best_init,
-        **consts, pw0=pw0, **switches, FAST=fast, ROWS=rows, BLOCK_E=chunk // rows,
-        BLOCK_K=block_k,
-        BLOCK_KF=min(64, block_k), BLOCK_S=block_s, BLOCK_SB=steps_block,
-        BLOCK_C=pow2_at_most(G, 1024), num_warps=_SPLIT_WARPS_W if rows > 1 else 8, **launch,
+        s.value, *s.weights, s.tab, *s.steps, mm, part, s.base, tickets, bits, flags,
+        s.out_min, s.out_max, *s.geometry, K, cps * rows, s.n_steps, s.n_words, s.patience,
+        s.expand, s.best_init, s.consts, **s.switches, FAST=s.fast, ROWS=rows,
+        BLOCK_E=chunk // rows, BLOCK_K=block_k, BLOCK_KF=min(64, block_k),
+        BLOCK_S=triton.next_power_of_2(max(s.n_steps, 1)), BLOCK_SB=s.steps_block,
+        BLOCK_C=pow2_at_most(G, 1024), num_warps=_SPLIT_WARPS_W if rows > 1 else 8, **_NO_FMA,
     )
-    return out_min, out_max

@@ -29,7 +29,7 @@ def _search_kernel(
     flags_ptr, base_ptr,
     G, NR, lim_r, lim_e, geo, group_numel,
     n_steps, n_words, expand, best_init,
-    rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm, pw0,
+    consts,
     DTYPE: tl.constexpr, SYM: tl.constexpr, QTYPE: tl.constexpr, SCALE: tl.constexpr,
     ZP: tl.constexpr, NORM_MODE: tl.constexpr, IMATRIX: tl.constexpr, HAS_W: tl.constexpr,
     PAD: tl.constexpr, FAST: tl.constexpr, NORM_W: tl.constexpr,
@@ -99,8 +99,7 @@ def _search_kernel(
         for i in range(n_steps):
             p = _shrink(n_steps * 0 + i, grid32, grid_bits, exact32)  # a tensor on both backends
             err = _step_errors(
-                x, valid, w, bmin, bmax, p, tab_ptr,
-                rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm, pw0,
+                x, valid, w, bmin, bmax, p, tab_ptr, consts,
                 DTYPE, SYM, QTYPE, SCALE, ZP, NORM_MODE, IMATRIX, HAS_W, not IMATRIX, FAST,
             )
             imp = (err < best) & gmask  # strict; NaN never improves
@@ -118,8 +117,7 @@ def _search_kernel(
             si = i0 + tl.arange(0, BLOCK_S)
             smask = si < n_steps
             err = _block_errors(
-                x, valid, w, bmin, bmax, si, smask,
-                rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm, grid32, grid_bits, exact32,
+                x, valid, w, bmin, bmax, si, smask, consts, grid32, grid_bits, exact32,
                 DTYPE, SYM, QTYPE, SCALE, ZP, NORM_MODE, IMATRIX, HAS_W, not IMATRIX,
             )
             imp, best = _improved(err, best, gmask[:, None] & smask[None, :])

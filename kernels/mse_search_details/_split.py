@@ -97,7 +97,7 @@ def _search_part_kernel(
     part_ptr, base_ptr, tickets_ptr, bits_ptr, flags_ptr, out_min_ptr, out_max_ptr,
     G, NR, lim_r, lim_e, geo, group_numel,
     K, chunks_per_split, n_steps, n_words, patience, expand, best_init,
-    rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm, pw0,
+    consts,
     DTYPE: tl.constexpr, SYM: tl.constexpr, QTYPE: tl.constexpr, SCALE: tl.constexpr,
     ZP: tl.constexpr, NORM_MODE: tl.constexpr, IMATRIX: tl.constexpr, HAS_W: tl.constexpr,
     PAD: tl.constexpr, FAST: tl.constexpr, NORM_W: tl.constexpr, ROWS: tl.constexpr,
@@ -164,8 +164,7 @@ def _search_part_kernel(
             for i in range(n_steps):
                 p = _shrink(n_steps * 0 + i, grid32, grid_bits, exact32)
                 err = _step_errors(
-                    x, valid, w, bmin, bmax, p, tab_ptr,
-                    rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm, pw0,
+                    x, valid, w, bmin, bmax, p, tab_ptr, consts,
                     DTYPE, SYM, QTYPE, SCALE, ZP, NORM_MODE, IMATRIX, HAS_W, False, FAST,
                 )
                 acc = tl.where(sid[None, :] == i, acc + err[:, None], acc)
@@ -174,9 +173,8 @@ def _search_part_kernel(
                 si = i0 + tl.arange(0, BLOCK_SB)
                 smask = si < n_steps
                 err = _block_errors(
-                    x, valid, w, bmin, bmax, si, smask,
-                    rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm, grid32, grid_bits,
-                    exact32, DTYPE, SYM, QTYPE, SCALE, ZP, NORM_MODE, IMATRIX, HAS_W, False,
+                    x, valid, w, bmin, bmax, si, smask, consts, grid32, grid_bits, exact32,
+                    DTYPE, SYM, QTYPE, SCALE, ZP, NORM_MODE, IMATRIX, HAS_W, False,
                 )
                 hit = sid[None, :, None] == si[None, None, :]
                 acc = acc + tl.sum(tl.where(hit, err[:, None, :], 0.0), axis=2)

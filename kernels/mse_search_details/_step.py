@@ -7,6 +7,8 @@ propagating min/max.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import triton
 import triton.language as tl
 
@@ -20,6 +22,25 @@ from obskernels.kernels._layout import load_flat, widen
 # the masks and saves registers (28 of 108 in int4 group-128 _search_kernel).
 _PER_CALL = ["lim_r", "lim_e", "n_steps", "n_words", "patience", "K", "chunks_per_split",
              "grid_bits", "exact32"]
+
+
+class StepConstants(NamedTuple):
+    """The format's and the error's runtime constants, one kernel argument:
+    the qparams constants of ``quant.qparams`` (rng, half, qmin, qmax, eps,
+    zlo, zhi, mx_offset), the norm (rounded as the reference's pow sees it)
+    and the fast pow's window offset (``quant.pow_window``, GPU only). Floats
+    are never specialised; ``mx_offset`` is, as it was as its own argument."""
+
+    rng: float
+    half: float
+    qmin: float
+    qmax: float
+    eps: float
+    zlo: float
+    zhi: float
+    mx_offset: int
+    norm: float
+    pw0: float
 
 
 
@@ -47,8 +68,7 @@ def _shrink(i, grid32, grid_bits, exact32):
 
 @triton.jit
 def _block_errors(
-    x, valid, w, bmin, bmax, si, smask,
-    rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm, grid32, grid_bits, exact32,
+    x, valid, w, bmin, bmax, si, smask, c, grid32, grid_bits, exact32,
     DTYPE: tl.constexpr, SYM: tl.constexpr, QTYPE: tl.constexpr, SCALE: tl.constexpr,
     ZP: tl.constexpr, NORM_MODE: tl.constexpr, IMATRIX: tl.constexpr, HAS_W: tl.constexpr,
     ROUND_SUM: tl.constexpr,
@@ -59,17 +79,17 @@ def _block_errors(
     cmin = quant.rd(bmin[:, None] * p[None, :], DTYPE)
     cmax = quant.rd(bmax[:, None] * p[None, :], DTYPE)
     scale, zp = quant.qparams(
-        cmin, cmax, rng, half, qmin, qmax, eps, zlo, zhi, mx_offset,
+        cmin, cmax, c.rng, c.half, c.qmin, c.qmax, c.eps, c.zlo, c.zhi, c.mx_offset,
         DTYPE, SYM, SCALE, ZP,
     )
     x3 = x[:, None, :]
-    dq = quant.fake_quant(x3, scale[:, :, None], zp[:, :, None], qmin, qmax, DTYPE, QTYPE)
+    dq = quant.fake_quant(x3, scale[:, :, None], zp[:, :, None], c.qmin, c.qmax, DTYPE, QTYPE)
     if IMATRIX:
-        err = quant.abs_pow(tl.abs(dq - x3), norm, NORM_MODE, quant.F32)
+        err = quant.abs_pow(tl.abs(dq - x3), c.norm, NORM_MODE, quant.F32)
         if HAS_W:
             err = err * w[:, None, :]
     else:
-        err = quant.abs_pow(tl.abs(quant.rd(dq - x3, DTYPE)), norm, NORM_MODE, DTYPE)
+        err = quant.abs_pow(tl.abs(quant.rd(dq - x3, DTYPE)), c.norm, NORM_MODE, DTYPE)
     # NaN * 0 would leak from tile slots outside the group: select, not multiply
     err = tl.where(valid[:, None, :], err, 0.0)
     err = tl.sum(err, axis=2)
@@ -127,8 +147,7 @@ def _fake_quant_hw(x, scale, zp, qmin, qmax,
 
 @triton.jit
 def _step_errors(
-    x, valid, w, bmin, bmax, p, tab_ptr,
-    rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, norm, pw0,
+    x, valid, w, bmin, bmax, p, tab_ptr, c,
     DTYPE: tl.constexpr, SYM: tl.constexpr, QTYPE: tl.constexpr, SCALE: tl.constexpr,
     ZP: tl.constexpr, NORM_MODE: tl.constexpr, IMATRIX: tl.constexpr, HAS_W: tl.constexpr,
     ROUND_SUM: tl.constexpr, FAST: tl.constexpr,
@@ -144,27 +163,27 @@ def _step_errors(
         cmin = quant.rd(bmin * p, DTYPE)
         cmax = quant.rd(bmax * p, DTYPE)
     scale, zp = quant.qparams(
-        cmin, cmax, rng, half, qmin, qmax, eps, zlo, zhi, mx_offset,
+        cmin, cmax, c.rng, c.half, c.qmin, c.qmax, c.eps, c.zlo, c.zhi, c.mx_offset,
         DTYPE, SYM, SCALE, ZP, FAST,
     )
     if FAST:
-        dq = _fake_quant_hw(x, scale[:, None], zp[:, None], qmin, qmax, DTYPE, SYM, QTYPE)
+        dq = _fake_quant_hw(x, scale[:, None], zp[:, None], c.qmin, c.qmax, DTYPE, SYM, QTYPE)
         if IMATRIX:
-            err = quant.abs_pow_hw(tl.abs(dq - x), norm, pw0, tab_ptr, NORM_MODE,
+            err = quant.abs_pow_hw(tl.abs(dq - x), c.norm, c.pw0, tab_ptr, NORM_MODE,
                                    quant.F32, quant.F32)
             if HAS_W:
                 err = err * w
         else:
             d = tl.abs(quant.rd_hw(dq - x, DTYPE))
-            err = quant.abs_pow_hw(d, norm, pw0, tab_ptr, NORM_MODE, DTYPE, DTYPE)
+            err = quant.abs_pow_hw(d, c.norm, c.pw0, tab_ptr, NORM_MODE, DTYPE, DTYPE)
     else:
-        dq = quant.fake_quant(x, scale[:, None], zp[:, None], qmin, qmax, DTYPE, QTYPE)
+        dq = quant.fake_quant(x, scale[:, None], zp[:, None], c.qmin, c.qmax, DTYPE, QTYPE)
         if IMATRIX:
-            err = quant.abs_pow(tl.abs(dq - x), norm, NORM_MODE, quant.F32)
+            err = quant.abs_pow(tl.abs(dq - x), c.norm, NORM_MODE, quant.F32)
             if HAS_W:
                 err = err * w
         else:
-            err = quant.abs_pow(tl.abs(quant.rd(dq - x, DTYPE)), norm, NORM_MODE, DTYPE)
+            err = quant.abs_pow(tl.abs(quant.rd(dq - x, DTYPE)), c.norm, NORM_MODE, DTYPE)
     err = tl.sum(tl.where(valid, err, 0.0), axis=1)
     if ROUND_SUM:
         if FAST:
