@@ -57,6 +57,22 @@ def call(op, value, base_name, args, **kw):
     return getattr(ops, op)(value, base_name, args, **kw)
 
 
+def assert_same_error_on_every_backend(named_calls):
+    """Each ``(name, fn)``: ``fn()`` raises a ValueError or TypeError, of the
+    same type and message on the reference and the triton backend."""
+    reason = triton_unavailable_reason(None)
+    if reason is not None:
+        pytest.skip(f"triton backend unavailable: {reason}")
+    for name, fn in named_calls:
+        got = {}
+        for b in ("reference", "triton"):
+            with use_backend(b):
+                got[b] = outcome(fn)
+        want = got["reference"]
+        assert want is not None and want[0] in (ValueError, TypeError), (name, want)
+        assert got["triton"] == want, f"{name}: triton {got['triton']} != reference {want}"
+
+
 # --------------------------------------------------------------------------- #
 # rows raising for every (value, base_name, args) operation
 # --------------------------------------------------------------------------- #
@@ -216,27 +232,21 @@ def test_search_params_rejected(backend, kw, match):
 
 def test_every_error_is_the_same_on_every_backend():
     """Same type and message, reference vs triton, for every row above."""
-    if triton_unavailable_reason(None) is not None:
-        pytest.skip(f"triton backend unavailable: {triton_unavailable_reason(None)}")
     calls = []
-    for _, value, base_name, args, _, _ in ERRORS:
+    for name, value, base_name, args, _, _ in ERRORS:
         for op in VALUE_OPS:
-            calls.append(lambda op=op, v=value, b=base_name, a=args: call(op, v, b, a))
-    for _, g_idx, _, _ in G_IDX:
+            calls.append((f"{name} {op}", lambda op=op, v=value, b=base_name, a=args: call(op, v, b, a)))
+    for name, g_idx, _, _ in G_IDX:
         for op in ("flatten_for_calibration", "min_max"):
-            calls.append(lambda op=op, g=g_idx: call(op, torch.ones(4, 8), "weight", qargs("group", group_size=2), g_idx=g))
-    for _, imp, base_name, args, _, _ in IMPORTANCE:
+            calls.append((f"g_idx {name} {op}", lambda op=op, g=g_idx: call(
+                op, torch.ones(4, 8), "weight", qargs("group", group_size=2), g_idx=g)))
+    for name, imp, base_name, args, _, _ in IMPORTANCE:
         value = torch.ones(4, 8) if base_name == "weight" else torch.ones(3, 8)
-        calls.append(lambda v=value, i=imp, b=base_name, a=args: call("mse_search", v, b, a, importance=i, flavour="imatrix"))
+        calls.append((f"importance {name}", lambda v=value, i=imp, b=base_name, a=args: call(
+            "mse_search", v, b, a, importance=i, flavour="imatrix")))
     for kw, _ in SEARCH_PARAMS:
-        calls.append(lambda kw=kw: call("mse_search", torch.ones(4, 8), "weight", qargs(), **kw))
-    for i, fn in enumerate(calls):
-        with use_backend("reference"):
-            want = outcome(fn)
-        with use_backend("triton"):
-            got = outcome(fn)
-        assert want is not None and want[0] in (ValueError, TypeError), (i, want)
-        assert got == want, f"call {i}: triton {got} != reference {want}"
+        calls.append((f"search {kw}", lambda kw=kw: call("mse_search", torch.ones(4, 8), "weight", qargs(), **kw)))
+    assert_same_error_on_every_backend(calls)
 
 
 # --------------------------------------------------------------------------- #
@@ -286,14 +296,8 @@ def test_accumulate_sq_rejects(backend, row):
 
 
 def test_accumulate_sq_errors_are_the_same_on_every_backend():
-    if triton_unavailable_reason(None) is not None:
-        pytest.skip(f"triton backend unavailable: {triton_unavailable_reason(None)}")
-    for name, make, _, _ in ACC_ERRORS:
-        results = {}
-        for b in ("reference", "triton"):
-            with use_backend(b):
-                results[b] = outcome(lambda: ops.accumulate_sq(*make()))
-        assert results["triton"] == results["reference"], name
+    assert_same_error_on_every_backend(
+        [(name, lambda make=make: ops.accumulate_sq(*make())) for name, make, _, _ in ACC_ERRORS])
 
 
 # combine_statistics: (value, base_name, args, new_min, new_max) -> error
@@ -321,14 +325,8 @@ def test_combine_statistics_rejects(backend, row):
 
 
 def test_combine_statistics_errors_are_the_same_on_every_backend():
-    if triton_unavailable_reason(None) is not None:
-        pytest.skip(f"triton backend unavailable: {triton_unavailable_reason(None)}")
-    for name, make, _, _ in COMBINE_ERRORS:
-        results = {}
-        for b in ("reference", "triton"):
-            with use_backend(b):
-                results[b] = outcome(lambda: ops.combine_statistics(*make()))
-        assert results["triton"] == results["reference"], name
+    assert_same_error_on_every_backend(
+        [(name, lambda make=make: ops.combine_statistics(*make())) for name, make, _, _ in COMBINE_ERRORS])
 
 
 def test_combine_statistics_rejects_statistics_of_two_dtypes(backend):
@@ -399,16 +397,14 @@ def test_tensors_of_a_call_on_another_device(backend, row):
         getattr(ops, op)(*args, **kwargs)
 
 
+def _call_op(op, make):
+    args, kwargs = make()
+    return getattr(ops, op)(*args, **kwargs)
+
+
 def test_device_errors_are_the_same_on_every_backend():
-    if triton_unavailable_reason(None) is not None:
-        pytest.skip(f"triton backend unavailable: {triton_unavailable_reason(None)}")
-    for name, op, make, _ in DEVICE_ERRORS:
-        results = {}
-        for b in ("reference", "triton"):
-            args, kwargs = make()
-            with use_backend(b):
-                results[b] = outcome(lambda: getattr(ops, op)(*args, **kwargs))
-        assert results["triton"] == results["reference"] and results["triton"] is not None, name
+    assert_same_error_on_every_backend(
+        [(name, lambda op=op, make=make: _call_op(op, make)) for name, op, make, _ in DEVICE_ERRORS])
 
 
 @pytest.mark.parametrize("dtype", (torch.float32, torch.float64), ids=("fp32", "fp64-fallback"))
