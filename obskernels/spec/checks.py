@@ -69,6 +69,7 @@ __all__ = [
     "check_importance_args",
     "check_combine_args",
     "check_statistics_shape",
+    "check_statistics_pair",
     "HeldStatisticsError",
 ]
 
@@ -374,25 +375,33 @@ IMPORTANCE_OK, IMPORTANCE_NO_DATA, IMPORTANCE_NONFINITE, IMPORTANCE_NEGATIVE, IM
     0, 1, 2, 3, 4)
 
 
-def check_qparams_args(min_vals, max_vals, args, global_scale=None, fused=None, carry=None) -> None:
-    """Statistics and options of ``calculate_qparams``: the same checks on every backend."""
-    for name, t in (("min_vals", min_vals), ("max_vals", max_vals)):
+def check_statistics_pair(min_name: str, mins, max_name: str, maxs) -> None:
+    """Per-group minima and maxima of one call (``calculate_qparams``'s
+    min_vals / max_vals, ``combine_statistics``' new_min / new_max): floating
+    tensors of one shape, dtype and device (the maxima checked against the
+    minima)."""
+    for name, t in ((min_name, mins), (max_name, maxs)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype not in VALUE_DTYPES:
             raise TypeError(
                 f"{name} dtype must be one of float32, float16, bfloat16 or float64, got {t.dtype}"
             )
-    if min_vals.shape != max_vals.shape:
+    if mins.shape != maxs.shape:
         raise ValueError(
-            f"min_vals and max_vals must have the same shape, got {tuple(min_vals.shape)} "
-            f"and {tuple(max_vals.shape)}"
+            f"{min_name} and {max_name} must have the same shape, got {tuple(mins.shape)} "
+            f"and {tuple(maxs.shape)}"
         )
-    if min_vals.dtype != max_vals.dtype:
+    if mins.dtype != maxs.dtype:
         raise TypeError(
-            f"min_vals and max_vals must have the same dtype, got {min_vals.dtype} and {max_vals.dtype}"
+            f"{min_name} and {max_name} must have the same dtype, got {mins.dtype} and {maxs.dtype}"
         )
-    check_same_device("min_vals", min_vals, "max_vals", max_vals)
+    check_same_device(max_name, maxs, min_name, mins)
+
+
+def check_qparams_args(min_vals, max_vals, args, global_scale=None, fused=None, carry=None) -> None:
+    """Statistics and options of ``calculate_qparams``: the same checks on every backend."""
+    check_statistics_pair("min_vals", min_vals, "max_vals", max_vals)
     if not isinstance(args, QuantizationArgs):
         raise TypeError(f"args must be a QuantizationArgs, got {type(args).__name__}")
     if global_scale is not None and fused is not None:
@@ -459,20 +468,7 @@ def check_status(status) -> None:
 
 
 def check_combine_args(new_min, new_max, held, averaging_constant, status) -> None:
-    for name, t in (("new_min", new_min), ("new_max", new_max)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype not in VALUE_DTYPES:
-            raise TypeError(
-                f"{name} dtype must be one of float32, float16, bfloat16 or float64, got {t.dtype}"
-            )
-    if new_min.shape != new_max.shape:
-        raise ValueError("new_min and new_max must have the same shape")
-    if new_min.dtype != new_max.dtype:
-        raise TypeError(
-            f"new_min and new_max must have the same dtype, got {new_min.dtype} and {new_max.dtype}"
-        )
-    check_same_device("new_max", new_max, "new_min", new_min)
+    check_statistics_pair("new_min", new_min, "new_max", new_max)
     if held is not None:
         check_held(held, new_min.shape, new_min.dtype, new_min.device)
     check_averaging(averaging_constant)
