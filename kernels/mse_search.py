@@ -86,6 +86,7 @@ from compressed_tensors.quantization.utils.mxfp_utils import should_generate_mx_
 
 from obskernels.kernels import quant
 from obskernels.kernels._layout import (
+    GroupLayout,
     LaunchConfig,
     check_kernel_dtype,
     check_launchable,
@@ -259,7 +260,7 @@ class _Search:
     weights: tuple  # (w, wmean, wcode, tiny): the importance and its normalisation
     tab: torch.Tensor  # torch's pow of every 16-bit pattern (fast general pow), else unread
     steps: tuple  # (grid32, grid_bits, exact32): how the kernels compute step i's shrink
-    geometry: tuple  # (G, NR, lim_r, lim_e, geo, group_numel): the layout
+    layout: GroupLayout  # the value's, elements in the reference's flattened order
     n_steps: int
     n_words: int
     patience: int  # the stale steps that stop the search, 0 made explicit
@@ -275,11 +276,16 @@ class _Search:
 
     @property
     def num_groups(self) -> int:
-        return self.geometry[0]
+        return self.layout.num_groups
 
     @property
     def group_numel(self) -> int:
-        return self.geometry[-1]
+        return self.layout.num_rows * self.layout.elems
+
+    def layout_args(self) -> tuple:
+        """The layout as every search kernel takes it: G, NR, lim_r, lim_e,
+        geo (``GroupLayout.kernel_args``), then the elements per group."""
+        return (*self.layout.kernel_args(), self.group_numel)
 
 
 def _mse_search(call: SearchCall):
@@ -342,10 +348,9 @@ def _mse_search(call: SearchCall):
         steps_block = 1 if value.is_cuda else 32
     steps_block = max(1, min(steps_block, 32, triton.next_power_of_2(max(n_steps, 1))))
 
-    G, group_numel = layout.num_groups, layout.num_rows * layout.elems
     search = _Search(
         value=value, weights=(w, wmean, wcode, _TINY), tab=tab, steps=steps,
-        geometry=(*layout.kernel_args(), group_numel), n_steps=n_steps,
+        layout=layout, n_steps=n_steps,
         n_words=-(-n_steps // 32), patience=patience, expand=float(params.expand),
         best_init=float(torch.finfo(torch.float32 if imatrix else dtype).max),
         consts=StepConstants(fmt["rng"], fmt["half"], fmt["qmin"], fmt["qmax"], fmt["eps"],
@@ -353,12 +358,12 @@ def _mse_search(call: SearchCall):
         switches=switches, fast=fast, steps_block=steps_block,
         out_min=torch.empty(layout.qshape, dtype=dtype, device=dev),
         out_max=torch.empty(layout.qshape, dtype=dtype, device=dev),
-        base=torch.empty((2, G), dtype=torch.float32, device=dev),
+        base=torch.empty((2, layout.num_groups), dtype=torch.float32, device=dev),
     )
-    if group_numel <= config.max_reg_group:
-        _register_path(search, layout.groups, config)
+    if search.group_numel <= config.max_reg_group:
+        _register_path(search, config)
     else:
-        _split_path(search, layout.groups, config)
+        _split_path(search, config)
     return search.out_min, search.out_max
 
 
@@ -367,7 +372,7 @@ def _mse_search(call: SearchCall):
 _NO_FMA = dict(enable_fp_fusion=False)
 
 
-def _register_path(s: _Search, groups: tuple[int, int], config: LaunchConfig) -> None:
+def _register_path(s: _Search, config: LaunchConfig) -> None:
     """Groups held whole in registers: _search_kernel, then _choose_kernel."""
     G, group_numel, dev = s.num_groups, s.group_numel, s.value.device
     block_e = max(triton.next_power_of_2(group_numel), 2)
@@ -383,7 +388,7 @@ def _register_path(s: _Search, groups: tuple[int, int], config: LaunchConfig) ->
     if s.switches["HAS_W"]:
         # two rows or more per program share each column's importance read
         # (a tile of two whole-row groups takes twice the threads)
-        qa, qb = groups
+        qa, qb = s.layout.groups
         if block_g == 1 and qa > 1:
             block_g, warps = 2, 2 * warps
         block_j = min(triton.next_power_of_2(qb), max(block_g // 2, 1))
@@ -393,7 +398,7 @@ def _register_path(s: _Search, groups: tuple[int, int], config: LaunchConfig) ->
     # one word per (program, 32 steps), each stored by its program: no clearing
     flags = torch.empty((programs, max(s.n_words, 1)), dtype=torch.int32, device=dev)
     _search_kernel[(programs,)](
-        s.value, *s.weights, s.tab, *s.steps, bits, flags, s.base, *s.geometry,
+        s.value, *s.weights, s.tab, *s.steps, bits, flags, s.base, *s.layout_args(),
         s.n_steps, s.n_words, s.expand, s.best_init, s.consts, **s.switches,
         FAST=s.fast, BLOCK_G=block_g, BLOCK_E=block_e, BLOCK_S=s.steps_block, BLOCK_J=block_j,
         num_warps=warps, **_NO_FMA,
@@ -410,7 +415,7 @@ def _register_path(s: _Search, groups: tuple[int, int], config: LaunchConfig) ->
     )
 
 
-def _split_path(s: _Search, groups: tuple[int, int], config: LaunchConfig) -> None:
+def _split_path(s: _Search, config: LaunchConfig) -> None:
     """Groups split over programs: _minmax_part_kernel, then _search_part_kernel,
     whose last programs (tickets) finish each group and the choice."""
     G, group_numel, dev = s.num_groups, s.group_numel, s.value.device
@@ -425,7 +430,7 @@ def _split_path(s: _Search, groups: tuple[int, int], config: LaunchConfig) -> No
         # importance load (traffic: 4 / ROWS bytes per element, not 4); the
         # search takes a chunk as ROWS x (chunk / ROWS) elements, so its split
         # k covers the columns of the min/max's split k
-        qa, qb = groups
+        qa, qb = s.layout.groups
         rows = max(1, min(_SPLIT_W_ROWS, triton.next_power_of_2(qa), chunk // 16))
         row_programs = triton.cdiv(qa, rows) * qb
     else:
@@ -438,14 +443,14 @@ def _split_path(s: _Search, groups: tuple[int, int], config: LaunchConfig) -> No
     tickets = torch.empty(G + 1, dtype=torch.int32, device=dev)
     bits = torch.empty((G, n_words), dtype=torch.int32, device=dev)
     flags = torch.empty(n_words, dtype=torch.int32, device=dev)
-    _minmax_part_kernel[(G, K)](s.value, mm, tickets, flags, *s.geometry, K, cps, s.n_words,
+    _minmax_part_kernel[(G, K)](s.value, mm, tickets, flags, *s.layout_args(), K, cps, s.n_words,
                                 PAD=s.switches["PAD"], BLOCK_E=chunk,
                                 BLOCK_W=triton.next_power_of_2(n_words), **_NO_FMA)
     block_k = triton.next_power_of_2(K)
     part = torch.empty((G, K, max(s.n_steps, 1)), dtype=torch.float32, device=dev)
     _search_part_kernel[(row_programs, K)](
         s.value, *s.weights, s.tab, *s.steps, mm, part, s.base, tickets, bits, flags,
-        s.out_min, s.out_max, *s.geometry, K, cps * rows, s.n_steps, s.n_words, s.patience,
+        s.out_min, s.out_max, *s.layout_args(), K, cps * rows, s.n_steps, s.n_words, s.patience,
         s.expand, s.best_init, s.consts, **s.switches, FAST=s.fast, ROWS=rows,
         BLOCK_E=chunk // rows, BLOCK_K=block_k, BLOCK_KF=min(64, block_k),
         BLOCK_S=triton.next_power_of_2(max(s.n_steps, 1)), BLOCK_SB=s.steps_block,
