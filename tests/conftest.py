@@ -4,6 +4,8 @@ Without CUDA, the Triton kernels run on the CPU through triton's interpreter,
 which must be switched on before triton is first imported.
 """
 
+import contextlib
+import importlib
 import importlib.util
 import os
 
@@ -71,6 +73,20 @@ def pytest_collection_modifyitems(config, items):
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture
+def pin_launch():
+    """``pin_launch(op, **fields)``: launch operation ``op`` (a name of
+    kernels/launch.py's DEFAULTS) with those LaunchConfig fields for the rest
+    of the test, through ``launch_config`` (nothing global is rewritten)."""
+    with contextlib.ExitStack() as stack:
+
+        def pin(op, **fields):
+            launch = importlib.import_module("obskernels.kernels.launch")
+            stack.enter_context(launch.launch_config(ops=op, **fields))
+
+        yield pin
 
 
 @pytest.fixture(params=BACKENDS)

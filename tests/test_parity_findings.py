@@ -118,10 +118,10 @@ def test_the_reported_subnormal_pair():
 @pytest.mark.kernel
 @pytest.mark.parametrize("split", (1, 3))
 @pytest.mark.parametrize("case", range(len(SUBNORMAL_CASES)))
-def test_min_max_of_bf16_subnormals(case, split, monkeypatch):
+def test_min_max_of_bf16_subnormals(case, split, pin_launch):
     base_name, args, shape = SUBNORMAL_CASES[case]
     # a tiny tile and a split force the partial + finish pass (bf16 partials)
-    monkeypatch.setattr(min_max_module, "CONFIG", layout.LaunchConfig(tile=16, split=split))
+    pin_launch("min_max", tile=16, split=split)
     x = subnormal_bf16(shape, seed=case)
     with use_backend("reference"):
         want = ops.min_max(x, base_name, args)
