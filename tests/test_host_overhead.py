@@ -484,3 +484,34 @@ def test_no_sync_on_cuda():
         finally:
             torch.cuda.set_sync_debug_mode("default")
 
+
+# --------------------------------------------------------------------------- #
+# the host-cost proxy itself (obskernels.bench.host)
+# --------------------------------------------------------------------------- #
+def test_host_proxy_counts_python_calls_exactly():
+    from obskernels.bench.host import _python_calls
+
+    def leaf(x):
+        return x + 1
+
+    def branch():
+        return leaf(1) + leaf(2) + len("abc")  # two Python calls, one builtin
+
+    assert _python_calls(lambda: branch()) == 3  # branch and two leaves
+
+
+@needs_interpreter
+def test_host_proxy_stubs_every_kernel_and_restores_them():
+    from obskernels.bench import host
+    from obskernels.tools.kernel_report import discover_kernels
+
+    kernels = discover_kernels()
+    before = {name: getattr(m, a) for name, (m, a) in kernels.items()}
+    record = torch.full((6,), 7, dtype=torch.int64)
+    with host.stubbed_launches():
+        assert all(isinstance(getattr(m, a), host._Stub) for m, a in kernels.values())
+        # a stubbed launch computes nothing; integer outputs read back are cleared
+        mins, maxs = ops.min_max(torch.randn(4, 32), "weight", SCHEMES["int8-channel"].qargs(),
+                                 status=record)
+        assert record.tolist() == [0] * 6
+    assert {name: getattr(m, a) for name, (m, a) in kernels.items()} == before
