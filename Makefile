@@ -25,7 +25,7 @@ else
 STAMP := .setup-$(shell printf '%s' '$(PYTHON)' | cksum | cut -d' ' -f1).stamp
 endif
 
-.PHONY: setup test test-fast bench bench-pytest example test-llmcompressor llmcompressor-env clean distclean gpu-check kernel-report
+.PHONY: setup test test-fast bench bench-pytest example test-llmcompressor llmcompressor-env triton-env clean distclean gpu-check kernel-report
 
 $(VENV)/bin/python:
 	$(BASE_PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -39,13 +39,31 @@ $(STAMP): pyproject.toml scripts/setup.sh
 
 setup: $(STAMP)
 
-# The whole suite: reference, kernels under the interpreter, observers, DDP.
-test: $(STAMP)
-	$(TEST_ENV) $(PYTHON) -m pytest -q -p no:cacheprovider
+# The compile check (tests/test_kernels_compile.py) compiles every kernel
+# variant for sm_90a under each triton the project supports: the one in
+# $(PYTHON) (the newest) and the lowest that pyproject.toml declares, in an
+# environment of its own (CPU torch; scripts/triton_env.sh). The test runs the
+# probe under every interpreter listed in OBSKERNELS_COMPILE_PYTHONS too (':'
+# between them); one that is missing or broken fails the test.
+TRITON_LOW ?= 3.6.0
+TRITON_LOW_VENV ?= .venv-triton36
+TRITON_LOW_STAMP := $(TRITON_LOW_VENV)/.obskernels-triton-setup.stamp
+COMPILE_ENV = OBSKERNELS_COMPILE_PYTHONS=$(TRITON_LOW_VENV)/bin/python
+
+$(TRITON_LOW_STAMP): pyproject.toml scripts/triton_env.sh
+	VENV=$(TRITON_LOW_VENV) TRITON_VERSION=$(TRITON_LOW) BASE_PYTHON=$(BASE_PYTHON) bash scripts/triton_env.sh
+	touch $@
+
+triton-env: $(TRITON_LOW_STAMP)
+
+# The whole suite: reference, kernels under the interpreter, observers, DDP,
+# the compile check under both tritons.
+test: $(STAMP) $(TRITON_LOW_STAMP)
+	$(TEST_ENV) $(COMPILE_ENV) $(PYTHON) -m pytest -q -p no:cacheprovider
 
 # Everything but the slow process-spawning tests.
-test-fast: $(STAMP)
-	$(TEST_ENV) $(PYTHON) -m pytest -q -p no:cacheprovider -m "not slow"
+test-fast: $(STAMP) $(TRITON_LOW_STAMP)
+	$(TEST_ENV) $(COMPILE_ENV) $(PYTHON) -m pytest -q -p no:cacheprovider -m "not slow"
 
 bench: $(STAMP)
 	PYTHONSAFEPATH=1 $(PYTHON) -m obskernels.bench $(BENCH_ARGS)
@@ -86,4 +104,4 @@ clean:
 
 # Also removes the project environments.
 distclean: clean
-	rm -rf $(VENV) $(LLMC_VENV)
+	rm -rf $(VENV) $(LLMC_VENV) $(TRITON_LOW_VENV)

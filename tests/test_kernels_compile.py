@@ -78,15 +78,42 @@ ALLOWED_FAST = {
 }
 
 
-@pytest.fixture(scope="module")
-def probe():
+def _compile_pythons():
+    """The interpreters the probe runs under: this one (the newest triton) and
+    every one listed in OBSKERNELS_COMPILE_PYTHONS (':'-separated; `make test`
+    lists the environment with the lowest triton pyproject.toml declares).
+    Every check below holds under each, with the same budgets."""
+    extra = os.environ.get("OBSKERNELS_COMPILE_PYTHONS", "")
+    return [sys.executable] + [p for p in extra.split(os.pathsep) if p.strip()]
+
+
+def _triton_version(python):
+    try:
+        out = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('triton'))"],
+                             capture_output=True, text=True, timeout=120)
+    except OSError:
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def _id(python):
+    version = _triton_version(python)
+    return f"triton-{version}" if version else f"broken-{os.path.basename(os.path.dirname(os.path.dirname(python)))}"
+
+
+@pytest.fixture(scope="module", params=_compile_pythons(), ids=_id)
+def probe(request):
+    python = request.param
+    # a configured environment that is missing or broken fails, it never skips
+    assert os.access(python, os.X_OK), f"compile environment {python} does not exist (`make test` creates it)"
+    assert _triton_version(python), f"{python} has no triton"
     env = dict(os.environ, PYTHONSAFEPATH="1", TRITON_DEFAULT_FP_FUSION="1")
     env.pop("TRITON_INTERPRET", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "obskernels.tools.kernel_report", "--probe"],
+        [python, "-m", "obskernels.tools.kernel_report", "--probe"],
         env=env, capture_output=True, text=True, timeout=900,
     )
-    assert proc.returncode == 0, f"probe failed:\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, f"probe under {python} failed:\n{proc.stderr[-4000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 

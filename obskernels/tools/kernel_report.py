@@ -237,6 +237,13 @@ def cases() -> List[Case]:
         kw = dict(grid=grid, patience=patience, maxshrink=maxshrink, norm=2.4)
         out.append(C("tensor params (split)", "mse_search", lambda m, kw=kw: checked(m.mse_search,
             r(9, 70), "weight", QA(num_bits=8, strategy="tensor"), **kw), config=split, tag="params-split"))
+    # The split path at the real sizes (one tensor group: the search splits it
+    # over programs): a 2048 x 4096 fp8 activation and a 4096 x 4096 int8 weight.
+    for what, base, shape, qa in (("act 2048x4096 fp8", "input", (2048, 4096), QA(num_bits=8, type="float", strategy="tensor")),
+                                  ("weight 4096x4096 int8", "weight", W, QA(num_bits=8, strategy="tensor"))):
+        for norm in (2.4, 2.0):
+            out.append(C(f"tensor {what} norm {norm:g} (split)", "mse_search", lambda m, b=base, s=shape, q=qa, n=norm:
+                         checked(m.mse_search, w(*s), b, q, **dict(mse, norm=n))))
     return out
 
 
