@@ -25,7 +25,7 @@ else
 STAMP := .setup-$(shell printf '%s' '$(PYTHON)' | cksum | cut -d' ' -f1).stamp
 endif
 
-.PHONY: setup test test-fast bench bench-pytest example test-llmcompressor llmcompressor-env triton-env clean distclean gpu-check kernel-report
+.PHONY: setup test test-fast bench bench-oneshot bench-pytest example test-llmcompressor llmcompressor-env triton-env clean distclean gpu-check kernel-report
 
 $(VENV)/bin/python:
 	$(BASE_PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -85,8 +85,13 @@ LLMC_VENV ?= .venv-llmcompressor
 llmcompressor-env: $(STAMP)
 	VENV=$(LLMC_VENV) PYTHON=$(PYTHON) bash scripts/llmcompressor_env.sh
 
+# End to end: llm-compressor's oneshot, plain vs the drop-in, on Llama-3-8B-shaped
+# layers (CUDA when present; minutes on a GPU, very long on a CPU).
+bench-oneshot: llmcompressor-env
+	HF_HUB_OFFLINE=1 PYTHONSAFEPATH=1 $(LLMC_VENV)/bin/python -m obskernels.bench.oneshot $(ONESHOT_ARGS)
+
 test-llmcompressor: llmcompressor-env
-	$(TEST_ENV) $(LLMC_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_llmcompressor.py
+	$(TEST_ENV) $(LLMC_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_llmcompressor.py tests/test_bench_oneshot.py
 
 # Registers, spills, shared memory and SASS per element (per step for the search)
 # of every kernel variant, compiled for sm_90a with triton's bundled ptxas (no GPU).

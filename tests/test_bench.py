@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from obskernels.bench import cases as bench_cases
-from obskernels.bench.model import GpuModel, affine_extrapolate, bound, compulsory_bytes, predict
+from obskernels.bench.model import GpuModel, affine_extrapolate, compulsory_bytes
 from obskernels.bench.runner import REQUIRED_KEYS, Options, count_call, model_counts, run
 from obskernels.bench.traffic import AtenTraffic, count_traffic, dense_bytes
 
@@ -167,40 +167,46 @@ def test_aten_counter_peak_tracks_frees():
 # --------------------------------------------------------------------------- model
 
 
-def test_model_formula():
-    gpu = GpuModel("test", bandwidth=1e12, fp32_flops=1e13, launch_s=5e-6)
-    # memory bound: 2 GB at 1 TB/s = 2 ms, plus 3 launches
-    assert predict(2e9, 1e9, 3, gpu) == pytest.approx(2e-3 + 15e-6)
-    # compute bound: 1e11 lanes at 1e13 / s = 10 ms
-    assert predict(1e6, 1e11, 0, gpu) == pytest.approx(1e-2)
-    # defaults: H100 SXM, 3.35 TB/s
-    assert predict(3.35e9, 0, 1) == pytest.approx(1e-3 + 4e-6)
-    with pytest.raises(ValueError, match="bytes_moved"):
-        predict(-1, 0, 0)
-    assert bound(2e9, 1e9, 3, gpu) == "memory"
-    assert bound(1e6, 1e11, 0, gpu) == "compute"
-    assert bound(1e3, 1e3, 10, gpu) == "launch"
+def test_issue_efficiency_from_occupancy():
+    from obskernels.bench.model import issue_efficiency
+
+    # 153 registers x 8 warps: one block per SM, 2 warps per scheduler (ncu: 45 % busy)
+    assert issue_efficiency(153, 8) == pytest.approx(2 / 4.5)
+    # 75 registers x 8 warps: 3 blocks, 6 warps per scheduler: the full rate
+    assert issue_efficiency(75, 8) == 1.0
+    assert issue_efficiency(255, 16) == pytest.approx(4 / 4.5)  # one block of 16 warps
 
 
 def test_overlap_model_hand_computed():
     from obskernels.bench.model import overlap_model
 
-    gpu = GpuModel("test", bandwidth=1e12, fp32_flops=1e13, launch_s=5e-6, sync_s=20e-6)
+    gpu = GpuModel("test", bandwidth=1e12, fp32_flops=1e13, aten_op_s=5e-6, triton_launch_s=7e-6,
+                   host_unit_s=2e-6, sync_s=20e-6)
     # two memory-bound eager ops (1 ms, 2 ms) and one Triton launch: 4e6 bytes (4 us)
     # against 3 ms of SASS issue time
     per_launch = [["aten", "a", 1e9, 1e6], ["aten", "b", 2e9, 1e6], ["triton", "k", 4e6, 1e9]]
     m = overlap_model(per_launch, 1, gpu, [3e-3])
     assert m["gpu_s"] == pytest.approx(1e-3 + 2e-3 + 3e-3)
-    assert m["cpu_s"] == pytest.approx(15e-6)
+    assert m["host_s"] == pytest.approx(2 * 5e-6 + 7e-6) and m["before_s"] == 0
     assert m["modelled_s"] == pytest.approx(6e-3 + 20e-6)
     assert m["compute"] == "sass" and m["bound"] == "memory"
     # without SASS the Triton launch falls back to lanes: max(4 us, 100 us)
     m = overlap_model(per_launch, 0, gpu)
     assert m["gpu_s"] == pytest.approx(3e-3 + 1e-4) and m["compute"] == "lanes"
-    # many tiny launches: the CPU issue time wins, it does not add to the GPU time
+    # many tiny launches: the host issue time wins, it does not add to the GPU time
     tiny = [["aten", "t", 1e3, 1e3]] * 100
     m = overlap_model(tiny, 0, gpu)
-    assert m["modelled_s"] == pytest.approx(100 * 5e-6) and m["bound"] == "launch"
+    assert m["modelled_s"] == pytest.approx(100 * 5e-6) and m["bound"] == "host"
+    # a measured host path: 300 units x 2 us + 1 launch x 7 us; the GPU starts after
+    # the host's first 100 units (+ the launch's issue) and runs 3 ms
+    host = {"units": 300.0, "before_units": 100.0, "aten_ops": 2}
+    one = [["aten", "a", 1e3, 1e3], ["aten", "b", 1e3, 1e3], ["triton", "k", 0, 0]]
+    m = overlap_model(one, 0, gpu, [3e-3], host)
+    assert m["host_s"] == pytest.approx(600e-6 + 7e-6) and m["before_s"] == pytest.approx(207e-6)
+    assert m["modelled_s"] == pytest.approx(207e-6 + 3e-3 + 2e-9) and m["bound"] == "compute"
+    # a PyTorch path measured with 2 ops but 10 ops at the modelled shape: 5x the host
+    m = overlap_model([["aten", "a", 1e3, 1e3]] * 10, 0, gpu, host=host)
+    assert m["host_s"] == pytest.approx(5 * 600e-6) and m["bound"] == "host"
 
 
 def test_compulsory_bytes():
@@ -340,15 +346,15 @@ def test_reduced_shape_extrapolation_matches_a_direct_count():
 # ("Records"): in every line, and only when the record has them.
 DOCUMENTED_KEYS = (
     "op target_kind backend case kind base_name shape full_shape scaled dtype strategy format "
-    "scheme measured_s measured_reps measured_min_s timer throughput_gbs peak_bytes peak_method "
+    "scheme measured_s measured_reps measured_min_s timer throughput_gbs peak_bytes peak_pct peak_method "
     "bytes_moved bytes_read bytes_written compulsory_bytes traffic_ratio launches flops modelled_s "
     "modelled_lanes_s model sass_per_elem_step registers spills bound model_gpu count_method status "
     "note mode scope machine versions timestamp"
 ).split()
 DOCUMENTED_OPTIONAL = (
     "aten_ops triton_launches syncs triton_unique_bytes atomics op_names "
-    "triton_programs_at_counted_shape sass_kernel model_gpu_s model_cpu_s model_sync_s search_steps "
-    "flops_per_element_step"
+    "triton_programs_at_counted_shape sass_kernel issue_efficiency model_gpu_s model_host_s model_before_s "
+    "model_sync_s host_units host_method search_steps flops_per_element_step"
 ).split()
 
 

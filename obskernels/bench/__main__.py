@@ -1,7 +1,8 @@
 """``python -m obskernels.bench``: every backend side by side, measured and modelled.
 
 Examples:
-    python -m obskernels.bench                      # --quick on a CPU, --full on a GPU
+    python -m obskernels.bench                      # --quick on a CPU, --full on a GPU (measured only)
+    python -m obskernels.bench --full --model       # on a GPU: measured and modelled side by side
     python -m obskernels.bench --full --ops min_max,mse --observers none
     python -m obskernels.bench --backends reference,triton --out /tmp/b
 """
@@ -36,7 +37,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help=f"comma list of {sorted(OP_ALIASES)}, 'all' or 'none'")
     p.add_argument("--observers", default="all",
                    help=f"comma list of {sorted(OBSERVERS)}, 'all' or 'none'")
-    p.add_argument("--backends", default="all", help=f"comma list of {BACKENDS} or 'all'")
+    p.add_argument("--backends", default="auto",
+                   help=f"comma list of {BACKENDS}, 'all', or 'auto' (default: on CUDA triton, llmc "
+                        "-- llm-compressor as installed -- llmc-eager and reference; on a CPU reference, "
+                        "triton, llmc-eager, llmc-triton: llmc is llmc-eager there)")
     p.add_argument("--out", default="bench-out", help="output folder (default bench-out/)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--reps", type=int, default=None, help="most timed calls per row")
@@ -47,7 +51,20 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help="quick mode: skip the modelled full-size projection")
     p.add_argument("--gpu-bandwidth", type=float, default=3.35, help="model: TB/s (default 3.35, H100 SXM)")
     p.add_argument("--gpu-tflops", type=float, default=67.0, help="model: fp32 TFLOP/s (default 67)")
-    p.add_argument("--launch-us", type=float, default=4.0, help="model: us per launch (default 4)")
+    p.add_argument("--host-unit-us", type=float, default=10.0,
+                   help="model: the GPU host's unit, a small torch CUDA op, in us (default 10: H100 host)")
+    p.add_argument("--triton-launch-us", type=float, default=17.0,
+                   help="model: us to issue a Triton launch (default 17: H100 host)")
+    p.add_argument("--aten-op-us", type=float, default=10.0,
+                   help="model: us per aten op where the host path was not measured (default 10)")
+    p.add_argument("--model", action="store_true",
+                   help="on CUDA: also model every row (interpreter counts, sm_90a compile, host path; "
+                        "adds minutes). Always on without CUDA")
+    p.add_argument("--no-host", action="store_true",
+                   help="model: skip measuring the host paths (each aten op / launch at its issue cost)")
+    p.add_argument("--sass-python", default=None,
+                   help="model: compile the kernels with this interpreter's triton (e.g. "
+                        ".venv-triton36/bin/python for the triton an H100 run used)")
     p.add_argument("--gpu-name", default="H100 SXM", help="model: name printed with the parameters")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--cases", default=None,
@@ -76,19 +93,20 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
     args.ops = choose(args.ops, list(OPS), OP_ALIASES)
     args.observers = choose(args.observers, list(OBSERVERS))
-    args.backends = choose(args.backends, list(BACKENDS))
+    if args.backends != "auto":  # resolved by the device in main()
+        args.backends = choose(args.backends, list(BACKENDS))
     return args
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--count-worker" in argv:
-        from obskernels.bench.runner import count_worker
+        from obskernels.bench.counting import count_worker
 
         count_worker(sys.stdin, sys.stdout)
         return 0
     if "--sass-worker" in argv:
-        from obskernels.bench.runner import sass_worker
+        from obskernels.bench.counting import sass_worker
 
         sass_worker(sys.stdin, sys.stdout)
         return 0
@@ -118,7 +136,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     from obskernels.bench.cases import QUICK_DIVISOR
     from obskernels.bench.runner import Options, run
 
-    gpu = GpuModel(args.gpu_name, args.gpu_bandwidth * 1e12, args.gpu_tflops * 1e12, args.launch_us * 1e-6)
+    gpu = GpuModel(args.gpu_name, args.gpu_bandwidth * 1e12, args.gpu_tflops * 1e12,
+                   host_unit_s=args.host_unit_us * 1e-6, triton_launch_s=args.triton_launch_us * 1e-6,
+                   aten_op_s=args.aten_op_us * 1e-6)
+    if args.backends == "auto":
+        args.backends = (["triton", "llmc", "llmc-eager", "reference"] if device == "cuda"
+                         else ["reference", "triton", "llmc-eager", "llmc-triton"])
     opts = Options(
         mode=mode,
         ops=tuple(args.ops),
@@ -128,7 +151,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         gpu=gpu,
         device=device,
         project_full=not args.no_projection,
+        model=device != "cuda" or args.model,
         sass=not args.no_sass,
+        sass_python=args.sass_python,
+        host=not args.no_host,
         progress=None if args.quiet else sys.stderr,
     )
     if args.cases:
@@ -138,7 +164,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         opts.cases = [c for c in sweep(mode)
                       if any(k in c.with_shape(c.full_shape or c.shape).label for k in keep)]
     if mode == "full":
-        opts.min_reps, opts.max_reps, opts.min_time_s, opts.max_time_s = 5, 50, 1.0, 20.0
+        opts.min_reps, opts.max_reps, opts.min_time_s, opts.max_time_s = 5, 30, 0.1, 3.0
     if args.reps:
         opts.max_reps = args.reps
         opts.min_reps = min(opts.min_reps, args.reps)
@@ -151,7 +177,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     lead = report.lead_table(records)
     if lead:
         print()
-        print("Observers at the full size vs llm-compressor eager (modelled, one formula for every backend):")
+        print("Observers at the full size vs llm-compressor's default path (see the legend: measured "
+              "where a GPU ran them, modelled otherwise):")
         print(lead)
     print()
     for line in report.legend(records):

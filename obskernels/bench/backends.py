@@ -4,14 +4,18 @@ Backends:
 - "reference": obskernels' pure-PyTorch ops (``use_backend("reference")``);
 - "triton": obskernels' Triton kernels (``use_backend("triton")``): on CUDA
   tensors, or on CPU tensors under triton's interpreter (modelling only);
+- "llmc": llm-compressor as installed, nothing switched: what its users get
+  (on CUDA its own Triton MSE-search kernel where it registers one, on the CPU
+  its eager body);
 - "llmc-eager": llm-compressor's own observers and helpers, with its
   ``_grid_search_mse`` forced onto the eager PyTorch body;
 - "llmc-triton": llm-compressor's compiled path, its Triton MSE-search kernel
   (``_grid_search_mse_triton``; note it uses per-group patience, not the global
   patience of docs/spec.md §4). Only the MSE targets have it.
 
-``prepare(case, target, backend, shape, device)`` returns a ``Prepared``: an
-untimed ``setup()``, the timed ``fn()`` and the compulsory byte count of what it
+``prepare(case, target, backend, shape, device)`` returns a ``Prepared``: a
+``setup()`` (timed with the call when ``timed_setup``: an observer's
+construction), the timed ``fn()`` and the compulsory byte count of what it
 read and returned. A target that a backend does not have raises ``NotApplicable``.
 """
 
@@ -37,8 +41,8 @@ __all__ = [
     "backend_unavailable_reason",
 ]
 
-BACKENDS = ("reference", "triton", "llmc-eager", "llmc-triton")
-LLMC_BACKENDS = ("llmc-eager", "llmc-triton")
+BACKENDS = ("reference", "triton", "llmc", "llmc-eager", "llmc-triton")
+LLMC_BACKENDS = ("llmc", "llmc-eager", "llmc-triton")
 _LLMC_TRITON_TARGETS = ("mse_search[mse]", "memoryless_mse", "mse", "nvfp4_expanded_mse")
 # tokens of the activations fed to an imatrix observer before it observes its weight
 IMATRIX_TOKENS = 64
@@ -94,6 +98,7 @@ def _compiled_kernels() -> bool:
 class Prepared:
     fn: Callable[[], object]
     setup: Callable[[], None] = lambda: None
+    timed_setup: bool = False  # setup() is part of the call (an observer's construction)
     reads: List[torch.Tensor] = field(default_factory=list)
     updated: List[torch.Tensor] = field(default_factory=list)
     outputs_of: Callable[[object], Sequence[Optional[torch.Tensor]]] = lambda out: []
@@ -180,7 +185,10 @@ def _obskernels(case: Case, target: Target, backend: str, value: torch.Tensor) -
 
 
 def _observer_prepared(registry, case: Case, target: Target, value, wrap) -> Prepared:
-    """A fresh observer per call (untimed); the timed part observes and takes qparams."""
+    """One observer call: a new observer (``setup``), ``observer(value)`` and
+    ``get_qparams()``. The construction is timed with the call, except for the
+    importance observers: theirs precedes the calibration pass that gathers
+    the importance (untimed)."""
     state = {}
     cols = value.shape[-1]
     importance_bytes: List[torch.Tensor] = []
@@ -206,6 +214,7 @@ def _observer_prepared(registry, case: Case, target: Target, value, wrap) -> Pre
     return Prepared(
         wrap(observe),
         setup=setup,
+        timed_setup=not target.uses_importance,
         reads=[value] + importance_bytes,
         outputs_of=_tuple_outputs,
     )
@@ -215,13 +224,17 @@ def _observer_prepared(registry, case: Case, target: Target, value, wrap) -> Pre
 
 
 @contextlib.contextmanager
-def _llmc_path(path: str):
-    """Forces llm-compressor's ``_grid_search_mse`` onto "eager" or "triton".
+def _llmc_path(path: Optional[str]):
+    """Forces llm-compressor's ``_grid_search_mse`` onto "eager" or "triton"
+    (None: as installed, nothing switched).
 
     compressed-tensors takes no argument for this: its only switches are its
     module flag ``ENFORCE_EAGER`` (read from CT_ENFORCE_EAGER at import) and
     its backend registry, so they are set for the call and restored after it.
     """
+    if path is None:
+        yield
+        return
     from compressed_tensors.utils import impl_backend
 
     saved_flag = getattr(impl_backend, "ENFORCE_EAGER", False)
@@ -247,7 +260,7 @@ def _llmc_path(path: str):
 def _llmc(case: Case, target: Target, backend: str, value: torch.Tensor) -> Prepared:
     from compressed_tensors.quantization import QuantizationStrategy
 
-    path = "eager" if backend == "llmc-eager" else "triton"
+    path = {"llmc": None, "llmc-eager": "eager", "llmc-triton": "triton"}[backend]
     if path == "triton" and target.name not in _LLMC_TRITON_TARGETS and target.label not in _LLMC_TRITON_TARGETS:
         raise NotApplicable("llm-compressor has a Triton path for the MSE search only")
 

@@ -2,38 +2,40 @@
 
 The model every backend's ``modelled_s`` uses (``overlap_model``):
 
-    modelled_s = max(gpu_s, cpu_s) + syncs * sync_s
+    modelled_s = max(host_s, before_s + gpu_s) + syncs * sync_s
     gpu_s      = sum over launches of max(bytes_i / bandwidth, compute_i)
-    cpu_s      = launches * launch_s
+    host_s     = host_units * host_unit_s + triton_launches * triton_launch_s
+    before_s   = the host time until the first Triton launch (+ its issue)
 
-The CPU issues an eager op while the GPU runs earlier ones, so launch cost and
-GPU time overlap instead of adding; a host sync (``.item()``) drains the queue
-and costs a round trip. ``compute_i``: for an aten op, one lane per element of
-its largest operand at the fp32 rate; for a Triton launch, the SASS its
-variant issues on sm_90a (``obskernels.tools.kernel_report``: instructions per
-element and step by pipe x the launch's element-steps, at 132 SMs x 4
-schedulers x 32 lanes x 1.98 GHz, INT at 1/2, MUFU and conversions at 1/8,
-load/store and shuffles at 1/4), or, where no SASS profile is at hand, the
-interpreter's arithmetic lanes at the fp32 rate (a proxy: it counts index
-math and misses the emulation's real cost) -- the ``modelled_lanes_s``
-column always uses that proxy, so both are on record.
+The host issues work while the GPU runs earlier work, so host time and GPU
+time overlap; the GPU cannot start before the host reaches the first launch
+(an observer is constructed and checks its input first), and the call ends
+when both are done (its result is read). ``host_units`` is the call's host
+path measured on the running machine with every launch stubbed
+(``hostcost.measure``: units of a one-element CPU ``add_``), scaled by the
+GPU host's unit (a small torch CUDA op: 10 us on the H100 host); each
+Triton launch adds its issue cost (17 us there). Without a host measurement
+the host is ``aten_ops * aten_op_s + triton_launches * triton_launch_s``.
+A host sync (``.item()``) drains the queue and costs a round trip.
 
-The older single roofline (``predict``) is kept for reference:
-predicted_s = max(bytes / bandwidth, flops / fp32_rate) + launches * launch_s
-
-- bytes: what the traffic counters report (``traffic.Counts.bytes_moved``);
-- flops: arithmetic lanes: for Triton, every elementwise arithmetic, compare,
-  cast and reduction lane the interpreter evaluated (index math included);
-  for the PyTorch paths, one lane per element of each aten op's largest operand;
-- launches: aten ops (one op = one launch) plus Triton grids.
+``compute_i``: for an aten op, one lane per element of its largest operand at
+the fp32 rate; for a Triton launch, the SASS its variant issues on sm_90a
+(``obskernels.tools.kernel_report``: instructions per element and step by pipe
+x the launch's element-steps, at 132 SMs x 4 schedulers x 32 lanes x 1.98 GHz,
+INT at 1/2, MUFU and conversions at 1/8, load/store and shuffles at 1/4),
+divided by the issue efficiency its occupancy allows (``issue_efficiency``),
+or, where no SASS profile is at hand, the interpreter's arithmetic lanes at
+the fp32 rate (a proxy: it counts index math and misses the emulation's real
+cost) -- the ``modelled_lanes_s`` column always uses that proxy.
 
 Default GPU: H100 SXM, 3.35 TB/s HBM3, 67 TFLOP/s fp32 (non-tensor-core),
-4 us per launch (a launch plus its share of the host work between launches),
-33.45e12 lane-instructions/s issued, 10 us per host sync (drain + round trip).
+33.45e12 lane-instructions/s issued, 10 us per host sync; host: 10 us per
+unit and per aten op, 17 us per Triton launch (measured on the H100 host).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Tuple
 
@@ -44,9 +46,9 @@ from obskernels.bench.records import Model, Traffic
 __all__ = [
     "GpuModel",
     "H100_SXM",
-    "predict",
+    "issue_efficiency",
+    "host_seconds",
     "overlap_model",
-    "bound",
     "compulsory_bytes",
     "affine_extrapolate",
     "model_call",
@@ -60,36 +62,39 @@ class GpuModel:
     name: str = "H100 SXM"
     bandwidth: float = 3.35e12  # bytes / s
     fp32_flops: float = 67e12  # lanes / s
-    launch_s: float = 4e-6
     issue_rate: float = 132 * 4 * 32 * 1.98e9  # lane-instructions / s (SASS)
     sync_s: float = 10e-6
+    host_unit_s: float = 10e-6  # the GPU host's unit: a small torch CUDA op
+    triton_launch_s: float = 17e-6  # issuing a bare Triton launch
+    aten_op_s: float = 10e-6  # an aten op, where the host path was not measured
 
     def describe(self) -> str:
         return (
             f"{self.name}: {self.bandwidth / 1e12:g} TB/s, {self.fp32_flops / 1e12:g} "
             f"TFLOP/s fp32, {self.issue_rate / 1e12:.1f}e12 SASS lane-instr/s, "
-            f"{self.launch_s * 1e6:g} us/launch, {self.sync_s * 1e6:g} us/sync"
+            f"host {self.host_unit_s * 1e6:g} us/unit, {self.triton_launch_s * 1e6:g} us/Triton "
+            f"launch, {self.aten_op_s * 1e6:g} us/aten op (unmeasured host), {self.sync_s * 1e6:g} us/sync"
         )
 
 
 H100_SXM = GpuModel()
 
+# Occupancy -> issue efficiency: an SM issues from the warps resident on its
+# 4 schedulers; with few warps per scheduler the search's dependent arithmetic
+# stalls it. Calibrated on the H100 (ncu): the search at 153 registers x 8
+# warps (one block per SM, 2 warps per scheduler) kept the issue slots 45 %
+# busy; llm-compressor's search at 12 warps per scheduler, 92 %.
+REGISTERS_PER_SM = 65536
+MAX_WARPS_PER_SM = 64
+WARPS_TO_HIDE_LATENCY = 4.5  # per scheduler
 
-def predict(bytes_moved: float, flops: float, launches: float, gpu: GpuModel = H100_SXM) -> float:
-    """Predicted seconds: max(bytes / bandwidth, flops / rate) + launches * launch cost."""
-    if min(bytes_moved, flops, launches) < 0:
-        raise ValueError("bytes_moved, flops and launches must be >= 0")
-    return max(bytes_moved / gpu.bandwidth, flops / gpu.fp32_flops) + launches * gpu.launch_s
 
-
-def bound(bytes_moved: float, flops: float, launches: float, gpu: GpuModel = H100_SXM) -> str:
-    """Which term sets the predicted time: "memory", "compute" or "launch"."""
-    terms = {
-        "memory": bytes_moved / gpu.bandwidth,
-        "compute": flops / gpu.fp32_flops,
-        "launch": launches * gpu.launch_s,
-    }
-    return max(terms, key=terms.get)
+def issue_efficiency(registers: int, warps: int) -> float:
+    """Share of the issue rate a kernel of ``registers`` per thread and
+    ``warps`` per block reaches (1.0 with enough resident warps)."""
+    per_warp = -(-registers * 32 // 256) * 256  # registers are allocated 256 per warp at a time
+    blocks = min(REGISTERS_PER_SM // max(per_warp * warps, 1), MAX_WARPS_PER_SM // warps, 32)
+    return min(1.0, max(blocks, 1) * warps / 4 / WARPS_TO_HIDE_LATENCY)
 
 
 def _aliases(t: torch.Tensor, inputs: Sequence[torch.Tensor]) -> bool:
@@ -140,15 +145,36 @@ def affine_extrapolate(points: Dict[int, float], n: int) -> float:
     return v0 + slope * (n - n0)
 
 
+def host_seconds(per_launch: Sequence, gpu: GpuModel = H100_SXM,
+                 host: Optional[Dict] = None) -> Tuple[float, float]:
+    """(host seconds of the call, host seconds before the GPU has work).
+
+    ``host``: ``hostcost.measure``'s record (None: not measured; then each aten
+    op and Triton launch costs its issue time). A PyTorch path (no Triton
+    launch) whose op count differs between the measured shape and this one
+    (a search stopping earlier on small data) is scaled by the op counts."""
+    aten = sum(1 for k, *_ in per_launch if k == "aten")
+    tri = sum(1 for k, *_ in per_launch if k == "triton")
+    if host is None:
+        return aten * gpu.aten_op_s + tri * gpu.triton_launch_s, 0.0
+    scale = aten / host["aten_ops"] if not tri and aten and host.get("aten_ops") else 1.0
+    host_s = host["units"] * scale * gpu.host_unit_s + tri * gpu.triton_launch_s
+    before = host.get("before_units")
+    before_s = 0.0 if before is None or not tri else before * gpu.host_unit_s + gpu.triton_launch_s
+    return host_s, before_s
+
+
 def overlap_model(per_launch: Sequence, syncs: int, gpu: GpuModel = H100_SXM,
-                  triton_compute: Optional[Sequence[Optional[float]]] = None) -> Dict:
+                  triton_compute: Optional[Sequence[Optional[float]]] = None,
+                  host: Optional[Dict] = None) -> Dict:
     """The model above for one call.
 
     per_launch: [kind ("aten" | "triton"), name, bytes, lanes] in issue order;
     triton_compute: seconds of each Triton launch from its SASS (in order of
-    the Triton launches; None entries and missing ones fall back to lanes).
-    Returns modelled_s, gpu_s, cpu_s, sync_s, bound ("memory", "compute",
-    "launch" (CPU issue) or "sync") and the compute source.
+    the Triton launches; None entries and missing ones fall back to lanes);
+    host: the measured host path (``host_seconds``).
+    Returns modelled_s, gpu_s, host_s, before_s, sync_s, bound ("memory",
+    "compute", "host" or "sync") and the compute source.
     """
     sass = list(triton_compute or [])
     gpu_s = mem_s = comp_s = 0.0
@@ -165,21 +191,23 @@ def overlap_model(per_launch: Sequence, syncs: int, gpu: GpuModel = H100_SXM,
         gpu_s += max(mem, comp)
         mem_s += mem if mem >= comp else 0.0
         comp_s += comp if comp > mem else 0.0
-    cpu_s = len(per_launch) * gpu.launch_s
+    host_s, before_s = host_seconds(per_launch, gpu, host)
     sync_s = syncs * gpu.sync_s
-    terms = {"memory": mem_s, "compute": comp_s, "launch": cpu_s if cpu_s > gpu_s else 0.0, "sync": sync_s}
+    terms = {"memory": mem_s, "compute": comp_s,
+             "host": host_s if host_s > before_s + gpu_s else 0.0, "sync": sync_s}
     return {
-        "modelled_s": max(gpu_s, cpu_s) + sync_s,
+        "modelled_s": max(host_s, before_s + gpu_s) + sync_s,
         "gpu_s": gpu_s,
-        "cpu_s": cpu_s,
+        "host_s": host_s,
+        "before_s": before_s,
         "sync_s": sync_s,
         "bound": max(terms, key=terms.get),
         "compute": "sass" if used_sass else "lanes",
     }
 
 
-MODEL = ("max(GPU, CPU issue) + syncs x drain; GPU = sum per launch of max(bytes/bandwidth, "
-         "compute); Triton compute from sm_90a SASS")
+MODEL = ("max(host, host before the first launch + GPU) + syncs x drain; GPU = sum per launch of "
+         "max(bytes/bandwidth, compute); Triton compute from sm_90a SASS")
 MODEL_LANES = MODEL.replace("from sm_90a SASS", "from interpreter lanes (proxy)")
 
 # counters a record keeps when the counts have them (Traffic's breakdown fields)
@@ -187,14 +215,27 @@ _BREAKDOWN = ("aten_ops", "triton_launches", "syncs", "triton_unique_bytes", "at
               "triton_programs_at_counted_shape")
 
 
+def _issue_s(p: Optional[Dict]) -> Optional[float]:
+    """A profiled launch's issue seconds at the efficiency its occupancy allows."""
+    if not p or p.get("issue_s") is None:
+        return None
+    return p["issue_s"] / issue_efficiency(p["registers"], _warps(p.get("variant")))
+
+
+def _warps(variant: str) -> int:
+    found = re.search(r"warps=(\d+)", variant or "")
+    return int(found.group(1)) if found else 4
+
+
 def model_call(counts: Dict, compulsory: Optional[int], gpu: GpuModel = H100_SXM,
-               sass: Optional[Dict] = None) -> Tuple[Traffic, Model]:
+               sass: Optional[Dict] = None, host: Optional[Dict] = None) -> Tuple[Traffic, Model]:
     """A record's traffic and model groups from one call's counts.
 
     ``counts``: the counters' figures (``Counts.to_dict()`` or the runner's
     extrapolated dict) with ``per_launch`` and ``count_method``; ``sass``: the
-    SASS worker's profile of the call's Triton launches (None: none taken).
-    Every Triton launch is priced by the SASS of the launch with its kernel
+    SASS worker's profile of the call's Triton launches (None: none taken);
+    ``host``: the call's measured host path (``hostcost.measure``; None: not
+    measured). Every Triton launch is priced by the SASS of the launch with its kernel
     name, in order; a launch only the GPU configuration makes (a split's
     finish pass) joins with its compute and no counted bytes.
     """
@@ -214,7 +255,7 @@ def model_call(counts: Dict, compulsory: Optional[int], gpu: GpuModel = H100_SXM
     if per_launch is None:  # counts without a per-launch breakdown: one launch per op
         per_launch = [["aten", "op", moved / max(launches, 1), flops / max(launches, 1)]] * int(launches or 0)
     syncs = int(counts.get("syncs") or 0)
-    lanes = overlap_model(per_launch, syncs, gpu)
+    lanes = overlap_model(per_launch, syncs, gpu, host=host)
     result, formula, heavy_fields = lanes, MODEL_LANES, {}
     profiled = (sass or {}).get("launches") or []
     if profiled:
@@ -226,10 +267,10 @@ def model_call(counts: Dict, compulsory: Optional[int], gpu: GpuModel = H100_SXM
             hit = next((p for p in pending if p["kernel"].split(".")[-1] == name), None)
             if hit is not None:
                 pending.remove(hit)
-            compute.append(hit.get("issue_s") if hit else None)
+            compute.append(_issue_s(hit))
         per_launch = list(per_launch) + [["triton", p["kernel"], 0, 0] for p in pending]
-        compute += [p.get("issue_s") for p in pending]
-        result = overlap_model(per_launch, syncs, gpu, compute)
+        compute += [_issue_s(p) for p in pending]
+        result = overlap_model(per_launch, syncs, gpu, compute, host)
         ok = [p for p in profiled if not p.get("error")]
         if ok:
             heavy = max(ok, key=lambda p: p.get("issue_s") or 0.0)
@@ -238,6 +279,7 @@ def model_call(counts: Dict, compulsory: Optional[int], gpu: GpuModel = H100_SXM
                 sass_kernel=heavy["kernel"],
                 registers=max(p["registers"] for p in ok),
                 spills=max(p["spills"] for p in ok),
+                issue_efficiency=round(issue_efficiency(heavy["registers"], _warps(heavy.get("variant"))), 2),
             )
         if result["compute"] == "sass":
             formula = MODEL
@@ -250,8 +292,11 @@ def model_call(counts: Dict, compulsory: Optional[int], gpu: GpuModel = H100_SXM
         bound=result["bound"],
         gpu=gpu.describe(),
         gpu_s=result["gpu_s"],
-        cpu_s=result["cpu_s"],
+        host_s=result["host_s"],
+        before_s=result["before_s"],
         sync_s=result["sync_s"],
+        host_units=None if host is None else round(host["units"], 1),
+        host_method=None if host is None else host["method"],
         **heavy_fields,
     )
     return traffic, model

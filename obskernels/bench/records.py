@@ -58,6 +58,7 @@ class Timing:
     timer: Optional[str] = None
     throughput_gbs: Optional[float] = None  # compulsory bytes / measured_s
     peak_bytes: Optional[int] = None
+    peak_pct: Optional[float] = None  # peak_bytes / the value's bytes, in %
     peak_method: Optional[str] = None
 
 
@@ -99,9 +100,13 @@ class Model:
     gpu: Optional[str] = None  # "model_gpu": the GPU's parameters
     # breakdown, written when modelled
     sass_kernel: Optional[str] = None
+    issue_efficiency: Optional[float] = None
     gpu_s: Optional[float] = None
-    cpu_s: Optional[float] = None
+    host_s: Optional[float] = None
+    before_s: Optional[float] = None
     sync_s: Optional[float] = None
+    host_units: Optional[float] = None  # measured host path, units of a 1-element add_
+    host_method: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -183,6 +188,7 @@ JSON_KEYS: Tuple[Tuple[str, str, str, bool], ...] = (
     ("timer", "timing", "timer", True),
     ("throughput_gbs", "timing", "throughput_gbs", True),
     ("peak_bytes", "timing", "peak_bytes", True),
+    ("peak_pct", "timing", "peak_pct", True),
     ("peak_method", "timing", "peak_method", True),
     ("bytes_moved", "traffic", "bytes_moved", True),
     ("bytes_read", "traffic", "bytes_read", True),
@@ -216,7 +222,11 @@ JSON_KEYS: Tuple[Tuple[str, str, str, bool], ...] = (
     ("triton_programs_at_counted_shape", "traffic", "triton_programs_at_counted_shape", False),
     ("sass_kernel", "model", "sass_kernel", False),
     ("model_gpu_s", "model", "gpu_s", False),
-    ("model_cpu_s", "model", "cpu_s", False),
+    ("issue_efficiency", "model", "issue_efficiency", False),
+    ("model_host_s", "model", "host_s", False),
+    ("model_before_s", "model", "before_s", False),
+    ("host_units", "model", "host_units", False),
+    ("host_method", "model", "host_method", False),
     ("model_sync_s", "model", "sync_s", False),
     ("search_steps", "traffic", "search_steps", False),
     ("flops_per_element_step", "traffic", "flops_per_element_step", False),

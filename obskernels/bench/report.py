@@ -57,7 +57,7 @@ def _group(records: Iterable[Record], scope: str) -> "OrderedDict[Tuple[str, str
 
 
 def _backends(records: Sequence[Record]) -> List[str]:
-    order = ["reference", "llmc-eager", "triton", "llmc-triton"]
+    order = ["reference", "llmc", "llmc-eager", "triton", "llmc-triton"]
     present = {r.backend for r in records}
     return [b for b in order if b in present]
 
@@ -80,15 +80,18 @@ def legend(records: Sequence[Record]) -> List[str]:
         f"machine: {where}; load average at start {m.get('loadavg')}, at end {m.get('loadavg_end')}",
         f"mode: {r0.provenance.mode}"
         + (" -- shapes SCALED DOWN (full sizes in the projection table / records' full_shape)" if scaled else ""),
-        "MEASURED here: 'ms' (median wall time of one call after a warm-up), 'GB/s' (compulsory"
-        " bytes / that time; peak memory is in results.jsonl). "
+        "MEASURED here: 'ms' (median wall time of one synchronised call after a warm-up; an observer"
+        " call includes constructing it), 'GB/s' (compulsory bytes / that time), 'mem%' (peak extra"
+        " memory of the call / the value's bytes). "
         + ("Triton rows are measured on this GPU." if m.get("device") == "cuda"
            else "No CUDA device: the Triton rows are MODELLED only (no time measured)."),
         "MODELLED: 'x' = bytes moved / compulsory bytes (input read once, outputs written once,"
         " 'view' when none is needed); 'L' = launches per call (aten ops + Triton grids);",
         f"  'GPU us' = modelled time on {r0.model.gpu}, the same formula for every backend:"
-        " max(GPU time, CPU issue time) + syncs x drain cost; GPU time = sum over launches of"
-        " max(bytes/bandwidth, compute); CPU issue time = launches x launch cost.",
+        " max(host, host before the first Triton launch + GPU time) + syncs x drain cost; GPU time ="
+        " sum over launches of max(bytes/bandwidth, compute); host = the call's host path measured"
+        " here with launches stubbed (units of a one-element add_) x the GPU host's unit, + each"
+        " Triton launch's issue cost (obskernels/bench/model.py).",
         "  compute: aten ops one lane per element at the fp32 rate; Triton launches the sm_90a"
         " SASS of their compiled variant (instructions per element and step, by pipe) --"
         " 'lanes us' is the same model with interpreter lanes as the Triton compute (a proxy).",
@@ -98,7 +101,7 @@ def legend(records: Sequence[Record]) -> List[str]:
     return lines
 
 
-SHORT = {"reference": "ref", "llmc-eager": "llmc", "triton": "triton", "llmc-triton": "llmc-tri"}
+SHORT = {"reference": "ref", "llmc": "llmc", "llmc-eager": "eager", "triton": "triton", "llmc-triton": "llmc-tri"}
 
 
 def _has_figures(r: Record) -> bool:
@@ -130,6 +133,8 @@ def console_table(records: Sequence[Record], scope: str = "run") -> str:
     head = ["case", "op"]
     for b in measured_bk:
         head += [f"{SHORT[b]} ms", f"{SHORT[b]} GB/s"]
+    peak_bk = [b for b in backends if any(r.timing.peak_pct is not None for r in all_recs if r.backend == b)]
+    head += [f"{SHORT[b]} mem%" for b in peak_bk]
     for b in backends:
         head += [f"{SHORT[b]} x", f"{SHORT[b]} L"]
     head += [f"{SHORT[b]} GPU us" for b in backends]
@@ -147,6 +152,9 @@ def console_table(records: Sequence[Record], scope: str = "run") -> str:
             line.append(_ms(_measured_s(r)))
             gbs = None if r is None else r.timing.throughput_gbs
             line.append("-" if gbs is None else f"{gbs:.3g}")
+        for b in peak_bk:
+            r = g.get(b)
+            line.append("-" if r is None or r.timing.peak_pct is None else f"{r.timing.peak_pct:.1f}")
         for b in backends:
             r = g.get(b)
             line.append(_ratio(r))
@@ -184,38 +192,62 @@ def _lead_records(records: Sequence[Record]) -> List[Record]:
         r.scope == "full-size projection" or (r.scope == "run" and not r.case.scaled))]
 
 
+def _llmc_default(g: Dict[str, Record]) -> Optional[Record]:
+    """llm-compressor's default path on a GPU, modelled: its Triton search where
+    the row has one (the MSE observers), else its eager body."""
+    tri = g.get("llmc-triton")
+    if tri is not None and tri.model.modelled_s is not None:
+        return tri
+    return g.get("llmc-eager")
+
+
 def lead_speedups(records: Sequence[Record]) -> List[Dict]:
-    """Per (case, observer) at the full size: modelled us of llm-compressor eager,
-    obskernels triton (SASS model and lanes model) and the reference, and the
-    speedups of triton over llm-compressor eager under both."""
+    """Per (case, observer) at the full size: measured ms of triton and of
+    llm-compressor's default path ("llmc", on a GPU), the model's us of both
+    (llm-compressor's default path modelled by its Triton search where it has
+    one, else its eager body), the model's host part, and the peak memory
+    of the call in % of the value (taken at the run's shape)."""
     rows: "OrderedDict[Tuple[str, str], Dict[str, Record]]" = OrderedDict()
     for r in _lead_records(records):
         rows.setdefault((r.case.label, r.op), {})[r.backend] = r
+    peaks = {}
+    for r in records:
+        if r.scope == "run" and r.timing.peak_pct is not None:
+            peaks[(r.case.kind, r.case.dtype, r.case.scheme, tuple(r.case.full_shape), r.op, r.backend)] = r
     out = []
     for (case, op), g in rows.items():
-        t, l, ref = g.get("triton"), g.get("llmc-eager"), g.get("reference")
-        ts, ls, rs = _modelled_s(t), _modelled_s(l), _modelled_s(ref)
-        tl_ = None if t is None else t.model.modelled_lanes_s
-        tm, lm = _measured_s(t), _measured_s(l)
+        t, ld, ref = g.get("triton"), _llmc_default(g), g.get("reference")
+        any_r = next(iter(g.values()))
+        pk = (any_r.case.kind, any_r.case.dtype, any_r.case.scheme, tuple(any_r.case.full_shape), op)
+
+        def peak(backend):
+            r = peaks.get(pk + (backend,))
+            return None if r is None else r.timing.peak_pct
+
+        ts, ls, rs = _modelled_s(t), _modelled_s(ld), _modelled_s(ref)
+        tm, lm, em = _measured_s(t), _measured_s(g.get("llmc")), _measured_s(g.get("llmc-eager"))
         out.append(dict(
-            case=case, op=op, llmc_us=ls and ls * 1e6, triton_us=ts and ts * 1e6,
-            triton_lanes_us=tl_ and tl_ * 1e6, reference_us=rs and rs * 1e6,
+            case=case, op=op, triton_us=ts and ts * 1e6, llmc_us=ls and ls * 1e6,
+            llmc_path=ld and ld.backend, reference_us=rs and rs * 1e6,
+            triton_host_us=t and t.model.host_s and t.model.host_s * 1e6,
             speedup_vs_llmc=(ls / ts) if ls and ts else None,
-            speedup_vs_llmc_lanes=(ls / tl_) if ls and tl_ else None,
             speedup_vs_reference=(rs / ts) if rs and ts else None,
-            triton_launches=t and t.traffic.launches, llmc_launches=l and l.traffic.launches,
-            triton_bound=t and t.model.bound, sass_per_elem_step=t and t.model.sass_per_elem_step,
-            registers=t and t.model.registers, spills=t and t.model.spills,
-            triton_measured_us=tm and tm * 1e6,
-            llmc_measured_us=lm and lm * 1e6,
+            triton_launches=t and t.traffic.launches, triton_bound=t and t.model.bound,
+            sass_per_elem_step=t and t.model.sass_per_elem_step, registers=t and t.model.registers,
+            triton_measured_ms=tm and tm * 1e3, llmc_measured_ms=lm and lm * 1e3,
+            eager_measured_ms=em and em * 1e3,
+            measured_speedup=(lm / tm) if lm and tm else None,
+            triton_peak_pct=peak("triton"), eager_peak_pct=peak("llmc-eager"),
+            llmc_peak_pct=peak("llmc") if peak("llmc") is not None else (ld and peak(ld.backend)),
         ))
     return out
 
 
 def lead_table(records: Sequence[Record]) -> str:
-    """What a user will see first: each observer at the full size (4096 x 4096
-    and the other real shapes) vs llm-compressor eager, modelled with one
-    formula for every backend."""
+    """What a user will see first: each observer call at the full size
+    (4096 x 4096 and the other real shapes) against llm-compressor's default
+    path: MEASURED where a GPU ran them, MODELLED (every backend under one
+    formula) where the model ran, peak memory beside."""
     rows = lead_speedups(records)
     if not rows:
         return ""
@@ -223,30 +255,48 @@ def lead_table(records: Sequence[Record]) -> str:
     def f(x, fmt="{:.0f}"):
         return "-" if x is None else fmt.format(x)
 
-    head = ["case (full size)", "observer", "llmc us", "triton us", "triton/llmc", "bound",
-            "lanes us", "lanes/llmc", "ref us", "triton/ref", "L tri", "L llmc", "SASS/el/step", "regs"]
+    measured = any(r["triton_measured_ms"] or r["llmc_measured_ms"] for r in rows)
+    modelled = any(r["triton_us"] for r in rows)
+    head = ["case (full size)", "observer"]
+    if measured:
+        head += ["MEAS tri ms", "MEAS llmc ms", "MEAS eager ms", "llmc/tri"]
+    if modelled:
+        head += ["MODEL tri us", "host us", "bound", "MODEL llmc us", "llmc path", "llmc/tri",
+                 "SASS/el/step", "regs"]
+    head += ["tri mem%", "llmc mem%", "eager mem%"]
     table = [head]
     for r in rows:
-        table.append([r["case"], r["op"], f(r["llmc_us"]), f(r["triton_us"]),
-                      f(r["speedup_vs_llmc"], "{:.1f}x"), r["triton_bound"] or "-",
-                      f(r["triton_lanes_us"]), f(r["speedup_vs_llmc_lanes"], "{:.1f}x"),
-                      f(r["reference_us"]), f(r["speedup_vs_reference"], "{:.1f}x"),
-                      f(r["triton_launches"]), f(r["llmc_launches"]),
-                      f(r["sass_per_elem_step"], "{:.1f}"), f(r["registers"])])
-    if any(r["triton_measured_us"] for r in rows):  # on a GPU: the measured figures beside
-        head += ["MEASURED tri us", "MEASURED llmc us", "MEASURED x"]
-        for line, r in zip(table[1:], rows):
-            t, l = r["triton_measured_us"], r["llmc_measured_us"]
-            line += [f(t), f(l), f((l / t) if t and l else None, "{:.1f}x")]
+        line = [r["case"], r["op"]]
+        if measured:
+            line += [f(r["triton_measured_ms"], "{:.3f}"), f(r["llmc_measured_ms"], "{:.3f}"),
+                     f(r["eager_measured_ms"], "{:.3f}"), f(r["measured_speedup"], "{:.2f}x")]
+        if modelled:
+            line += [f(r["triton_us"]), f(r["triton_host_us"]), r["triton_bound"] or "-", f(r["llmc_us"]),
+                     {"llmc-triton": "triton", "llmc-eager": "eager"}.get(r["llmc_path"], "-"),
+                     f(r["speedup_vs_llmc"], "{:.2f}x"), f(r["sass_per_elem_step"], "{:.1f}"),
+                     f(r["registers"])]
+        line += [f(r["triton_peak_pct"], "{:.1f}"), f(r["llmc_peak_pct"], "{:.1f}"),
+                 f(r["eager_peak_pct"], "{:.1f}")]
+        table.append(line)
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     out = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip()
            for row in table]
     out.insert(1, "  ".join("-" * w for w in widths))
-    if not any(r["llmc_us"] for r in rows):
+    m = records[0].provenance.machine
+    where = m.get("gpu") or f"{m.get('cpu')} (no GPU)"
+    if measured:
+        out.append(f"MEAS: measured on {where}: wall time of one call (new observer + observer(value) + "
+                   "get_qparams(), synchronised), median after warm-up; llmc = llm-compressor as installed")
+    if modelled:
+        out.append("MODEL: modelled on " + (records[0].model.gpu or "the model GPU") + "; host us = the "
+                   f"host term (host path measured on {where} with launches stubbed, in units of a "
+                   "one-element add_, x the GPU host's unit); llmc path = what the model prices for "
+                   "llm-compressor's GPU default (its Triton search, else eager)")
+    out.append("mem% = peak extra memory of the call / the value's bytes, measured at the run's shape "
+               "(CUDA: max_memory_allocated; CPU: live storage created by torch, Triton rows in the interpreter)")
+    if not any(r["llmc_us"] or r["llmc_measured_ms"] for r in rows):
         out.append("(no llm-compressor rows: it is not importable here; run the bench from "
                    ".venv-llmcompressor, built by `make llmcompressor-env`)")
-    out.append("modelled, not measured: 'us' on " + (records[0].model.gpu or "the model GPU")
-               + "; 'lanes' = the same model with interpreter lanes as Triton compute (proxy)")
     return "\n".join(out)
 
 
@@ -279,9 +329,10 @@ def write_report(records: Sequence[Record], path: str, plots: Sequence[str]) -> 
                   f"- machine: {json.dumps(p.machine)}", ""]
     lead = lead_table(records)
     if lead:
-        lines += ["## Observers at the full size vs llm-compressor eager (modelled)", "",
-                  "One observer call (forward + get_qparams) per row, at the real shapes, every "
-                  "backend under the same model (see How to read it).", "", _md_table(lead)]
+        lines += ["## Observers at the full size vs llm-compressor's default path", "",
+                  "One observer call (new observer + forward + get_qparams) per row, at the real "
+                  "shapes: measured where a GPU ran it, modelled (every backend under one formula, "
+                  "see How to read it) otherwise.", "", _md_table(lead)]
     lines += ["## How to read it", ""] + [f"- {x}" for x in legend(records)] + [""]
     lines += ["Record statuses: " + ", ".join(f"{k}: {v}" for k, v in sorted(statuses.items())), ""]
     problems = sorted({(r.backend, r.status) for r in records
@@ -323,18 +374,17 @@ def plot(records: Sequence[Record], out_dir: str) -> List[str]:
         ys = range(len(lead))
         base = "llmc" if any(r["speedup_vs_llmc"] for r in lead) else "reference"
         sass_v = [(r["speedup_vs_llmc"] if base == "llmc" else r["speedup_vs_reference"]) or 0 for r in lead]
-        ax.barh([y - 0.2 for y in ys], sass_v, 0.4, label="triton, SASS model")
-        if base == "llmc":
-            ax.barh([y + 0.2 for y in ys], [r["speedup_vs_llmc_lanes"] or 0 for r in lead], 0.4,
-                    label="triton, interpreter-lanes model")
+        ax.barh([y - 0.2 for y in ys], sass_v, 0.4, label="triton, modelled")
+        if any(r["measured_speedup"] for r in lead):
+            ax.barh([y + 0.2 for y in ys], [r["measured_speedup"] or 0 for r in lead], 0.4,
+                    label="triton, MEASURED")
         ax.set_yticks(list(ys))
         ax.set_yticklabels(labels, fontsize=7)
         ax.set_xscale("log")
         ax.axvline(1.0, color="k", lw=0.8, ls="--")
-        ax.set_xlabel(f"modelled speedup vs {'llm-compressor eager' if base == 'llmc' else 'the reference'}")
+        ax.set_xlabel("speedup vs " + ("llm-compressor's default path" if base == "llmc" else "the reference"))
         ax.legend(fontsize=7)
-        fig.suptitle("Observers at the full size (modelled, " + (records[0].model.gpu if records else "")
-                     + ")", fontsize=10)
+        fig.suptitle("Observers at the full size (model: " + (records[0].model.gpu or "") + ")", fontsize=10)
         fig.tight_layout()
         path = os.path.join(out_dir, "lead.png")
         fig.savefig(path, dpi=90)

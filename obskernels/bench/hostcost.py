@@ -1,0 +1,179 @@
+"""The host term of the model: a call's host path, measured on this machine.
+
+On a GPU an observer call is mostly the host's Python and op dispatch around
+a few kernels (a 4096 x 4096 min/max observer call on an H100: ~0.73 ms of
+host time for ~12 us of GPU work). ``measure`` runs the record's call on CPU
+tensors of a small shape with the same group structure (``host_shape``),
+every Triton kernel of the path replaced by a stub that runs nothing
+(obskernels' kernels for "triton", llm-compressor's search kernels for
+"llmc-triton"; the PyTorch paths have none), and times it as
+``obskernels.bench.host`` does: in units of one one-element ``add_`` on a CPU
+tensor timed on the same machine (``host.unit_seconds``). The model
+(``model.overlap_model``) scales the units by the GPU host's unit (a small
+torch CUDA op, ~10 us on the H100 host) and adds each Triton launch's issue
+cost (~17 us there).
+
+It also records the host time until the first Triton launch (what the GPU
+waits for before it has work) and the aten ops of the measured call: the
+model scales a PyTorch path whose op count grows with the shape (a search
+that stops early on small data) by the op count at the modelled shape.
+
+A proxy: the CPU ops of the stubbed call run on small tensors (their compute
+is part of the time), and a CPU host is not the GPU host; the unit carries
+the machine's speed over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import statistics
+import time
+import warnings
+from typing import Dict, Tuple
+
+from obskernels.bench.backends import prepare
+from obskernels.bench.cases import Case, Target
+from obskernels.bench.traffic import count_traffic
+
+__all__ = ["host_shape", "stubbed", "measure", "METHOD"]
+
+METHOD = ("stubbed host path: the call on CPU tensors of {shape}, Triton launches replaced by "
+          "no-ops, median of {reps} calls, in units of a one-element add_ ({unit_us:.2f} us here)")
+
+
+def host_shape(case: Case) -> Tuple[int, int]:
+    """The smallest value with the case's group structure (one 128 x 128 block,
+    two rows of 256: whole groups, two channels or tokens), so that the CPU
+    ops' own compute stays small beside their dispatch."""
+    return (128, 128) if case.spec.strategy == "block" else (2, 256)
+
+
+class _Stub:
+    """One kernel replaced: ``kernel[grid](*args)`` runs nothing. It zero-fills
+    the integer tensors it is handed (status records a host may read back) and
+    keeps the call's clock: the time it spends itself is left out, and the
+    host time at its first launch is noted."""
+
+    def __init__(self, clock):
+        self.clock = clock
+
+    def __getitem__(self, grid):
+        return self._launch
+
+    def _launch(self, *args, **kwargs):
+        import torch
+
+        t0 = time.perf_counter()
+        self.clock.launch(t0)
+        for a in args:
+            if isinstance(a, torch.Tensor) and not a.dtype.is_floating_point and a.dtype != torch.bool:
+                a.zero_()
+        self.clock.spent += time.perf_counter() - t0
+
+
+class _Clock:
+    """A call's host clock: the stubs' own time left out, the host time at the
+    first launch noted."""
+
+    def __init__(self):
+        self.start = self.spent = 0.0
+        self.first = None
+
+    def begin(self):
+        self.spent, self.first = 0.0, None
+        self.start = time.perf_counter()
+
+    def launch(self, now):
+        if self.first is None:
+            self.first = now - self.start - self.spent
+
+    def host_seconds(self):
+        return time.perf_counter() - self.start - self.spent
+
+
+def unit_seconds(reps: int = 1000, rounds: int = 5) -> float:
+    """One ``t.add_(1)`` on a one-element CPU tensor: the median of ``rounds``
+    rounds (taken between the measured calls, so that both see the same load)."""
+    import torch
+
+    t = torch.zeros(1)
+    per = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            t.add_(1)
+        per.append((time.perf_counter() - t0) / reps)
+    return statistics.median(per)
+
+
+def _kernels_of(backend: str) -> Dict:
+    from obskernels.tools.kernel_report import discover_kernels
+
+    if backend == "triton":
+        return discover_kernels()
+    if backend == "llmc-triton":
+        module = importlib.import_module("llmcompressor.observers.mse_quant")
+        return discover_kernels({"mse_quant": module})
+    return {}
+
+
+@contextlib.contextmanager
+def stubbed(backend: str, clock: _Clock):
+    """Within the block the backend's Triton kernels are stubs (and obskernels'
+    triton backend takes CPU tensors)."""
+    saved = []
+    with contextlib.ExitStack() as stack:
+        if backend == "triton":
+            from obskernels.tools.kernel_report import cpu_tensors_recorded
+
+            stack.enter_context(cpu_tensors_recorded())
+        for module, attr in _kernels_of(backend).values():
+            saved.append((module, attr, getattr(module, attr)))
+            setattr(module, attr, _Stub(clock))
+        try:
+            yield
+        finally:
+            for module, attr, fn in saved:
+                setattr(module, attr, fn)
+
+
+def measure(case: Case, target: Target, backend: str, min_reps: int = 5, max_reps: int = 40,
+            budget_s: float = 0.4) -> Dict:
+    """Host cost of one call of ``target`` on ``case`` by ``backend``, launches
+    stubbed: ``units`` (median host time / ``unit_seconds()``), ``before_units``
+    (host time until the first Triton launch; None without one), ``aten_ops``
+    of the call, ``unit_us``, the shape and the method."""
+    shape = host_shape(case)
+    clock = _Clock()
+    prepared = prepare(case, target, backend, shape=shape, device="cpu")
+
+    def once():
+        if not prepared.timed_setup:
+            prepared.setup()
+        clock.begin()
+        if prepared.timed_setup:
+            prepared.setup()
+        prepared.fn()
+        return clock.host_seconds()
+
+    with stubbed(backend, clock), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(3):  # warm-up: first-call caches
+            once()
+        prepared.setup()
+        with count_traffic("cpu") as counts:
+            prepared.fn()
+        units = []
+        times, firsts = [], []
+        t_end = time.perf_counter() + budget_s
+        while len(times) < max_reps and (len(times) < min_reps or time.perf_counter() < t_end):
+            if len(times) % 5 == 0:
+                units.append(unit_seconds(rounds=1))
+            times.append(once())
+            firsts.append(clock.first)
+    unit = statistics.median(units)
+    return {"units": statistics.median(times) / unit,
+            "before_units": None if firsts[0] is None else statistics.median(firsts) / unit,
+            "aten_ops": counts.aten_ops, "unit_us": unit * 1e6, "shape": list(shape),
+            "method": METHOD.format(shape=f"{shape[0]}x{shape[1]}", reps=len(times), unit_us=unit * 1e6)}

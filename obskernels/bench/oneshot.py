@@ -1,0 +1,263 @@
+"""End to end: llm-compressor's own ``oneshot``, plain and with the drop-in.
+
+    python -m obskernels.bench.oneshot                   # 6 Llama-3-8B-shaped layers (CUDA if present)
+    python -m obskernels.bench.oneshot --hidden 128 --intermediate 256 --layers 2 --seq 16
+
+Runs where llm-compressor 0.14 is importable (``make llmcompressor-env``, then
+``PYTHONSAFEPATH=1 .venv-llmcompressor/bin/python -m obskernels.bench.oneshot``).
+The model: ``--layers`` random-initialised Llama decoder layers shaped like
+Llama-3-8B's (hidden 4096, intermediate 14336, 32 heads, 8 key/value heads; a
+small vocabulary, ``lm_head`` ignored by the recipe), in bf16. Offline: the
+config goes to a temporary folder (``oneshot`` reads it back), the tokenizer
+is built in memory, the calibration data are seeded random token ids.
+
+Each scheme (``SCHEME[:weight_observer]``; default W4A16 with memoryless_mse,
+FP8 -- static per-tensor activation observers on every forward -- and NVFP4
+with nvfp4_expanded_mse) runs in each mode: "plain" (llm-compressor as
+installed) and "drop-in" (inside ``obskernels.integrations.llmcompressor.enabled(backend)``).
+MEASURED, per (scheme, mode), in seconds of ``oneshot(...)`` (synchronised;
+building the model is not timed): the first call in this process, the
+median of the next ``--reps`` calls, and the first call in a fresh process
+(a child running one call: what a user's next session pays, kernels from
+triton's disk cache). Also: how many of the qparam tensors (scales, zero
+points, global scales) the two modes produce bit-identically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from typing import Dict, List, Optional
+
+__all__ = ["Shape", "LLAMA3_8B", "DEFAULT_SCHEMES", "run_once", "compare", "main"]
+
+
+@dataclass(frozen=True)
+class Shape:
+    layers: int = 6
+    hidden: int = 4096
+    intermediate: int = 14336
+    heads: int = 32
+    kv_heads: int = 8
+    vocab: int = 512
+    samples: int = 16
+    seq: int = 256
+
+
+LLAMA3_8B = Shape()
+DEFAULT_SCHEMES = ("W4A16:memoryless_mse", "FP8", "NVFP4:nvfp4_expanded_mse")
+MODES = ("plain", "drop-in")
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _model(shape: Shape, device: str, config_dir: str):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads, max_position_embeddings=max(shape.seq, 64),
+    )
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(cfg).eval()
+    finally:
+        torch.set_default_dtype(saved)
+    model.config.save_pretrained(config_dir)  # oneshot reads the config back from here
+    model.config._name_or_path = config_dir
+    return model
+
+
+def _tokenizer(vocab: int):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = {"[PAD]": 0, "[UNK]": 1, **{f"w{i}": i for i in range(2, vocab)}}
+    tok = Tokenizer(models.WordLevel(words, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]")
+
+
+def _data(shape: Shape):
+    import torch
+    from datasets import Dataset
+
+    gen = torch.Generator().manual_seed(3)
+    ids = [torch.randint(2, shape.vocab, (shape.seq,), generator=gen).tolist() for _ in range(shape.samples)]
+    return Dataset.from_dict({"input_ids": ids})
+
+
+def run_once(scheme: str, mode: str, shape: Shape, device: str, backend: str = "auto",
+             pipeline: str = "basic") -> Dict:
+    """One ``oneshot`` of ``scheme`` in ``mode``: {"seconds", "qparams"} (the
+    qparam tensors of the quantized model, on the CPU)."""
+    import warnings
+
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+
+    from obskernels.integrations.llmcompressor import enabled
+
+    name, _, observer = scheme.partition(":")
+    with tempfile.TemporaryDirectory() as config_dir, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = _model(shape, device, config_dir)
+        kwargs = {"weight_observer": observer} if observer else {}
+        recipe = QuantizationModifier(targets="Linear", scheme=name, ignore=["lm_head"], **kwargs)
+        data, processor = _data(shape), _tokenizer(shape.vocab)
+        scope = enabled(backend) if mode == "drop-in" else contextlib.nullcontext()
+        _sync(device)
+        t0 = time.perf_counter()
+        with scope:
+            oneshot(model=model, processor=processor, dataset=data, recipe=recipe,
+                    num_calibration_samples=shape.samples, pipeline=pipeline)
+            _sync(device)
+        seconds = time.perf_counter() - t0
+    qparams = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()
+               if k.endswith(("_scale", "_zero_point", "global_scale"))}
+    return {"seconds": seconds, "qparams": qparams}
+
+
+def _fresh_process(scheme: str, mode: str, shape: Shape, device: str, backend: str, pipeline: str) -> float:
+    """Seconds of one ``oneshot`` call in a new interpreter (the first call there)."""
+    cmd = [sys.executable, "-m", "obskernels.bench.oneshot", "--child", "--schemes", scheme,
+           "--modes", mode, "--device", device, "--backend", backend, "--pipeline", pipeline,
+           "--shape-json", json.dumps(asdict(shape))]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONSAFEPATH="1"))
+    if proc.returncode != 0:
+        raise RuntimeError(f"the fresh-process run failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])["seconds"]
+
+
+def _same(a, b) -> bool:
+    import torch
+
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+
+
+def compare(schemes=DEFAULT_SCHEMES, shape: Shape = LLAMA3_8B, device: str = "cpu", backend: str = "auto",
+            pipeline: str = "basic", reps: int = 2, fresh: bool = True, progress=None) -> List[Dict]:
+    """One MEASURED row per (scheme, mode): first call in this process, the
+    median of ``reps`` more, the first call in a fresh process; and per
+    scheme, the qparam tensors identical between the modes."""
+    rows = []
+    for scheme in schemes:
+        last = {}
+        for mode in MODES:
+            first = run_once(scheme, mode, shape, device, backend, pipeline)
+            again = [run_once(scheme, mode, shape, device, backend, pipeline) for _ in range(reps)]
+            last[mode] = (again or [first])[-1]["qparams"]
+            row = {"scheme": scheme, "mode": mode, "first_in_process_s": first["seconds"],
+                   "repeat_s": statistics.median(r["seconds"] for r in again) if again else None,
+                   "reps": reps, "fresh_process_s": None}
+            if fresh:
+                row["fresh_process_s"] = _fresh_process(scheme, mode, shape, device, backend, pipeline)
+            rows.append(row)
+            if progress:
+                progress.write(f"  {scheme} {mode}: {json.dumps({k: row[k] for k in row if k.endswith('_s')})}\n")
+        plain, ours = last["plain"], last["drop-in"]
+        same = sum(1 for k in plain if k in ours and _same(plain[k], ours[k]))
+        for row in rows[-len(MODES):]:
+            row.update(qparam_tensors=len(plain), qparams_identical=same,
+                       qparams_keys_match=sorted(plain) == sorted(ours))
+    return rows
+
+
+def _provenance(device: str, shape: Shape, backend: str, pipeline: str) -> Dict:
+    import importlib.metadata as md
+
+    import torch
+
+    versions = {}
+    for dist in ("torch", "triton", "compressed-tensors", "llmcompressor", "transformers", "obskernels"):
+        try:
+            versions[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            versions[dist] = None
+    machine = {"platform": platform.platform(), "cpu_cores": os.cpu_count(), "device": device,
+               "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None}
+    return {"kind": "measured", "what": "seconds of llmcompressor.oneshot(...), synchronised",
+            "shape": asdict(shape), "backend": backend, "pipeline": pipeline,
+            "machine": machine, "versions": versions}
+
+
+def table(rows: List[Dict], prov: Dict) -> str:
+    def f(x):
+        return "-" if x is None else f"{x:.3f}"
+
+    head = ["scheme", "mode", "first in process s", f"repeat s (median of {rows[0]['reps'] if rows else 0})",
+            "fresh process s", "qparams identical"]
+    lines = [head]
+    for r in rows:
+        lines.append([r["scheme"], r["mode"], f(r["first_in_process_s"]), f(r["repeat_s"]),
+                      f(r["fresh_process_s"]), f"{r['qparams_identical']}/{r['qparam_tensors']}"])
+    widths = [max(len(str(line[i])) for line in lines) for i in range(len(head))]
+    out = ["  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
+    out.insert(1, "  ".join("-" * w for w in widths))
+    m, s = prov["machine"], prov["shape"]
+    out.append(f"MEASURED on {m['gpu'] or 'the CPU (' + str(m['cpu_cores']) + ' cores, no GPU)'}: "
+               f"{s['layers']} Llama layers (hidden {s['hidden']}, intermediate {s['intermediate']}), "
+               f"{s['samples']} samples x {s['seq']} tokens, pipeline {prov['pipeline']}, drop-in backend "
+               f"{prov['backend']}; versions {json.dumps(prov['versions'])}")
+    return "\n".join(out)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m obskernels.bench.oneshot", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--schemes", default=",".join(DEFAULT_SCHEMES), help="comma list of SCHEME[:weight_observer]")
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    ap.add_argument("--backend", default="auto", help="the drop-in's obskernels backend (default auto)")
+    ap.add_argument("--pipeline", default="basic", help="oneshot's pipeline (basic, sequential, datafree...)")
+    ap.add_argument("--reps", type=int, default=2, help="calls after the first, per (scheme, mode)")
+    ap.add_argument("--no-fresh", action="store_true", help="skip the fresh-process first call")
+    for field, default in asdict(LLAMA3_8B).items():
+        ap.add_argument(f"--{field}", type=int, default=default)
+    ap.add_argument("--out", default="bench-out", help="writes oneshot.jsonl and oneshot.md there")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--shape-json", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    import torch
+
+    device = a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    shape = Shape(**json.loads(a.shape_json)) if a.shape_json else Shape(
+        **{k: getattr(a, k) for k in asdict(LLAMA3_8B)})
+    schemes = [s for s in a.schemes.split(",") if s]
+    if a.child:  # one call, the first in this process
+        r = run_once(schemes[0], a.modes.split(",")[0], shape, device, a.backend, a.pipeline)
+        print(json.dumps({"seconds": r["seconds"]}))
+        return 0
+    prov = _provenance(device, shape, a.backend, a.pipeline)
+    rows = compare(schemes, shape, device, a.backend, a.pipeline, a.reps, not a.no_fresh, sys.stderr)
+    text = table(rows, prov)
+    print(text)
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "oneshot.jsonl"), "w") as f:
+        for r in rows:
+            f.write(json.dumps({**prov, **r}) + "\n")
+    with open(os.path.join(a.out, "oneshot.md"), "w") as f:
+        f.write("# oneshot: plain llm-compressor vs the drop-in (MEASURED)\n\n```\n" + text + "\n```\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""The end-to-end comparison (``obskernels.bench.oneshot``) at a tiny shape on
+the CPU: llm-compressor's own ``oneshot``, plain and with the drop-in.
+
+Runs where llm-compressor 0.14 is importable (`make test-llmcompressor`);
+elsewhere the module is skipped with the reason.
+"""
+
+import pytest
+
+pytest.importorskip(
+    "llmcompressor",
+    reason="llm-compressor is not installed here; `make test-llmcompressor` runs this test "
+    "in its own environment (.venv-llmcompressor)",
+)
+
+from obskernels.bench import oneshot  # noqa: E402
+
+TINY = oneshot.Shape(layers=1, hidden=128, intermediate=256, heads=4, kv_heads=2, vocab=96, samples=2, seq=16)
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def test_oneshot_comparison_times_both_modes_and_compares_their_qparams(monkeypatch):
+    from obskernels import ops
+
+    calls = []
+    real = ops.min_max
+    monkeypatch.setattr(ops, "min_max", lambda *a, **k: calls.append(1) or real(*a, **k))
+    plain = oneshot.run_once("FP8", "plain", TINY, "cpu")
+    assert not calls, "plain llm-compressor must not reach obskernels"
+    ours = oneshot.run_once("FP8", "drop-in", TINY, "cpu")
+    # 7 Linear layers: weight and input activation observers went through obskernels
+    assert len(calls) >= 14
+    assert plain["seconds"] > 0 and ours["seconds"] > 0
+    assert plain["qparams"] and sorted(plain["qparams"]) == sorted(ours["qparams"])
+
+    rows = oneshot.compare(["FP8"], TINY, "cpu", reps=0, fresh=True)
+    assert [r["mode"] for r in rows] == ["plain", "drop-in"]
+    for r in rows:
+        assert r["first_in_process_s"] > 0 and r["fresh_process_s"] > 0 and r["repeat_s"] is None
+        # min/max observers: bit-identical qparams with and without the drop-in
+        assert r["qparam_tensors"] == len(plain["qparams"]) and r["qparams_identical"] == r["qparam_tensors"]
+    text = oneshot.table(rows, oneshot._provenance("cpu", TINY, "auto", "basic"))
+    assert "MEASURED on the CPU" in text and "llmcompressor" in text
