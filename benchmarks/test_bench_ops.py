@@ -21,7 +21,7 @@ from obskernels.bench.cases import OBSERVERS, OPS, sweep, targets_for
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-BACKENDS = ["reference", "triton", "llmc-eager"]
+BACKENDS = ["reference", "triton", "llmc", "llmc-eager"]
 PARAMS = [
     pytest.param(case, target, backend, id=f"{case.label}-{target.label}-{backend}".replace(" ", "_"))
     for case in sweep("tiny")
@@ -34,14 +34,14 @@ PARAMS = [
 def test_bench(benchmark, case, target, backend):
     if backend == "triton" and (DEVICE != "cuda" or INTERPRETED):
         pytest.skip("triton is timed on CUDA only, compiled (the interpreter's time means nothing)")
-    if backend == "llmc-eager" and importlib.util.find_spec("llmcompressor") is None:
+    if backend.startswith("llmc") and importlib.util.find_spec("llmcompressor") is None:
         pytest.skip("llmcompressor is not importable in this environment")
     prepared = prepare(case, target, backend, device=DEVICE)
     benchmark.group = f"{case.label} {target.label}"
     benchmark.extra_info.update(shape=list(case.shape), dtype=case.dtype, scheme=case.scheme)
 
-    def run():
-        out = prepared.fn()
+    def run():  # an observer call includes constructing the observer (build)
+        out = prepared.call()
         if DEVICE == "cuda":
             torch.cuda.synchronize()
         return out

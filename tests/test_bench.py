@@ -209,6 +209,25 @@ def test_overlap_model_hand_computed():
     assert m["host_s"] == pytest.approx(5 * 600e-6) and m["bound"] == "host"
 
 
+@needs_interpreter
+def test_host_path_is_measured_with_the_launches_stubbed():
+    from obskernels.bench import hostcost
+    from obskernels.tools.kernel_report import discover_kernels
+
+    case = bench_cases.Case("weight", (16, 256), "bf16", "int4-group128", (4096, 4096))
+    obs = bench_cases.OBSERVERS["memoryless_minmax"]
+    tri = hostcost.measure(case, obs, "triton", max_reps=8, budget_s=0.05)
+    # measured at the smallest shape with the group structure; the GPU would
+    # start at the first launch, after the host built and checked the call
+    assert tri["shape"] == [2, 256] and tri["units"] > tri["before_units"] > 0
+    assert "stubbed" in tri["method"] and tri["unit_us"] > 0
+    # a PyTorch path: no launch to wait for, its aten ops counted
+    ref = hostcost.measure(case, obs, "reference", max_reps=8, budget_s=0.05)
+    assert ref["before_units"] is None and ref["aten_ops"] > tri["aten_ops"]
+    # the kernels are themselves again afterwards
+    assert not any(isinstance(getattr(m, a), hostcost._Stub) for m, a in discover_kernels().values())
+
+
 def test_compulsory_bytes():
     value = torch.zeros(8, 32, dtype=torch.bfloat16)
     mins, maxs = torch.zeros(8, 2, dtype=torch.bfloat16), torch.zeros(8, 2, dtype=torch.bfloat16)
@@ -447,3 +466,21 @@ def test_tiny_harness_run_writes_valid_records(tmp_path):
     assert "OVERSTATE" in md[md.index("## This run"):]
     if importlib.util.find_spec("matplotlib") is not None:
         assert any(p.endswith(".png") for p in paths.values())
+
+
+def test_h100_table_pairs_the_model_with_the_measurements():
+    from obskernels.bench import h100
+
+    def rec(backend, seconds, scope="full-size projection"):
+        return {"case": "w4096x4096 bf16 int4-group128", "op": "obs:memoryless_mse", "backend": backend,
+                "scope": scope, "scaled": False, "modelled_s": seconds, "model_host_s": 1e-3, "bound": "host"}
+
+    records = [rec("triton", 1.5e-3), rec("llmc-eager", 30e-3), rec("llmc-triton", 2.0e-3),
+               rec("triton", 9.0, scope="run") | {"scaled": True}]
+    row = next(r for r in h100.rows(records) if r["observer"] == "memoryless_mse"
+               and r["case"].endswith("int4-group128"))
+    assert row["measured_ms"] == 1.762 and row["model_ms"] == pytest.approx(1.5)
+    # llm-compressor's default path on a GPU is its Triton search where it has one
+    assert row["llmc_model_ms"] == pytest.approx(2.0) and row["llmc_path"] == "its Triton search"
+    text = h100.markdown(h100.rows(records))
+    assert "| w4096x4096 int4-group128 | memoryless_mse | 1.762 | 1.500 | 0.85 |" in text

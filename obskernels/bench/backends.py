@@ -13,10 +13,10 @@ Backends:
   (``_grid_search_mse_triton``; note it uses per-group patience, not the global
   patience of docs/spec.md §4). Only the MSE targets have it.
 
-``prepare(case, target, backend, shape, device)`` returns a ``Prepared``: a
-``setup()`` (timed with the call when ``timed_setup``: an observer's
-construction), the timed ``fn()`` and the compulsory byte count of what it
-read and returned. A target that a backend does not have raises ``NotApplicable``.
+``prepare(case, target, backend, shape, device)`` returns a ``Prepared``: an
+untimed ``setup()`` before each call, the timed ``call()`` (``build()``, e.g.
+constructing the observer, then ``fn()``) and the compulsory byte count of
+what it read and returned. A target that a backend does not have raises ``NotApplicable``.
 """
 
 from __future__ import annotations
@@ -97,11 +97,17 @@ def _compiled_kernels() -> bool:
 @dataclass
 class Prepared:
     fn: Callable[[], object]
-    setup: Callable[[], None] = lambda: None
-    timed_setup: bool = False  # setup() is part of the call (an observer's construction)
+    setup: Callable[[], None] = lambda: None  # untimed, before each call
+    build: Optional[Callable[[], None]] = None  # timed, the call's first part (a new observer)
     reads: List[torch.Tensor] = field(default_factory=list)
     updated: List[torch.Tensor] = field(default_factory=list)
     outputs_of: Callable[[object], Sequence[Optional[torch.Tensor]]] = lambda out: []
+
+    def call(self):
+        """One timed call: ``build()`` (when there is one), then ``fn()``."""
+        if self.build is not None:
+            self.build()
+        return self.fn()
 
     def compulsory(self, out) -> int:
         return compulsory_bytes(self.reads, self.outputs_of(out), updated=self.updated)
@@ -185,10 +191,10 @@ def _obskernels(case: Case, target: Target, backend: str, value: torch.Tensor) -
 
 
 def _observer_prepared(registry, case: Case, target: Target, value, wrap) -> Prepared:
-    """One observer call: a new observer (``setup``), ``observer(value)`` and
-    ``get_qparams()``. The construction is timed with the call, except for the
-    importance observers: theirs precedes the calibration pass that gathers
-    the importance (untimed)."""
+    """One observer call: a new observer (``build``), ``observer(value)`` and
+    ``get_qparams()``; its quantization arguments are made untimed (``setup``),
+    as a user's exist before. The importance observers are built untimed: their
+    construction precedes the calibration pass that gathers the importance."""
     state = {}
     cols = value.shape[-1]
     importance_bytes: List[torch.Tensor] = []
@@ -196,15 +202,16 @@ def _observer_prepared(registry, case: Case, target: Target, value, wrap) -> Pre
         # the search reads the accumulated fp32 sum (one value per column)
         importance_bytes.append(torch.empty(cols, dtype=torch.float32, device="meta"))
 
+    def build():
+        state["obs"] = registry.load_from_registry(target.name, base_name=case.base_name, args=state["args"])
+
     def setup():
-        obs = registry.load_from_registry(
-            target.name, base_name=case.base_name, args=case.spec.qargs()
-        )
+        state["args"] = case.spec.qargs()  # a fresh copy: observers mutate observer_kwargs
         if target.uses_importance:
+            build()
             module = _ImatrixModule(cols)
-            obs.attach(module)
+            state["obs"].attach(module)
             wrap(lambda: module(_imatrix_acts(cols, value.device)))()
-        state["obs"] = obs
 
     def observe():
         obs = state["obs"]
@@ -214,7 +221,7 @@ def _observer_prepared(registry, case: Case, target: Target, value, wrap) -> Pre
     return Prepared(
         wrap(observe),
         setup=setup,
-        timed_setup=not target.uses_importance,
+        build=None if target.uses_importance else build,
         reads=[value] + importance_bytes,
         outputs_of=_tuple_outputs,
     )

@@ -45,7 +45,7 @@ def count_call(prepared, device: str, triton: bool) -> Tuple[Counts, int, object
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with count_traffic(device, triton=triton) as counts:
-            out = prepared.fn()
+            out = prepared.call()
     return counts, prepared.compulsory(out), out
 
 
@@ -257,7 +257,7 @@ def sass_worker(stdin: TextIO, stdout: TextIO) -> None:
                 try:
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")
-                        prepared.fn()
+                        prepared.call()
                 except Exception as exc:  # outputs are not computed: later host code may object
                     res["note"] = f"call stopped after {len(sink)} launches: {type(exc).__name__}"
                 launches = [report.Launch(case.label, "", n, f, g, a, k) for n, f, g, a, k in sink]

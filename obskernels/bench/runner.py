@@ -5,7 +5,7 @@ For each (case, target, backend) one record:
   the PyTorch backends on any device; the Triton backends on CUDA only. Wall
   time of one call, synchronised (``torch.cuda.synchronize`` before and after
   on a GPU, the L2 wiped before), median of repeated calls after a warm-up; an
-  observer call includes constructing the observer (``Prepared.timed_setup``).
+  observer call includes constructing the observer (``Prepared.build``).
   Peak: the extra memory the call holds above what existed before, as bytes and
   as % of the value's bytes: on a GPU ``torch.cuda.max_memory_allocated``; on
   the CPU the live storage created by aten ops (``AtenTraffic``), for Triton
@@ -154,15 +154,12 @@ def _sync(device: str) -> None:
 
 def _one_call(prepared, device: str, flush=None) -> float:
     """Wall seconds of one synchronised call (with its observer's construction)."""
-    if not prepared.timed_setup:
-        prepared.setup()
+    prepared.setup()
     if flush is not None:
         flush.zero_()  # like triton.testing.do_bench: wipe the L2 first
     _sync(device)
     t0 = time.perf_counter()
-    if prepared.timed_setup:
-        prepared.setup()
-    prepared.fn()
+    prepared.call()
     _sync(device)
     return time.perf_counter() - t0
 
@@ -188,14 +185,11 @@ def time_calls(prepared, device: str, opts: Options) -> Tuple[float, int, float]
 
 def cuda_peak(prepared) -> int:
     """Peak bytes allocated during one call above what was allocated before."""
-    if not prepared.timed_setup:
-        prepared.setup()
+    prepared.setup()
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    if prepared.timed_setup:
-        prepared.setup()
-    prepared.fn()
+    prepared.call()
     torch.cuda.synchronize()
     return int(torch.cuda.max_memory_allocated() - base)
 
@@ -303,14 +297,11 @@ def _triton_path(case, target, backend, value, device, opts, rec: Record, modell
 
 def interpreter_peak_bytes(prepared) -> int:
     """Peak extra memory of one call of a Triton path run by triton's interpreter."""
-    if not prepared.timed_setup:
-        prepared.setup()
+    prepared.setup()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with peak_memory("cpu") as counts:
-            if prepared.timed_setup:
-                prepared.setup()
-            prepared.fn()
+            prepared.call()
     return counts.peak_bytes
 
 def _interpreter_peak(case, target, backend, value) -> Timing:
@@ -390,7 +381,7 @@ def run(opts: Options) -> List[Record]:
     if opts.project_full and opts.model:
         seen = set()
         for c, t, b in plan:
-            if c.scaled and b not in ("llmc-triton", "llmc") and (c, t, b) not in seen:
+            if c.scaled and b != "llmc" and (c, t, b) not in seen:
                 seen.add((c, t, b))
                 projections.append((c, t, b))
         jobs += [(c, t, b, c.full_shape) for c, t, b in projections if b in triton_backends]
