@@ -3,8 +3,8 @@
 1. the `gpu`-marked tests, compiled for this GPU (no interpreter): the parity
    suite on CUDA tensors against the reference computed by torch on the same
    GPU, offsets past 2^31, the device guard across two GPUs when present;
-2. the full benchmark (`python -m obskernels.bench --full`): Triton rows
-   measured with CUDA events next to the model's figures;
+2. the full benchmark (`python -m obskernels.bench --full --model`): every row
+   measured (synchronised wall time, peak memory) next to the model's figures;
 3. one summary file, gpu-check/summary.md (and summary.json): device, test
    counts and failures, the benchmark's full-size observer table.
 
@@ -50,7 +50,7 @@ def main(argv=None) -> int:
                         "failures": [line for line in text.splitlines() if line.startswith(("FAILED", "ERROR"))]}
 
     bench_out = os.path.join(out, "bench")
-    rc_bench, text = _run([sys.executable, "-m", "obskernels.bench", "--full", "--device", "cuda",
+    rc_bench, text = _run([sys.executable, "-m", "obskernels.bench", "--full", "--model", "--device", "cuda",
                            "--out", bench_out, "--quiet"], env, os.path.join(out, "bench.log"))
     summary["bench"] = {"returncode": rc_bench, "out": bench_out}
     lead = ""

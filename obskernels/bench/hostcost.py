@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import statistics
 import time
 import warnings
 from typing import Dict, Tuple
