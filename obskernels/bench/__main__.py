@@ -29,7 +29,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     size = p.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true",
                       help="shapes divided by 32 per side, bf16 only (the default without CUDA; "
-                           "2-3 minutes on a shared 2-core CPU)")
+                           "5-8 minutes on a shared 2-core CPU)")
     size.add_argument("--full", action="store_true",
                       help="the real shapes (the default with CUDA)")
     size.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)

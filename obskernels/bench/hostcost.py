@@ -139,8 +139,8 @@ def stubbed(backend: str, clock: _Clock):
                 setattr(module, attr, fn)
 
 
-def measure(case: Case, target: Target, backend: str, min_reps: int = 5, max_reps: int = 40,
-            budget_s: float = 0.4) -> Dict:
+def measure(case: Case, target: Target, backend: str, min_reps: int = 3, max_reps: int = 20,
+            budget_s: float = 0.15) -> Dict:
     """Host cost of one call of ``target`` on ``case`` by ``backend``, launches
     stubbed: ``units`` (fastest host time / ``unit_seconds()``), ``before_units``
     (host time until the first Triton launch; None without one), ``aten_ops``
@@ -164,12 +164,12 @@ def measure(case: Case, target: Target, backend: str, min_reps: int = 5, max_rep
             prepared.call()
         # the unit before and after the calls (not between them: the add_ loop
         # would evict the call's code and data from the caches)
-        units, times, firsts = [unit_seconds(rounds=51)], [], []
+        units, times, firsts = [unit_seconds(rounds=31)], [], []
         t_end = time.perf_counter() + budget_s
         while len(times) < max_reps and (len(times) < min_reps or time.perf_counter() < t_end):
             times.append(once())
             firsts.append(clock.first)
-        units.append(unit_seconds(rounds=51))
+        units.append(unit_seconds(rounds=31))
     # the fastest call and the fastest unit: what no other work on the machine slowed
     unit, fastest = min(units), min(range(len(times)), key=times.__getitem__)
     return {"units": times[fastest] / unit,

@@ -348,6 +348,7 @@ def _host_paths(plan, unavailable, opts: Options) -> Dict[Tuple, Dict]:
         return out
     done: Dict[Tuple, Optional[Dict]] = {}
     todo = [(c, t, b) for c, t, b in plan if not unavailable[b] and b != "llmc"]
+    t0 = time.perf_counter()
     if opts.progress and todo:
         opts.progress.write(f"measuring the host path of {len(todo)} calls (launches stubbed)...\n")
     for case, target, backend in todo:
@@ -359,6 +360,8 @@ def _host_paths(plan, unavailable, opts: Options) -> Dict[Tuple, Dict]:
                 done[key] = None
         if done[key] is not None:
             out[(case, target, backend)] = done[key]
+    if opts.progress and todo:
+        opts.progress.write(f"  {len(done)} host paths measured in {time.perf_counter() - t0:.0f} s\n")
     return out
 
 def run(opts: Options) -> List[Record]:
