@@ -1,9 +1,10 @@
 """The observer lifecycle end to end (docs/spec.md §1).
 
 Statistics are checked against hand-computed values, against the moving
-average formula applied to hand-known minima, or against the operation the
-observer must call (``obskernels.ops``, itself checked in test_reference.py)
-with the defaults of docs/spec.md §1 written out here.
+average formula applied to hand-known minima, or against the reference
+search (``obskernels.reference``, called directly: itself checked in
+test_reference.py) with the defaults of docs/spec.md §1, llm-compressor
+0.14.0.1's, written out here.
 """
 
 from __future__ import annotations
@@ -84,12 +85,21 @@ def test_register_a_new_observer():
     assert torch.equal(obs.min_vals, torch.tensor([-2.0]))
 
 
+# llm-compressor 0.14.0.1's defaults (llmcompressor/observers/mse.py, imatrix.py,
+# min_max.py), written out; chunk_size is obskernels' own keyword. The
+# triton_error_buffer values are those of the int8 args ``make`` builds.
 DEFAULTS = {
     "minmax": {"avg_constant": 0.01},
-    "memoryless_mse": {"maxshrink": 0.20, "patience": 5, "grid": 100, "norm": 2.4, "expand": 1.0, "chunk_size": 5},
-    "mse": {"maxshrink": 0.20, "patience": 5, "grid": 100, "norm": 2.4, "expand": 1.0, "chunk_size": 5, "avg_constant": 0.01},
-    "nvfp4_expanded_mse": {"maxshrink": 1 - 0.8 / 1.8, "patience": 1000, "grid": 200, "norm": 2.4, "expand": 1.8, "chunk_size": 5},
-    "imatrix_mse": {"maxshrink": 0.95, "patience": 5, "grid": 20, "norm": 3.0, "expand": 1.0, "chunk_size": 5, "strict": False},
+    "memoryless_mse": {"maxshrink": 0.20, "patience": 5, "grid": 100, "norm": 2.4, "expand": 1.0, "chunk_size": 5,
+                       "triton_error_buffer": 0.3},
+    "mse": {"maxshrink": 0.20, "patience": 5, "grid": 100, "norm": 2.4, "expand": 1.0, "chunk_size": 5, "avg_constant": 0.01,
+            "triton_error_buffer": 0.3},
+    "nvfp4_expanded_mse": {"maxshrink": 1 - 0.8 / 1.8, "patience": 1000, "grid": 200, "norm": 2.4, "expand": 1.8, "chunk_size": 5,
+                           "triton_error_buffer": 1.0},
+    "imatrix_mse": {"maxshrink": 0.95, "patience": 5, "grid": 20, "norm": 3.0, "expand": 1.0, "chunk_size": 5, "strict": False,
+                    "triton_error_buffer": None},
+    "nvfp4_expanded_imatrix": {"maxshrink": 1 - 0.8 / 1.8, "patience": 1000, "grid": 200, "norm": 2.4, "expand": 1.8,
+                               "chunk_size": 5, "strict": False, "triton_error_buffer": None},
 }
 
 
@@ -98,6 +108,17 @@ def test_defaults(name):
     obs = make(name)
     for attr, value in DEFAULTS[name].items():
         assert getattr(obs, attr) == value, (name, attr)
+
+
+@pytest.mark.parametrize("name,args,want", [
+    ("memoryless_mse", nvfp4_args(), 1.0),  # a 4-bit float
+    ("mse", qargs("group", num_bits=4, group_size=16, type="float"), 1.0),
+    ("memoryless_mse", qargs("group", num_bits=4, group_size=16), 0.3),  # int4
+    ("mse", qargs(num_bits=8, type="float"), 0.3),  # fp8
+    ("nvfp4_expanded_mse", qargs("channel", num_bits=4), 1.0),  # whatever the format
+])
+def test_triton_error_buffer_default_follows_llmcompressor(name, args, want):
+    assert make(name, args=args).triton_error_buffer == want
 
 
 def test_kwargs_merge_into_args():
@@ -157,7 +178,8 @@ def test_chunk_size_is_accepted_and_never_changes_the_result(name):
     reference search's with the observer's other defaults."""
     w = torch.randn(8, 32)
     args = nvfp4_args() if name == "nvfp4_expanded_mse" else qargs("group", group_size=16)
-    kw = {k: v for k, v in DEFAULTS[name].items() if k not in ("chunk_size", "strict", "avg_constant")}
+    kw = {k: v for k, v in DEFAULTS[name].items()
+          if k not in ("chunk_size", "strict", "avg_constant", "triton_error_buffer")}
     flavour = "imatrix" if name == "imatrix_mse" else "mse"
     want_min, want_max = reference_search(w, "weight", args, flavour=flavour, **kw)
     for chunk in (1, 5, 7):
@@ -265,9 +287,9 @@ def test_minmax_default_moving_average(backend, dtype):
 def _search(value, base_name, args, flavour="mse", importance=None, **over):
     kw = dict(DEFAULTS["imatrix_mse" if flavour == "imatrix" else "memoryless_mse"])
     kw.update(over)
-    for k in ("chunk_size", "strict"):
+    for k in ("chunk_size", "strict", "triton_error_buffer"):
         kw.pop(k, None)
-    return ops.mse_search(value, base_name, args, importance=importance, flavour=flavour, **kw)
+    return reference_search(value, base_name, args, importance=importance, flavour=flavour, **kw)
 
 
 def test_mse_observers_call_the_search_with_their_defaults(backend):
