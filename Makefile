@@ -73,7 +73,7 @@ test-llmcompressor: llmcompressor-env
 # Registers, spills, shared memory and SASS per element (per step for the search)
 # of every kernel variant, compiled for sm_90a with triton's bundled ptxas (no GPU).
 kernel-report: $(STAMP)
-	PYTHONSAFEPATH=1 $(PYTHON) -m obskernels.kernels.report $(REPORT_ARGS)
+	PYTHONSAFEPATH=1 $(PYTHON) -m obskernels.tools.kernel_report $(REPORT_ARGS)
 
 # On a machine with CUDA: the parity suite on CUDA (every test taking the `device`
 # fixture, against torch on the same GPU) and the gpu-marked tests, then the full

@@ -1,4 +1,4 @@
-"""Group layouts on the device, and the launchers' shared host-side policy.
+"""Group layouts on the device, and the launchers' device context.
 
 The index map itself (``GroupLayout``, ``group_layout``: where element
 (q, r, e) of the flattened value lives in the raw value's storage) is
@@ -17,15 +17,12 @@ exactly on both a GPU and the interpreter (bf16 through its bits); every
 kernel that loads or stores values in the value's dtype goes through them.
 Every launcher (min_max, flatten, mse_search, combine_statistics) derives
 its layout from the call's checked ``Flattening`` with ``group_layout``;
-``LaunchConfig`` and the block / split helpers below are the launchers'
-shared host-side policy.
+how it launches (blocks, warps, splits) is ``kernels/launch.py``'s policy.
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
-import dataclasses
 
 import torch
 import triton
@@ -37,18 +34,10 @@ from obskernels.spec.layout import Geometry, GroupLayout, coalesce, group_layout
 __all__ = [
     "Geometry",
     "GroupLayout",
-    "LaunchConfig",
-    "launch_config",
-    "current_config",
     "on_device",
     "check_kernel_dtype",
     "check_launchable",
     "group_layout",
-    "choose_blocks",
-    "choose_split",
-    "finish_blocks",
-    "num_warps_for",
-    "pow2_at_most",
     "coalesce",
     "group_coords",
     "group_base",
@@ -58,84 +47,8 @@ __all__ = [
     "load_flat",
     "widen",
     "store_exact",
+    "INTERPRETED",
 ]
-
-
-_MAX_GRID_1 = 65535  # CUDA's limit on grid axes 1 and 2
-
-
-@dataclasses.dataclass(frozen=True)
-class LaunchConfig:
-    """Host-side tuning of a launcher: fixed heuristics keyed on size, no autotuning.
-
-    Each launcher module holds its defaults in a module-level ``CONFIG`` (a
-    LaunchConfig) and reads it at every call through ``current_config``, which
-    applies the fields set by an enclosing ``launch_config(...)`` block: that
-    block is how a caller (a test, the compile check, the benchmark) passes a
-    configuration in without rewriting a module's globals. Fields left None
-    are chosen per call; pinning them makes a test take the same path on the
-    CPU interpreter and on a GPU.
-
-    tile: elements loaded per step by one program (power of two).
-    split: programs sharing one group (its rows, or its chunks in mse_search)
-        (None: from the amount of work, see ``choose_split``).
-    fill_programs: how many programs a launch aims at when it splits. A
-        constant (4 per SM of a 132-SM H100 SXM), NOT the device's SM count:
-        the split decides the order of fp32 partial sums, so results stay the
-        same on an H100 SXM, a PCIe card, a MIG slice and the CPU interpreter
-        (a smaller GPU runs the same programs in more waves).
-    min_elems_per_program: below this much work per program, do not split.
-    max_reg_group (mse_search): largest group held whole in registers; larger
-        groups take the split path.
-    chunk (mse_search): elements per chunk on the split path (power of two).
-    steps_per_iter (mse_search): grid steps evaluated together, a power of two
-        <= 32 (None: 1 on a GPU, where registers are the limit; 32 under the
-        interpreter, whose cost is per operation, not per element).
-    gpu_arith (mse_search): use the GPU's hardware conversions (None: on a
-        CUDA tensor outside the interpreter; True lets a compile check build
-        that variant from CPU tensors, it cannot run in the interpreter).
-    """
-
-    tile: int = 4096
-    split: int | None = None
-    min_elems_per_program: int = 1 << 15
-    max_reg_group: int = 4096
-    chunk: int = 2048
-    steps_per_iter: int | None = None
-    fill_programs: int = 4 * 132
-    gpu_arith: bool | None = None
-
-
-_OVERRIDES: contextvars.ContextVar[dict] = contextvars.ContextVar("launch_config", default={})
-
-# The launch configuration a GPU runs: one grid step per iteration of the
-# search loop (the interpreter's default is 32). Splits need no pinning: they
-# follow the work, the same on every device.
-CUDA_LAUNCH = {"steps_per_iter": 1}
-
-
-@contextlib.contextmanager
-def launch_config(**fields):
-    """Within this block every launcher runs with ``fields`` (LaunchConfig
-    field names) replacing its module defaults, e.g.
-    ``with launch_config(**CUDA_LAUNCH): ...`` runs the GPU's configuration
-    under the interpreter. Unknown field names are a TypeError."""
-    names = {f.name for f in dataclasses.fields(LaunchConfig)}
-    unknown = sorted(set(fields) - names)
-    if unknown:
-        raise TypeError(f"launch_config: unknown LaunchConfig fields {unknown}")
-    token = _OVERRIDES.set({**_OVERRIDES.get(), **fields})
-    try:
-        yield
-    finally:
-        _OVERRIDES.reset(token)
-
-
-def current_config(default: LaunchConfig) -> LaunchConfig:
-    """A launcher's configuration for this call: its module default with the
-    fields of the enclosing ``launch_config`` blocks applied."""
-    fields = _OVERRIDES.get()
-    return dataclasses.replace(default, **fields) if fields else default
 
 
 def _device_context(device: torch.device):
@@ -174,67 +87,6 @@ def check_launchable(value: torch.Tensor, op: str) -> None:
             f"{op}: an empty value (shape {tuple(value.shape)}) has nothing to launch; "
             "obskernels.ops computes it with the reference"
         )
-
-
-def pow2_at_most(n: int, cap: int) -> int:
-    """The smallest power of two >= n, capped at ``cap`` (a power of two)."""
-    return min(triton.next_power_of_2(max(int(n), 1)), cap)
-
-
-def choose_blocks(
-    sizes: tuple[int, int, int], strides: tuple[int, int, int], tile: int
-) -> tuple[int, int, int]:
-    """Power-of-two block sizes for the (Q, R, E) axes within ``tile`` elements.
-
-    Axes are widened in order of increasing memory stride (ties: E, then Q,
-    then R), so a tile's lanes run along contiguous memory first.
-    """
-    order = sorted(range(3), key=lambda a: (strides[a], (2, 0, 1).index(a)))
-    blocks = [1, 1, 1]
-    budget = tile
-    for a in order:
-        blocks[a] = pow2_at_most(sizes[a], budget)
-        budget //= blocks[a]
-    return tuple(blocks)
-
-
-def num_warps_for(tile_elems: int) -> int:
-    """Warps for a tile: about 16 lanes per thread at most (fp32 accumulators
-    and int64 offsets per lane stay in registers)."""
-    return 8 if tile_elems >= 2048 else 4
-
-
-def choose_split(work_rows: int, row_block: int, work_per_row: int, other_programs: int,
-                 device: torch.device, config: LaunchConfig) -> tuple[int, int]:
-    """(split, rows_per_split): how many programs share the rows of one group
-    tile (1: no split), and the rows each takes, a multiple of ``row_block``.
-
-    Enough programs to reach ``config.fill_programs`` next to
-    ``other_programs``, but no program with less than
-    ``config.min_elems_per_program`` of work; the split is recounted so no
-    program is left without rows. Every launcher puts the split on grid axis
-    1, which CUDA caps at 65535 programs. The split follows the work only
-    (``device`` is accepted for callers but not read): the same call splits
-    the same way on every GPU and under the interpreter, so the interpreter
-    tests run the split and finish kernels a GPU runs.
-    """
-    row_tiles = -(-work_rows // row_block)
-    if config.split is not None:
-        split = max(1, min(config.split, row_tiles))
-    else:
-        want = -(-config.fill_programs // max(other_programs, 1))
-        worth = max(1, (work_rows * work_per_row) // config.min_elems_per_program)
-        split = max(1, min(row_tiles, want, worth))
-    split = min(split, _MAX_GRID_1)
-    per_split = triton.cdiv(triton.cdiv(work_rows, split), row_block) * row_block
-    return triton.cdiv(work_rows, per_split), per_split
-
-
-def finish_blocks(n: int, split: int, config: LaunchConfig) -> tuple[int, int]:
-    """(BLOCK_N, BLOCK_S) of a finish pass that reduces ``split`` partials of
-    ``n`` outputs: up to 256 outputs per program, the partials in tile-sized steps."""
-    block_n = pow2_at_most(n, 256)
-    return block_n, pow2_at_most(split, max(config.tile // block_n, 1))
 
 
 @triton.jit
@@ -340,3 +192,9 @@ def store_exact(ptr, x, mask):
         tl.store(ptr, (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask)
     else:
         tl.store(ptr, x.to(ptr.dtype.element_ty), mask=mask)
+
+
+#: Whether triton built these kernels for its interpreter (TRITON_INTERPRET=1
+#: when triton decorated them): the kernels run on CPU tensors then, with the
+#: interpreter's casts, never the GPU's hardware conversions.
+INTERPRETED = not isinstance(widen, triton.runtime.JITFunction)

@@ -18,25 +18,18 @@ import torch
 import triton
 import triton.language as tl
 
-from obskernels.kernels._layout import (
-    LaunchConfig,
-    check_launchable,
+from obskernels.kernels._layout import check_launchable, coalesce, on_device, row_offsets, widen
+from obskernels.kernels.launch import (
     choose_blocks,
     choose_split,
-    coalesce,
     current_config,
     finish_blocks,
     num_warps_for,
-    on_device,
     pow2_at_most,
-    row_offsets,
-    widen,
 )
 from obskernels.spec.calls import AccumulateCall
 
-__all__ = ["accumulate_sq", "CONFIG"]
-
-CONFIG = LaunchConfig()
+__all__ = ["accumulate_sq"]
 
 
 @triton.jit(do_not_specialize=["NT", "tokens_per_split"])
@@ -123,7 +116,7 @@ def accumulate_sq(call: AccumulateCall):
     token_dims = [(1, 0)] * (3 - len(token_dims)) + token_dims
     (_, sr0), (R1, sr1), (R2, sr2) = token_dims
     NT = x.numel() // H
-    config = current_config(CONFIG)
+    config = current_config("accumulate_sq")
 
     # Channels are the group axis, tokens the row axis (E = 1).
     BH, BT, _ = choose_blocks((H, NT, 1), (abs(sh), abs(sr2) if R2 > 1 else 1 << 62, 1 << 62),
@@ -133,7 +126,7 @@ def accumulate_sq(call: AccumulateCall):
     while BH > 128 and BT < min(8, pow2_at_most(NT, 8)):
         BH, BT = BH // 2, BT * 2
     n_h = triton.cdiv(H, BH)
-    split, tokens_per_split = choose_split(NT, BT, BH, n_h, x.device, config)
+    split, tokens_per_split = choose_split(NT, BT, BH, n_h, config)
 
     rows = (H, sh, NT, R1, R2, sr0, sr1, sr2, tokens_per_split)
     with on_device(x):

@@ -17,25 +17,20 @@ import triton
 import triton.language as tl
 from compressed_tensors.quantization import QuantizationStrategy
 
+from obskernels.kernels.launch import choose_blocks, current_config, num_warps_for
 from obskernels.kernels._layout import (
-    LaunchConfig,
     check_kernel_dtype,
     check_launchable,
-    choose_blocks,
-    current_config,
     group_base,
     group_layout,
     layout_rows,
     load_tile,
-    num_warps_for,
     on_device,
 )
 from obskernels.spec.checks import ATTENTION
 from obskernels.spec.layout import Flattening
 
-__all__ = ["flatten_for_calibration", "CONFIG"]
-
-CONFIG = LaunchConfig()
+__all__ = ["flatten_for_calibration"]
 
 
 @triton.jit(do_not_specialize=["Q", "NR", "lim_r", "lim_e"])
@@ -84,7 +79,7 @@ def flatten_for_calibration(flat: Flattening):
         return src.reshape(layout.flat_shape)
     out = torch.empty(layout.flat_shape, dtype=value.dtype, device=value.device)
     Q, NR, E = layout.num_groups, layout.num_rows, layout.elems
-    BQ, BR, BE = choose_blocks((Q, NR, E), layout.axis_strides(), current_config(CONFIG).tile)
+    BQ, BR, BE = choose_blocks((Q, NR, E), layout.axis_strides(), current_config("flatten").tile)
     perm = layout.perm if layout.gather else value  # unread unless GATHER
     with on_device(value):
         _flatten_kernel[(triton.cdiv(Q, BQ), triton.cdiv(NR, BR))](

@@ -1,7 +1,7 @@
 """imatrix importance: E[x²] per input column and its verdict, one launch.
 
     imp[h] = sum_buf[h] / fp32(count)          (fp32, correctly rounded: div_rn)
-    status[STATUS_IMPORTANCE] = verdict        (spec.checks.IMPORTANCE_* codes)
+    status[STATUS_IMPORTANCE] = verdict        (spec.record.IMPORTANCE_* codes)
 
 One program walks the columns in blocks: it writes imp and keeps, per lane,
 whether an entry was NaN / +-inf, negative, or non-zero; the verdict follows
@@ -19,8 +19,9 @@ import triton
 import triton.language as tl
 
 from obskernels.kernels._layout import on_device
+from obskernels.kernels.launch import IMPORTANCE_BLOCK
 from obskernels.spec.calls import ImportanceCall
-from obskernels.spec.checks import (
+from obskernels.spec.record import (
     IMPORTANCE_NEGATIVE,
     IMPORTANCE_NO_DATA,
     IMPORTANCE_NONFINITE,
@@ -37,7 +38,6 @@ _NO_DATA: tl.constexpr = tl.constexpr(IMPORTANCE_NO_DATA)
 _NONFINITE: tl.constexpr = tl.constexpr(IMPORTANCE_NONFINITE)
 _NEGATIVE: tl.constexpr = tl.constexpr(IMPORTANCE_NEGATIVE)
 _ZEROS: tl.constexpr = tl.constexpr(IMPORTANCE_ZEROS)
-_BLOCK = 1024
 
 
 @triton.jit(do_not_specialize=["H", "sh"])
@@ -73,5 +73,5 @@ def importance(call: ImportanceCall):
     imp = torch.empty(sum_buf.shape, dtype=torch.float32, device=sum_buf.device)
     with on_device(sum_buf):
         _importance_kernel[(1,)](sum_buf, count_buf, imp, status, sum_buf.numel(),
-                                 sum_buf.stride(0), BLOCK=_BLOCK)
+                                 sum_buf.stride(0), BLOCK=IMPORTANCE_BLOCK)
     return imp

@@ -20,29 +20,29 @@ import triton
 import triton.language as tl
 
 from obskernels.kernels._layout import (
-    LaunchConfig,
     check_kernel_dtype,
     check_launchable,
-    choose_blocks,
-    choose_split,
-    current_config,
-    finish_blocks,
     group_base,
     group_layout,
     layout_rows,
     load_tile,
-    num_warps_for,
     on_device,
     store_exact,
     widen,
+)
+from obskernels.kernels.launch import (
+    choose_blocks,
+    choose_split,
+    current_config,
+    finish_blocks,
+    min_max_warps,
+    num_warps_for,
 )
 from obskernels.kernels import stats as ST
 from obskernels.kernels.quant import DTYPE_CODE
 from obskernels.spec.calls import MinMaxCall
 
-__all__ = ["min_max", "CONFIG"]
-
-CONFIG = LaunchConfig()
+__all__ = ["min_max"]
 
 
 # Sizes that vary per call are not specialised on (one compiled variant per
@@ -182,17 +182,6 @@ def _min_max_finish_kernel(
               avg_a, avg_c, MODE, DTYPE, BITS16)
 
 
-def _warps(tile_elems: int, record: bool = False) -> int:
-    """Warps of the main kernel: 8 elements per thread at most. Each lane keeps
-    a running min, max and NaN flag plus int64 offsets (and, padded, the block
-    bounds): at 16 per thread (8 warps for 4096) sm_90a needs 200-237
-    registers for padded and 3-D tiles, one block per SM; at 8 it needs
-    <= 122 and the SASS per element does not grow. With the non-finite record
-    (``record``) at least 8: at 4 warps on a small tile sm_90a keeps a 64-bit
-    pointer of the rarely taken counting branch on the stack (8 bytes)."""
-    return max(8 if record else 4, min(16, tile_elems // 256))
-
-
 def min_max(call: MinMaxCall):
     """(min_vals, max_vals) per group, shaped like the qparams, in value's dtype.
 
@@ -206,11 +195,11 @@ def min_max(call: MinMaxCall):
     layout = group_layout(call.flat)
     mode, avg_a, avg_c = ST.combine_modes(held, call.averaging_constant)
     bits16 = held is not None and value.dtype == torch.bfloat16
-    config = current_config(CONFIG)
+    config = current_config("min_max")
     Q, NR, E = layout.num_groups, layout.num_rows, layout.elems
     BQ, BR, BE = choose_blocks((Q, NR, E), layout.axis_strides(), config.tile)
     n_q = triton.cdiv(Q, BQ)
-    split, rows_per_split = choose_split(NR, BR, BQ * E, n_q, value.device, config)
+    split, rows_per_split = choose_split(NR, BR, BQ * E, n_q, config)
 
     mins = torch.empty(layout.qshape, dtype=value.dtype, device=value.device)
     maxs = torch.empty(layout.qshape, dtype=value.dtype, device=value.device)
@@ -233,7 +222,7 @@ def min_max(call: MinMaxCall):
             bits(held_min), bits(held_max), status if status is not None else pmin,
             avg_a, avg_c, call.observation,
             BLOCK_Q=BQ, BLOCK_R=BR, BLOCK_E=BE, PAD=layout.pad, GATHER=layout.gather,
-            RECORD=status is not None, num_warps=_warps(BQ * BR * BE, status is not None),
+            RECORD=status is not None, num_warps=min_max_warps(BQ * BR * BE, status is not None),
             **(epilogue if split == 1 else dict(MODE=ST.MODE_REPLACE.value,
                                                 DTYPE=epilogue["DTYPE"], BITS16=False)),
         )

@@ -24,7 +24,7 @@ range); this module is the launcher. Groups are addressed in the raw value throu
 flattened order): no flattened or reshaped copy is made.
 
 Two layouts of the work:
-- small groups (<= ``CONFIG.max_reg_group`` elements, the common case): one
+- small groups (<= ``LaunchConfig.max_reg_group`` elements, the common case): one
   launch of ``_search_kernel`` holds BLOCK_G whole groups in registers, takes
   their min/max itself, evaluates every step, writes the bits and stores its
   per-step "any of my groups improved" words (every word, so nothing is
@@ -75,7 +75,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
 import struct
 
 import torch
@@ -86,16 +85,22 @@ from compressed_tensors.quantization.utils.mxfp_utils import should_generate_mx_
 
 from obskernels.kernels import quant
 from obskernels.kernels._layout import (
+    INTERPRETED,
     GroupLayout,
-    LaunchConfig,
     check_kernel_dtype,
     check_launchable,
+    group_layout,
+    on_device,
+)
+from obskernels.kernels.launch import (
+    MAX_SPLIT_STEPS,
+    SPLIT_W_ROWS,
+    SPLIT_WARPS_W,
+    LaunchConfig,
     choose_split,
     current_config,
-    group_layout,
-    num_warps_for,
-    on_device,
     pow2_at_most,
+    search_warps,
 )
 from obskernels.kernels.mse_search_details._choose import _choose_kernel
 from obskernels.kernels.mse_search_details._register import _search_kernel
@@ -103,25 +108,16 @@ from obskernels.kernels.mse_search_details._split import _minmax_part_kernel, _s
 from obskernels.kernels.mse_search_details._step import StepConstants
 from obskernels.kernels.mse_search_details._step import _shrink  # noqa: F401 - the step rule, tested
 from obskernels.spec.calls import SearchCall
-from obskernels.spec.checks import STATUS_IMPORTANCE
+from obskernels.spec.record import STATUS_IMPORTANCE
 from obskernels.spec.errors import KernelUnsupportedError
 from obskernels.spec.search import search_args
 
-__all__ = ["mse_search", "CONFIG"]
+__all__ = ["mse_search"]
 
-# Block sizes and work split (kernels/_layout.py, LaunchConfig): tests pin
-# smaller ones to reach the split path with tiny shapes. Only the work split
+# Block sizes and work split: kernels/launch.py (tests pin smaller ones with
+# launch_config to reach the split path with tiny shapes). Only the work split
 # changes with them: which candidate wins can change only through the order
 # of fp32 partial sums (the split path's).
-CONFIG = LaunchConfig()
-
-_MAX_SPLIT_STEPS = 1024
-# split path with importance: rows of one column block per program (see _search_part_kernel)
-_SPLIT_W_ROWS = 16
-# its warps: sm_90a, int8 channel 16384 fp16 with raw importance: 4 warps use
-# 128 registers and no stack (36.4 SASS per element and step); 8 warps are held
-# to 80 registers and spill 10 bytes
-_SPLIT_WARPS_W = 4
 # fp32's smallest normal: the importance is divided by its mean plus this
 _TINY = float(torch.finfo(torch.float32).tiny)
 
@@ -154,18 +150,6 @@ def _fp32_steps_exact(grid, n_steps: int) -> bool:
     return all(
         bits(quant.round_host(g - i, f32) / g) == bits(1 - i / grid) for i in range(n_steps)
     )
-
-
-def _search_warps(block_g: int, block_e: int, fast: bool) -> int:
-    """Warps of _search_kernel. The exact emulation (not ``fast``) takes 16 for
-    one whole 4096-element group per program (sm_90a: 8 warps spill 4 bytes at
-    norm 2.4, 16 use 57 registers); the GPU arithmetic needs fewer registers and
-    keeps 8 there (39 -> 64 registers, no spill), halving the per-thread share of
-    each step's group reduction (int8 channel: 67.5 -> 53.6 SASS per element and
-    step)."""
-    if block_g == 1 and block_e >= 4096 and not fast:
-        return 16
-    return num_warps_for(block_g * block_e)
 
 
 @functools.lru_cache(maxsize=16)
@@ -327,15 +311,14 @@ def _mse_search(call: SearchCall):
         PAD=layout.pad, NORM_W=norm_w,
     )
 
-    config = current_config(CONFIG)
+    config = current_config("mse_search")
     # The GPU's own conversions where they are exact by definition (FAST):
     # a CUDA tensor outside the interpreter, or a compile check pinning it.
-    interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
     fast = config.gpu_arith
     if fast is None:
         # NVIDIA only: the GPU section of quant.py is PTX (a ROCm build keeps the emulation)
-        fast = value.is_cuda and torch.version.hip is None and not interpreted
-    elif fast and interpreted:
+        fast = value.is_cuda and torch.version.hip is None and not INTERPRETED
+    elif fast and INTERPRETED:
         raise KernelUnsupportedError(
             "mse_search: the GPU arithmetic (gpu_arith=True) needs a GPU build; the "
             "interpreter's casts are not the hardware's"
@@ -384,7 +367,7 @@ def _register_path(s: _Search, config: LaunchConfig) -> None:
         tile = max(tile // 2, 1)
     block_g = pow2_at_most(G, max(tile // block_e, 1))
     bits = torch.empty((G, max(s.n_words, 1)), dtype=torch.int32, device=dev)
-    warps = _search_warps(block_g, block_e, s.fast)
+    warps = search_warps(block_g, block_e, s.fast)
     if s.switches["HAS_W"]:
         # two rows or more per program share each column's importance read
         # (a tile of two whole-row groups takes twice the threads)
@@ -419,10 +402,10 @@ def _split_path(s: _Search, config: LaunchConfig) -> None:
     """Groups split over programs: _minmax_part_kernel, then _search_part_kernel,
     whose last programs (tickets) finish each group and the choice."""
     G, group_numel, dev = s.num_groups, s.group_numel, s.value.device
-    if s.n_steps > _MAX_SPLIT_STEPS:
+    if s.n_steps > MAX_SPLIT_STEPS:
         raise KernelUnsupportedError(
             f"mse_search: {s.n_steps} grid steps over groups of {group_numel} elements "
-            f"(the split path keeps at most {_MAX_SPLIT_STEPS} step errors per program)"
+            f"(the split path keeps at most {MAX_SPLIT_STEPS} step errors per program)"
         )
     chunk = config.chunk
     if s.switches["HAS_W"]:
@@ -431,13 +414,13 @@ def _split_path(s: _Search, config: LaunchConfig) -> None:
         # search takes a chunk as ROWS x (chunk / ROWS) elements, so its split
         # k covers the columns of the min/max's split k
         qa, qb = s.layout.groups
-        rows = max(1, min(_SPLIT_W_ROWS, triton.next_power_of_2(qa), chunk // 16))
+        rows = max(1, min(SPLIT_W_ROWS, triton.next_power_of_2(qa), chunk // 16))
         row_programs = triton.cdiv(qa, rows) * qb
     else:
         rows, row_programs = 1, G
     # K programs per group (or row block), cps chunks each; an element costs every grid step
     K, cps = choose_split(triton.cdiv(group_numel, chunk), 1, chunk * max(s.n_steps, 1),
-                          row_programs, dev, config)
+                          row_programs, config)
     n_words = max(s.n_words, 1)
     mm = torch.empty((2, G, K), dtype=torch.float32, device=dev)
     tickets = torch.empty(G + 1, dtype=torch.int32, device=dev)
@@ -454,5 +437,5 @@ def _split_path(s: _Search, config: LaunchConfig) -> None:
         s.expand, s.best_init, s.consts, **s.switches, FAST=s.fast, ROWS=rows,
         BLOCK_E=chunk // rows, BLOCK_K=block_k, BLOCK_KF=min(64, block_k),
         BLOCK_S=triton.next_power_of_2(max(s.n_steps, 1)), BLOCK_SB=s.steps_block,
-        BLOCK_C=pow2_at_most(G, 1024), num_warps=_SPLIT_WARPS_W if rows > 1 else 8, **_NO_FMA,
+        BLOCK_C=pow2_at_most(G, 1024), num_warps=SPLIT_WARPS_W if rows > 1 else 8, **_NO_FMA,
     )

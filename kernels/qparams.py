@@ -37,15 +37,20 @@ from compressed_tensors.quantization.quant_args import FP4_E2M1_DATA, FP8_E4M3_D
 from compressed_tensors.quantization.utils.mxfp_utils import should_generate_mx_scales
 
 from obskernels.kernels import quant
-from obskernels.kernels._layout import LaunchConfig, current_config, on_device, pow2_at_most
+from obskernels.kernels._layout import on_device
+from obskernels.kernels.launch import (
+    QPARAMS_BLOCK,
+    QPARAMS_MAX_PARTS,
+    current_config,
+    pow2_at_most,
+)
 from obskernels.kernels.stats import load_stat
 from obskernels.spec.calls import QParamsCall
-from obskernels.spec.checks import FLOAT_DTYPES, STATUS_FIRST_BAD, STATUS_INIT
+from obskernels.spec.checks import FLOAT_DTYPES
+from obskernels.spec.record import STATUS_FIRST_BAD, STATUS_INIT
 from obskernels.spec.errors import KernelUnsupportedError
 
-__all__ = ["calculate_qparams", "CONFIG"]
-
-CONFIG = LaunchConfig()
+__all__ = ["calculate_qparams"]
 
 # scale_dtype switch (SD)
 SD_NONE: tl.constexpr = tl.constexpr(0)
@@ -58,8 +63,6 @@ GS_NONE: tl.constexpr = tl.constexpr(0)
 GS_GIVEN: tl.constexpr = tl.constexpr(1)
 GS_FUSED: tl.constexpr = tl.constexpr(2)
 
-_BLOCK = 1024  # groups per program
-_MAX_PARTS = 64  # partial maxima per fused pair
 _RNE_MAGIC64: tl.constexpr = tl.constexpr(6755399441055744.0)  # 1.5 * 2^52
 _N_STATUS: tl.constexpr = tl.constexpr(len(STATUS_INIT))
 _FIRST_BAD: tl.constexpr = tl.constexpr(STATUS_FIRST_BAD)
@@ -377,7 +380,7 @@ def calculate_qparams(call: QParamsCall):
     N = min_vals.numel()
     scale = torch.empty(shape, dtype=sdtype, device=dev)
     zero_point = torch.empty(shape, dtype=zp_dtype, device=dev)
-    programs = max(triton.cdiv(N, _BLOCK), 1)
+    programs = max(triton.cdiv(N, QPARAMS_BLOCK), 1)
     status = torch.empty(len(STATUS_INIT) + programs, dtype=torch.int64, device=dev)
 
     parts = gs_out = status  # unread placeholders
@@ -386,9 +389,10 @@ def calculate_qparams(call: QParamsCall):
         if gs_mode == GS_FUSED.value:
             counts = []
             for mn, _ in pairs:
-                want = -(-mn.numel() // (8 * _BLOCK))
+                want = -(-mn.numel() // (8 * QPARAMS_BLOCK))
                 # the split follows the work (and the configured fill), never the device
-                counts.append(max(1, min(want, _MAX_PARTS, current_config(CONFIG).fill_programs)))
+                counts.append(max(1, min(want, QPARAMS_MAX_PARTS,
+                                          current_config("calculate_qparams").fill_programs)))
             parts = torch.empty(sum(counts), dtype=torch.float32, device=dev)
             gs_out = torch.empty(1, dtype=torch.float32, device=dev)
             for (mn, mx), p in zip(pairs, counts):
@@ -396,7 +400,7 @@ def calculate_qparams(call: QParamsCall):
                 if mn.dtype != mx.dtype:
                     mn, mx = mn.to(a_dtype), mx.to(a_dtype)
                 _absmax_kernel[(p,)](_flat(mn), _flat(mx), parts, n, -(-n // p), n_parts,
-                                     BITS16=mn.dtype == torch.bfloat16, BLOCK=_BLOCK)
+                                     BITS16=mn.dtype == torch.bfloat16, BLOCK=QPARAMS_BLOCK)
                 n_parts += p
             global_scale = gs_out
         if N:
@@ -412,7 +416,7 @@ def calculate_qparams(call: QParamsCall):
                 fmt["sd_max"], fmt["wrng"], fmt["whalf"], fmt["sd_max64"], fmt["weps"],
                 DTYPE=quant.DTYPE_CODE[dtype], SDTYPE=quant.DTYPE_CODE[sdtype], ADTYPE=quant.DTYPE_CODE[a_dtype],
                 SYM=fmt["SYM"], MX=fmt["MX"], SD=fmt["SD"], ZP=fmt["ZP"], GS=gs_mode,
-                WIDEN=bool(widen), CARRY=carry is not None, BLOCK=_BLOCK,
+                WIDEN=bool(widen), CARRY=carry is not None, BLOCK=QPARAMS_BLOCK,
                 BLOCK_P=pow2_at_most(max(n_parts, 1), 128),
                 enable_fp_fusion=False,
             )

@@ -7,7 +7,7 @@ observer holds, and record non-finite observations, inside the kernels.
 in the statistics' dtype, exactly as torch computes ``held * (1.0 - c) + new * c``
 on the CPU (each product and the sum rounded once into the dtype; a Python
 scalar enters as fp32). The non-finite record is the int64 array of
-``validation.STATUS_INIT``: NaN, +inf and -inf counts (atomic adds: exact and
+``spec.record.STATUS_INIT``: NaN, +inf and -inf counts (atomic adds: exact and
 order-free), a flag for non-finite statistics and the first such observation
 (atomic max / min). The caller reads it once, at get_qparams.
 
@@ -24,7 +24,6 @@ import triton.language as tl
 
 from obskernels.kernels import quant
 from obskernels.kernels._layout import (
-    LaunchConfig,
     check_kernel_dtype,
     group_base,
     group_layout,
@@ -33,12 +32,11 @@ from obskernels.kernels._layout import (
     on_device,
     widen,
 )
+from obskernels.kernels.launch import combine_block
 from obskernels.spec.calls import CombineCall
-from obskernels.spec.checks import STATUS_BAD_STATS, STATUS_FIRST_BAD, STATUS_NAN
+from obskernels.spec.record import STATUS_BAD_STATS, STATUS_FIRST_BAD, STATUS_NAN
 
-__all__ = ["combine_statistics", "CONFIG", "combine_modes"]
-
-CONFIG = LaunchConfig()
+__all__ = ["combine_statistics", "combine_modes"]
 
 MODE_REPLACE: tl.constexpr = tl.constexpr(0)
 MODE_RUNNING: tl.constexpr = tl.constexpr(1)
@@ -192,7 +190,7 @@ def combine_statistics(call: CombineCall):
     if Q == 0:
         return out_min, out_max
     held_min, held_max = held if held is not None else (new_min, new_max)
-    block_q = max(min(triton.next_power_of_2(Q), 1024), 16)
+    block_q = combine_block(Q)
     with on_device(value):
         _combine_kernel[(triton.cdiv(Q, block_q),)](
             value, v(new_min), v(new_max), v(held_min), v(held_max), v(out_min), v(out_max),

@@ -119,28 +119,6 @@ def _interpreter_on() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-# True inside ``recorded_launches()``: every kernel is a recorder, nothing runs
-_recorded: contextvars.ContextVar[bool] = contextvars.ContextVar("obskernels_recorded", default=False)
-
-
-@contextlib.contextmanager
-def recorded_launches() -> Iterator[None]:
-    """Within the block (this thread / task) the triton backend takes CPU
-    tensors without triton's interpreter. Only for a caller that has replaced
-    every kernel by a recorder, so that nothing runs: the benchmark records
-    the launches a GPU would make this way and compiles them for sm_90a."""
-    token = _recorded.set(True)
-    try:
-        yield
-    finally:
-        _recorded.reset(token)
-
-
-def _cpu_runs() -> bool:
-    """Whether the triton backend can take CPU tensors here."""
-    return _interpreter_on() or _recorded.get()
-
-
 def triton_unavailable_reason(tensor: torch.Tensor | None) -> str | None:
     """Why the triton backend cannot run (for ``tensor``'s device), or None."""
     if importlib.util.find_spec("triton") is None:
@@ -150,13 +128,13 @@ def triton_unavailable_reason(tensor: torch.Tensor | None) -> str | None:
     except ImportError as exc:  # triton present but broken, or kernels missing
         return f"the kernels failed to import ({exc})"
     if tensor is None:
-        if torch.cuda.is_available() or _cpu_runs():
+        if torch.cuda.is_available() or _interpreter_on():
             return None
         return "no CUDA device and TRITON_INTERPRET=1 is not set"
     if tensor.is_cuda:
         return None
     if tensor.device.type == "cpu":
-        if _cpu_runs():
+        if _interpreter_on():
             return None
         return "CPU tensors need TRITON_INTERPRET=1 set before triton is imported"
     return f"tensors on device {tensor.device.type!r} are not supported"

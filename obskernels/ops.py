@@ -71,7 +71,7 @@ def min_max(value, base_name, args, g_idx=None, *, held=None, averaging_constant
     ``held``: statistics held from earlier values, combined in: running min /
     max, or the moving average ``held * (1 - c) + new * c`` when
     ``averaging_constant`` c is given. ``status``: an observer's non-finite
-    record (``spec.checks.STATUS_INIT`` layout) that the value's NaN / +-inf
+    record (``spec.record.STATUS_INIT`` layout) that the value's NaN / +-inf
     counts are added to, as observation number ``observation``.
     """
     return _dispatch("min_max", value, base_name, args, g_idx=g_idx, held=held,
@@ -143,6 +143,6 @@ def combine_statistics(value, base_name, args, new_min, new_max, *, held=None,
 
 def importance(sum_buf, count_buf, status):
     """The imatrix importance ``sum_buf / fp32(count_buf)`` (fp32, per input
-    column); its verdict (spec.checks.IMPORTANCE_*: usable, or why not) goes
+    column); its verdict (spec.record.IMPORTANCE_*: usable, or why not) goes
     into ``status[STATUS_IMPORTANCE]``, on the device, unread."""
     return _dispatch("importance", sum_buf, count_buf, status)

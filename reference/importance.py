@@ -3,7 +3,7 @@
 ``importance(call)`` (``call = spec.calls.importance(sum_buf, count_buf,
 status)``) returns ``sum_buf / fp32(count_buf)`` (fp32, one entry per input
 column) and writes into ``status[STATUS_IMPORTANCE]`` (an observer's record,
-``obskernels.spec.checks.STATUS_INIT`` layout) whether the search may use it,
+``obskernels.spec.record.STATUS_INIT`` layout) whether the search may use it,
 judged in this order (the first that holds is the verdict):
 no tokens (IMPORTANCE_NO_DATA), a NaN or +-inf entry (IMPORTANCE_NONFINITE), a
 negative entry (IMPORTANCE_NEGATIVE), every entry zero, or none at all
@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from obskernels.spec.calls import ImportanceCall
-from obskernels.spec.checks import (
+from obskernels.spec.record import (
     IMPORTANCE_NEGATIVE,
     IMPORTANCE_NO_DATA,
     IMPORTANCE_NONFINITE,

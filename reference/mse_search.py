@@ -13,7 +13,7 @@ from compressed_tensors.quantization.utils import calculate_qparams
 
 from obskernels.reference.flatten import flatten_for_calibration
 from obskernels.spec.calls import SearchCall
-from obskernels.spec.checks import IMPORTANCE_OK, STATUS_IMPORTANCE
+from obskernels.spec.record import IMPORTANCE_OK, STATUS_IMPORTANCE
 from obskernels.spec.layout import Flattening
 from obskernels.spec.search import search_args
 
@@ -30,7 +30,7 @@ def broadcast_importance(importance: torch.Tensor, flat: Flattening) -> torch.Te
 
 def mse_search(call: SearchCall):
     """``call.importance``: per-input-column weights (flavour "imatrix"). With
-    ``importance_status`` (an observer's record, ``spec.checks.STATUS_INIT``
+    ``importance_status`` (an observer's record, ``spec.record.STATUS_INIT``
     layout, as ``importance()`` leaves it) the importance is the raw E[x²] per
     column and the search normalises it, ``importance / (mean + fp32 tiny)``
     as the imatrix observer does, when the record's verdict says it is usable;

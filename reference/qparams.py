@@ -13,7 +13,7 @@ with, on request, what an observer adds around that call (docs/spec.md §1, §3)
   past the dtype) gets the qparams of the same call on float64 statistics,
   cast back to the dtypes compressed-tensors returned. Every other group keeps
   compressed-tensors' answer bit for bit.
-- ``carry``: an observer's int64 non-finite record (``spec.checks.STATUS_INIT``
+- ``carry``: an observer's int64 non-finite record (``spec.record.STATUS_INIT``
   layout), copied to the front of the returned status and reset to its initial
   values.
 
@@ -29,7 +29,7 @@ from compressed_tensors.quantization.utils import calculate_qparams as _ct_calcu
 from compressed_tensors.quantization.utils import generate_gparam
 
 from obskernels.spec.calls import QParamsCall
-from obskernels.spec.checks import STATUS_INIT
+from obskernels.spec.record import STATUS_INIT
 
 __all__ = ["calculate_qparams", "fused_absmax"]
 

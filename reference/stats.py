@@ -3,7 +3,7 @@
 - held (min_vals, max_vals) with ``averaging_constant`` None: running
   ``torch.minimum`` / ``torch.maximum``; with c: ``held * (1.0 - c) + new * c``
   (not torch.lerp: its rounding differs; llm-compressor writes it out this way).
-- status (int64, ``spec.checks.STATUS_INIT`` layout): the value's NaN / +inf /
+- status (int64, ``spec.record.STATUS_INIT`` layout): the value's NaN / +inf /
   -inf counts are added; when the new statistics are not finite the flag is
   set and the first such observation kept. Tensor ops only, no host read.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from obskernels.spec.calls import CombineCall
-from obskernels.spec.checks import STATUS_BAD_STATS, STATUS_FIRST_BAD, STATUS_NAN
+from obskernels.spec.record import STATUS_BAD_STATS, STATUS_FIRST_BAD, STATUS_NAN
 
 __all__ = ["combine", "record", "combine_statistics", "moving_average"]
 

@@ -11,6 +11,8 @@ does, with the reference computed by torch on the same GPU. A test that takes
 ``gpu``-marked ones) with the kernels compiled for the GPU.
 """
 
+import contextlib
+import importlib
 import importlib.util
 import os
 
@@ -100,6 +102,20 @@ def device():
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture
+def pin_launch():
+    """``pin_launch(op, **fields)``: launch operation ``op`` (a name of
+    kernels/launch.py's DEFAULTS) with those LaunchConfig fields for the rest
+    of the test, through ``launch_config`` (nothing global is rewritten)."""
+    with contextlib.ExitStack() as stack:
+
+        def pin(op, **fields):
+            launch = importlib.import_module("obskernels.kernels.launch")
+            stack.enter_context(launch.launch_config(ops=op, **fields))
+
+        yield pin
 
 
 @pytest.fixture(params=BACKENDS)

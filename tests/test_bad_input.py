@@ -349,7 +349,7 @@ def _on_meta(*shape, dtype=torch.float32):
 
 
 def _record(device="cpu"):
-    from obskernels.spec.checks import STATUS_INIT
+    from obskernels.spec.record import STATUS_INIT
 
     return torch.tensor(STATUS_INIT, dtype=torch.int64, device=device)
 

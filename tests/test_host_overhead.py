@@ -51,7 +51,7 @@ from obskernels.backends import use_backend
 from obskernels.bench.cases import SCHEMES, Case, make_importance, make_value
 from obskernels.bench.traffic import count_traffic, interpreter_active
 from obskernels.observers import Observer
-from obskernels.validation import all_finite, check_g_idx
+from obskernels.spec.checks import all_finite, check_g_idx
 
 from helpers import IMATRIX, MSE
 
@@ -68,7 +68,7 @@ mse_module = importlib.import_module("obskernels.kernels.mse_search")
 # Python-level reads of a tensor's value (each a device -> host sync on a GPU)
 READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__")
 # groups of more than 64 elements take the search's split path
-SPLIT_CONFIG = mse_module.LaunchConfig(max_reg_group=64, chunk=64)
+SPLIT_CONFIG = dict(max_reg_group=64, chunk=64)
 
 
 @contextlib.contextmanager
@@ -117,7 +117,7 @@ def _imatrix(v, a):
 
 
 def _raw_imatrix(v, a):
-    from obskernels.validation import STATUS_INIT
+    from obskernels.spec.record import STATUS_INIT
 
     sums, count = make_importance(v.shape[1]) * 3, torch.tensor(3)
     status = torch.tensor(STATUS_INIT)
@@ -180,10 +180,10 @@ def test_op_host_overhead(row):
 
 
 @needs_interpreter
-def test_mse_split_path_host_overhead(monkeypatch):
+def test_mse_split_path_host_overhead(pin_launch):
     """Groups too large for registers: two launches, nothing on the host."""
     case, value = value_of("weight", (4, 256), "int8-channel")
-    monkeypatch.setattr(mse_module, "CONFIG", SPLIT_CONFIG)
+    pin_launch("mse_search", **SPLIT_CONFIG)
     with use_backend("triton"):
         ops.mse_search(value, "weight", case.spec.qargs(), **MSE)
         with counted() as (counts, reads):
@@ -196,11 +196,11 @@ def test_mse_split_path_host_overhead(monkeypatch):
 
 
 @needs_interpreter
-def test_mse_split_path_raw_importance_host_overhead(monkeypatch):
+def test_mse_split_path_raw_importance_host_overhead(pin_launch):
     """Large groups with raw importance: the importance launch and the split
     path's two, torch's mean of the importance, no read."""
     case, value = value_of("weight", (4, 256), "int8-channel")
-    monkeypatch.setattr(mse_module, "CONFIG", SPLIT_CONFIG)
+    pin_launch("mse_search", **SPLIT_CONFIG)
     call = _raw_imatrix(value, case.spec.qargs())
     with use_backend("triton"):
         call()
@@ -402,14 +402,14 @@ def test_in_kernel_steps_match_the_host(grid):
 @needs_interpreter
 @pytest.mark.parametrize("split", [False, True], ids=["registers", "split"])
 @pytest.mark.parametrize("flavour", ["mse", "imatrix"])
-def test_both_step_formulas_search_alike(monkeypatch, split, flavour):
+def test_both_step_formulas_search_alike(monkeypatch, pin_launch, split, flavour):
     """The search through the fp64 step formula (forced) equals the search
     through the fp32 one, bit for bit, and with a non-integer grid it picks
     the reference's ranges."""
     from helpers import reference_search
 
     if split:
-        monkeypatch.setattr(mse_module, "CONFIG", SPLIT_CONFIG)
+        pin_launch("mse_search", **SPLIT_CONFIG)
     value = torch.randn(6, 128, dtype=torch.bfloat16)
     args = SCHEMES["int4-group32-asym"].qargs()
     kw = dict(MSE, grid=40) if flavour == "mse" else dict(IMATRIX)
@@ -483,3 +483,35 @@ def test_no_sync_on_cuda():
                 call()
         finally:
             torch.cuda.set_sync_debug_mode("default")
+
+
+# --------------------------------------------------------------------------- #
+# the host-cost proxy itself (obskernels.bench.host)
+# --------------------------------------------------------------------------- #
+def test_host_proxy_counts_python_calls_exactly():
+    from obskernels.bench.host import _python_calls
+
+    def leaf(x):
+        return x + 1
+
+    def branch():
+        return leaf(1) + leaf(2) + len("abc")  # two Python calls, one builtin
+
+    assert _python_calls(lambda: branch()) == 3  # branch and two leaves
+
+
+@needs_interpreter
+def test_host_proxy_stubs_every_kernel_and_restores_them():
+    from obskernels.bench import host
+    from obskernels.tools.kernel_report import discover_kernels
+
+    kernels = discover_kernels()
+    before = {name: getattr(m, a) for name, (m, a) in kernels.items()}
+    record = torch.full((6,), 7, dtype=torch.int64)
+    with host.stubbed_launches():
+        assert all(isinstance(getattr(m, a), host._Stub) for m, a in kernels.values())
+        # a stubbed launch computes nothing; integer outputs read back are cleared
+        mins, maxs = ops.min_max(torch.randn(4, 32), "weight", SCHEMES["int8-channel"].qargs(),
+                                 status=record)
+        assert record.tolist() == [0] * 6
+    assert {name: getattr(m, a) for name, (m, a) in kernels.items()} == before

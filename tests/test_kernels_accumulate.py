@@ -21,7 +21,6 @@ pytestmark = pytest.mark.kernel
 pytest.importorskip("triton", reason="the Triton kernels need triton")
 
 accumulate_module = importlib.import_module("obskernels.kernels.accumulate_sq")
-layout_module = importlib.import_module("obskernels.kernels._layout")
 
 # fp32 accumulation of positive terms: docs/spec.md §5 asks 1e-5 relative to fp64.
 RTOL = 1e-5
@@ -100,10 +99,10 @@ def test_five_leading_dims_none_mergeable(device):
 
 @pytest.mark.parametrize("split", (2, 5, 64))
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
-def test_split_tokens_two_pass(split, dtype, monkeypatch, device):
+def test_split_tokens_two_pass(split, dtype, pin_launch, device):
     # The path a GPU takes: token ranges split over programs, partials summed
     # in a second launch in fixed order.
-    monkeypatch.setattr(accumulate_module, "CONFIG", layout_module.LaunchConfig(tile=64, split=split))
+    pin_launch("accumulate_sq", tile=64, split=split)
     x = make_x((2, 13, 40), dtype, "sliced", device=device)
     sum0, count0 = fresh_buffers(40, device)
     got_sum, got_count = run("triton", x, sum0, count0)
@@ -113,11 +112,11 @@ def test_split_tokens_two_pass(split, dtype, monkeypatch, device):
     assert torch.equal(again_sum, got_sum), "repeated runs differ"
 
 
-def test_long_token_range_keeps_fp32_accuracy(monkeypatch, device):
+def test_long_token_range_keeps_fp32_accuracy(pin_launch, device):
     # One lane sums every token. After a first square of 2^26, each later
     # square (3.9) is under half an ulp, so a plain fp32 running sum drops all
     # 239 of them: 1.4e-5 relative, past the tolerance. Compensation keeps them.
-    monkeypatch.setattr(accumulate_module, "CONFIG", layout_module.LaunchConfig(tile=2))
+    pin_launch("accumulate_sq", tile=2)
     x = torch.full((240, 2), 3.9**0.5, device=device)
     x[0] = 8192.0
     sum0 = torch.zeros(2, device=device)

@@ -1,6 +1,6 @@
 """The kernels as an sm_90a GPU runs them, checked without a GPU.
 
-``obskernels.kernels.report`` (run here in a subprocess without
+``obskernels.tools.kernel_report`` (run here in a subprocess without
 TRITON_INTERPRET) calls every launcher on representative shapes with the
 GPU's launch configuration, records each launch (nothing runs), and compiles
 each distinct specialisation to a cubin for sm_90a with triton's bundled
@@ -83,7 +83,7 @@ def probe():
     env = dict(os.environ, PYTHONSAFEPATH="1", TRITON_DEFAULT_FP_FUSION="1")
     env.pop("TRITON_INTERPRET", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "obskernels.kernels.report", "--probe"],
+        [sys.executable, "-m", "obskernels.tools.kernel_report", "--probe"],
         env=env, capture_output=True, text=True, timeout=900,
     )
     assert proc.returncode == 0, f"probe failed:\n{proc.stderr[-4000:]}"
@@ -187,7 +187,7 @@ _LISTING = """
 
 
 def test_sass_reader_finds_the_loop_and_pipes():
-    report = pytest.importorskip("obskernels.kernels.report")
+    report = pytest.importorskip("obskernels.tools.kernel_report")
     instrs = report.parse_sass(_LISTING)
     assert [op for _, op, _ in instrs][:3] == ["LDC", "MOV", "FFMA"]
     assert report.hot_loop(instrs) == (2, 5)  # FFMA .. BRA
@@ -195,7 +195,7 @@ def test_sass_reader_finds_the_loop_and_pipes():
 
 
 def test_issue_time_takes_the_slowest_pipe():
-    report = pytest.importorskip("obskernels.kernels.report")
+    report = pytest.importorskip("obskernels.tools.kernel_report")
     rate = 1e12
     # 8 MUFU per element at 1/8 rate: 64 issue slots' worth, more than 10 FP32
     t = report.issue_seconds({"FP32": 10, "INT": 0, "MUFU": 8, "LSU": 0, "other": 0}, 1e6, rate)
@@ -205,12 +205,12 @@ def test_issue_time_takes_the_slowest_pipe():
 
 
 def test_report_cli_json_lines():
-    """``python -m obskernels.kernels.report --json``: one object per variant
+    """``python -m obskernels.tools.kernel_report --json``: one object per variant
     with the documented fields (flatten's cases only, to stay quick)."""
     env = dict(os.environ, PYTHONSAFEPATH="1", TRITON_DEFAULT_FP_FUSION="1")
     env.pop("TRITON_INTERPRET", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "obskernels.kernels.report", "--json", "--module", "flatten"],
+        [sys.executable, "-m", "obskernels.tools.kernel_report", "--json", "--module", "flatten"],
         env=env, capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -23,7 +23,6 @@ pytestmark = pytest.mark.kernel
 pytest.importorskip("triton", reason="the Triton kernels need triton")
 
 flatten_module = importlib.import_module("obskernels.kernels.flatten")
-layout_module = importlib.import_module("obskernels.kernels._layout")
 
 BITS = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
 
@@ -99,9 +98,9 @@ def test_g_idx_ties_keep_column_order(device):
 
 
 @pytest.mark.parametrize("tile", (16, 64))
-def test_small_tiles_loop_over_elements(tile, monkeypatch, device):
+def test_small_tiles_loop_over_elements(tile, pin_launch, device):
     # A tile smaller than a block row forces the element loop and many programs.
-    monkeypatch.setattr(flatten_module, "CONFIG", layout_module.LaunchConfig(tile=tile))
+    pin_launch("flatten", tile=tile)
     value = make_value((19, 70), torch.bfloat16, "sliced", device=device)
     got, want = flatten_both(value, "weight", qargs("block", block_structure=[4, 32]))
     assert_bitwise(got, want, f"tile {tile} block")

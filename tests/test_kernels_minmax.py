@@ -24,6 +24,7 @@ pytest.importorskip("triton", reason="the Triton kernels need triton")
 
 min_max_module = importlib.import_module("obskernels.kernels.min_max")
 layout_module = importlib.import_module("obskernels.kernels._layout")
+launch_module = importlib.import_module("obskernels.kernels.launch")
 
 
 
@@ -222,10 +223,10 @@ SPLIT_CASES = [
 
 @pytest.mark.parametrize("case", SPLIT_CASES, ids=str)
 @pytest.mark.parametrize("split", (1, 3, 64))
-def test_split_reduction_and_small_tiles(case, split, monkeypatch, device):
+def test_split_reduction_and_small_tiles(case, split, monkeypatch, pin_launch, device):
     # A tiny tile forces the element and row loops; split > 1 the partial +
     # finish path a GPU takes for whole-tensor reductions. At most 2 launches.
-    monkeypatch.setattr(min_max_module, "CONFIG", layout_module.LaunchConfig(tile=16, split=split))
+    pin_launch("min_max", tile=16, split=split)
     grids = count_launches(monkeypatch)
     value = make_value(case.shape, torch.bfloat16, "sliced", device=device)
     check_min_max(value, case, what=f"{case} split {split}")
@@ -237,8 +238,8 @@ def test_split_reduction_and_small_tiles(case, split, monkeypatch, device):
 
 def test_split_stays_within_the_cuda_grid():
     # The split is grid axis 1 in every launcher; CUDA allows 65535 programs there.
-    config = layout_module.LaunchConfig(split=10**6)
-    split, per_split = layout_module.choose_split(10**6, 1, 1, 1, torch.device("cpu"), config)
+    config = launch_module.LaunchConfig(split=10**6)
+    split, per_split = launch_module.choose_split(10**6, 1, 1, 1, config)
     assert split <= 65535 and split * per_split >= 10**6
 
 

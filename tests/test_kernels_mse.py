@@ -26,16 +26,16 @@ pytestmark = pytest.mark.kernel
 pytest.importorskip("triton", reason="the Triton kernels need triton")
 
 mse_module = importlib.import_module("obskernels.kernels.mse_search")
-layout_module = importlib.import_module("obskernels.kernels._layout")
+launch_module = importlib.import_module("obskernels.kernels.launch")
 
 
 def kernel_search(value, base_name, args, **kw):
     return call_backend(mse_module.mse_search, value, base_name, args, **kw)
 
 
-def pin_config(monkeypatch, **fields):
-    """The launcher's one tuning switch (kernels/_layout.py, LaunchConfig)."""
-    monkeypatch.setattr(mse_module, "CONFIG", dataclasses.replace(mse_module.CONFIG, **fields))
+def pin_config(pin_launch, **fields):
+    """The search launcher's tuning (kernels/launch.py, LaunchConfig)."""
+    pin_launch("mse_search", **fields)
 
 
 NVFP4_EXPANDED = dict(maxshrink=1 - 0.8 / 1.8, patience=1000, grid=200, norm=2.4, expand=1.8)
@@ -121,11 +121,11 @@ def test_imatrix_importance(fmt, strategy, kw, dtype, device):
 @pytest.mark.parametrize("steps_per_iter", (None, 1))
 @pytest.mark.parametrize("strategy,kw,tile", [("group", G16, 64), ("channel", (), 64),
                                               ("channel", (), 16)])
-def test_importance_rows_share_columns(monkeypatch, strategy, kw, tile, steps_per_iter, device):
+def test_importance_rows_share_columns(pin_launch, strategy, kw, tile, steps_per_iter, device):
     """Small tiles: each program takes several rows of a few column blocks
     (partial ones at the edges) and reads their importance once; a row that
     fills a tile alone is paired with the next one."""
-    pin_config(monkeypatch, tile=tile, steps_per_iter=steps_per_iter)
+    pin_config(pin_launch, tile=tile, steps_per_iter=steps_per_iter)
     shape = (13, 48) if strategy == "group" else (13, 16)
     args = Case("int4-asym", "weight", strategy, shape, kw).args
     value = sample(shape, torch.bfloat16, seed=22, device=device)
@@ -160,11 +160,11 @@ def _split_importance_case(strategy):
 
 @pytest.mark.parametrize("steps_per_iter", (None, 1))
 @pytest.mark.parametrize("strategy", ("channel", "group"))
-def test_split_importance_rows_share_columns(monkeypatch, strategy, steps_per_iter, device):
+def test_split_importance_rows_share_columns(pin_launch, strategy, steps_per_iter, device):
     """Split path with importance: each program takes a column block of
     several rows (19 rows: a partial row block) and reads each chunk's
     importance once for all of them."""
-    pin_config(monkeypatch, max_reg_group=64, chunk=64, steps_per_iter=steps_per_iter)
+    pin_config(pin_launch, max_reg_group=64, chunk=64, steps_per_iter=steps_per_iter)
     shape, case = _split_importance_case(strategy)
     value = sample(shape, torch.bfloat16, seed=31, device=device)
     importance = (torch.rand(shape[1], generator=torch.Generator().manual_seed(32)) + 0.5).to(device)
@@ -174,7 +174,7 @@ def test_split_importance_rows_share_columns(monkeypatch, strategy, steps_per_it
 
 
 def _raw_importance(cols, seed, setup=None, device="cpu"):
-    from obskernels.validation import STATUS_INIT
+    from obskernels.spec.record import STATUS_INIT
 
     gen = torch.Generator().manual_seed(seed)
     sums = ((torch.rand(cols, generator=gen) * 40) ** 2).to(device)
@@ -212,7 +212,7 @@ RAW_VERDICTS = [
 
 @pytest.mark.parametrize("verdict", RAW_VERDICTS, ids=lambda v: v[0])
 @pytest.mark.parametrize("path", ("registers", "split"))
-def test_raw_importance_is_normalised_in_the_load(monkeypatch, verdict, path, device):
+def test_raw_importance_is_normalised_in_the_load(pin_launch, verdict, path, device):
     """Raw importance (ops.importance's sum / count, with its verdict): the
     search normalises it as it loads it and gives, bit for bit, the ranges of
     the same search given the importance normalised by torch as the observer
@@ -220,11 +220,11 @@ def test_raw_importance_is_normalised_in_the_load(monkeypatch, verdict, path, de
     the reference's."""
     from obskernels.kernels.importance import importance as kernel_importance
     from obskernels.reference.importance import importance as reference_importance
-    from obskernels.spec.checks import STATUS_IMPORTANCE
+    from obskernels.spec.record import STATUS_IMPORTANCE
 
     _, setup, code = verdict
     if path == "split":
-        pin_config(monkeypatch, max_reg_group=64, chunk=64)
+        pin_config(pin_launch, max_reg_group=64, chunk=64)
     shape, case = _split_importance_case("channel")
     value = sample(shape, torch.bfloat16, seed=33, device=device)
     sums, count, status = _raw_importance(shape[1], 34, setup, device=device)
@@ -245,7 +245,7 @@ def test_raw_importance_is_normalised_in_the_load(monkeypatch, verdict, path, de
 
 
 @pytest.mark.parametrize("raw", (False, True), ids=("normalised", "raw"))
-def test_split_importance_traffic(monkeypatch, raw):
+def test_split_importance_traffic(pin_launch, raw):
     """Split path (groups wider than the registers take): importance is read
     once per column per program of 16 rows, not per element: a bf16 weight
     with fp32 importance moves at most 2.2x its compulsory bytes (value +
@@ -254,7 +254,7 @@ def test_split_importance_traffic(monkeypatch, raw):
     from obskernels.bench.traffic import TritonTraffic
     from obskernels.kernels.importance import importance as kernel_importance
 
-    pin_config(monkeypatch, max_reg_group=256, chunk=256)
+    pin_config(pin_launch, max_reg_group=256, chunk=256)
     rows, cols = 64, 512
     args = Case("int4-sym", "weight", "channel", (rows, cols)).args
     value = sample((rows, cols), torch.bfloat16, seed=35)
@@ -374,12 +374,12 @@ def test_nan_inf_groups(dtype, device):
         ("weight", "block", (24, 20)),  # blocks larger than a register tile, padded
     ],
 )
-def test_large_groups(monkeypatch, base_name, strategy, shape, flavour, device):
+def test_large_groups(pin_launch, base_name, strategy, shape, flavour, device):
     """Groups larger than a register tile take the split path: shrink the
     limits so tiny shapes reach it (chunks of 64, two splits per group, each
     looping over chunks, the last one partial; the interpreter's cost is per
     program and per chunk, so no more of either than that)."""
-    pin_config(monkeypatch, max_reg_group=64, chunk=64, split=2)
+    pin_config(pin_launch, max_reg_group=64, chunk=64, split=2)
     _check_split_search(base_name, strategy, shape, flavour, seed=7, device=device)
 
 
@@ -387,10 +387,10 @@ def test_large_groups(monkeypatch, base_name, strategy, shape, flavour, device):
     "base_name,strategy,shape,flavour",
     [("weight", "tensor", (9, 70), "mse"), ("weight", "block", (24, 20), "imatrix")],
 )
-def test_large_groups_one_step_per_iteration(monkeypatch, base_name, strategy, shape, flavour, device):
+def test_large_groups_one_step_per_iteration(pin_launch, base_name, strategy, shape, flavour, device):
     """The split path with the GPU's launch configuration (one step per
     iteration, three splits so the tickets see several arrivals per group)."""
-    pin_config(monkeypatch, max_reg_group=64, chunk=128, split=3, steps_per_iter=1)
+    pin_config(pin_launch, max_reg_group=64, chunk=128, split=3, steps_per_iter=1)
     _check_split_search(base_name, strategy, shape, flavour, seed=17, device=device)
 
 
@@ -405,11 +405,11 @@ def _check_split_search(base_name, strategy, shape, flavour, seed, device):
     assert_search_parity(value, base_name, args, got, **kw)
 
 
-def test_split_path_deterministic_and_reusable(monkeypatch, device):
+def test_split_path_deterministic_and_reusable(pin_launch, device):
     """The tickets are cleared by the first launch: repeated calls (reusing
     freed buffers) give the same bits, and a different value in between
     does not leak into the next result."""
-    pin_config(monkeypatch, max_reg_group=64, chunk=64, split=2)
+    pin_config(pin_launch, max_reg_group=64, chunk=64, split=2)
     args = QuantizationArgs(num_bits=8, symmetric=False, strategy="channel")
     a, b = (sample((2, 200), torch.float32, seed=s, device=device) for s in (18, 19))
     first = kernel_search(a, "weight", args, **MSE)
@@ -427,8 +427,8 @@ def test_wide_channel_default_config(launch, device):
     args = QuantizationArgs(num_bits=8, symmetric=True, strategy="channel")
     value = sample((2, 16400), torch.float32, seed=8, device=device)
     kw = dict(MSE, grid=25)
-    fields = layout_module.CUDA_LAUNCH if launch == "cuda-launch-config" else {}
-    with layout_module.launch_config(**fields):
+    fields = launch_module.CUDA_LAUNCH if launch == "cuda-launch-config" else {}
+    with launch_module.launch_config(**fields):
         got = kernel_search(value, "weight", args, **kw)
     assert_search_parity(value, "weight", args, got, **kw)
 
@@ -436,11 +436,11 @@ def test_wide_channel_default_config(launch, device):
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_parity_gpu_launch_config(case, device):
     """Every format and layout of test_parity in the launch configuration a
-    GPU uses (one grid step per loop iteration, ``_layout.CUDA_LAUNCH``), so
+    GPU uses (one grid step per loop iteration, ``kernels.launch.CUDA_LAUNCH``), so
     the code path the GPU runs is the one tested here."""
     value = sample(case.shape, torch.bfloat16, seed=3, device=device)
     kw = dict(MSE, grid=40)
-    with layout_module.launch_config(**layout_module.CUDA_LAUNCH):
+    with launch_module.launch_config(**launch_module.CUDA_LAUNCH):
         got = kernel_search(value, case.base_name, case.args, **kw)
     assert_search_parity(value, case.base_name, case.args, got, **kw)
 
@@ -451,13 +451,13 @@ def test_split_path_gpu_launch_config(flavour, device):
     args = QuantizationArgs(num_bits=4, symmetric=False, strategy="tensor")
     value = sample((9, 70), torch.bfloat16 if flavour == "mse" else torch.float32, seed=7, device=device)
     kw = dict(MSE, grid=40) if flavour == "mse" else dict(IMATRIX, patience=2)
-    with layout_module.launch_config(**layout_module.CUDA_LAUNCH, max_reg_group=64, chunk=64):
+    with launch_module.launch_config(**launch_module.CUDA_LAUNCH, max_reg_group=64, chunk=64):
         got = kernel_search(value, "weight", args, **kw)
     assert_search_parity(value, "weight", args, got, **kw)
 
 
 @pytest.mark.parametrize("steps_per_iter", (1, 4))
-def test_steps_per_iter_does_not_change_results(monkeypatch, steps_per_iter, device):
+def test_steps_per_iter_does_not_change_results(pin_launch, steps_per_iter, device):
     """The GPU evaluates one step per iteration; blocks of steps must agree
     with the default launch, bit for bit, and both with the reference."""
     args = QuantizationArgs(num_bits=4, symmetric=False, strategy="group", group_size=16)
@@ -465,7 +465,7 @@ def test_steps_per_iter_does_not_change_results(monkeypatch, steps_per_iter, dev
     kw = dict(maxshrink=0.5, patience=2, grid=20, norm=2.4)
     want = kernel_search(value, "weight", args, **kw)
     assert_search_parity(value, "weight", args, want, **kw)
-    pin_config(monkeypatch, steps_per_iter=steps_per_iter)
+    pin_config(pin_launch, steps_per_iter=steps_per_iter)
     got = kernel_search(value, "weight", args, **kw)
     assert_search_parity(value, "weight", args, got, **kw)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
@@ -476,28 +476,28 @@ GPU_LOOP_CASES = [c for c in CASES if c.fmt in ("int4-sym", "int8-asym", "nvfp4"
 
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
 @pytest.mark.parametrize("case", GPU_LOOP_CASES, ids=str)
-def test_parity_one_step_per_iteration(monkeypatch, case, dtype, device):
+def test_parity_one_step_per_iteration(pin_launch, case, dtype, device):
     """The GPU's launch configuration (one step per iteration: 2-D tiles, the
     OR over groups once per 32 steps) against the reference."""
-    pin_config(monkeypatch, steps_per_iter=1)
+    pin_config(pin_launch, steps_per_iter=1)
     value = sample(case.shape, dtype, seed=21, device=device)
     kw = dict(MSE, grid=40)
     got = kernel_search(value, case.base_name, case.args, **kw)
     assert_search_parity(value, case.base_name, case.args, got, **kw)
 
 
-def test_one_step_per_iteration_many_words(monkeypatch, device):
+def test_one_step_per_iteration_many_words(pin_launch, device):
     """111 steps (four improvement words) with one step per iteration."""
-    pin_config(monkeypatch, steps_per_iter=1)
+    pin_config(pin_launch, steps_per_iter=1)
     args = Case("nvfp4", "weight", "tensor_group", (4, 32), G16).args
     value = sample((4, 32), torch.bfloat16, seed=3, device=device)
     got = kernel_search(value, "weight", args, **NVFP4_EXPANDED)
     assert_search_parity(value, "weight", args, got, **NVFP4_EXPANDED)
 
 
-def test_gpu_arithmetic_cannot_run_in_the_interpreter(monkeypatch):
+def test_gpu_arithmetic_cannot_run_in_the_interpreter(pin_launch):
     """Forcing the GPU arithmetic on the CPU is an error, never wrong numbers."""
-    pin_config(monkeypatch, gpu_arith=True)
+    pin_config(pin_launch, gpu_arith=True)
     args = QuantizationArgs(num_bits=4, symmetric=True, strategy="group", group_size=16)
     with pytest.raises(KernelUnsupportedError, match="GPU arithmetic"):
         kernel_search(sample((4, 32), torch.bfloat16), "weight", args, **MSE)

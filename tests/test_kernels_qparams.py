@@ -18,7 +18,7 @@ from compressed_tensors.quantization.utils import generate_gparam
 
 from obskernels import ops
 from obskernels.backends import KernelUnsupportedError
-from obskernels.validation import STATUS_INIT
+from obskernels.spec.record import STATUS_INIT
 
 from helpers import DTYPES, assert_same, formats
 

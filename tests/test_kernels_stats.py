@@ -17,7 +17,8 @@ import torch
 from compressed_tensors.quantization import QuantizationArgs
 
 from obskernels import ops
-from obskernels.validation import STATUS_INIT, HeldStatisticsError
+from obskernels.spec.checks import HeldStatisticsError
+from obskernels.spec.record import STATUS_INIT
 
 from helpers import DTYPES, assert_same, reference_flatten
 
@@ -77,11 +78,11 @@ def held_for(base_name, shape, args, dtype, device="cpu"):
 @pytest.mark.parametrize("mode", MODES, ids=[m[0] for m in MODES])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
 @pytest.mark.parametrize("scheme", list(SCHEMES))
-def test_min_max_epilogue(backend, monkeypatch, scheme, dtype, mode, split, device):
+def test_min_max_epilogue(backend, pin_launch, scheme, dtype, mode, split, device):
     base_name, shape, kw = SCHEMES[scheme]
     args = QuantizationArgs(**kw)
     if split:
-        monkeypatch.setattr(mm_module, "CONFIG", mm_module.LaunchConfig(tile=16, split=3))
+        pin_launch("min_max", tile=16, split=3)
     _, with_held, c = mode
     held = held_for(base_name, shape, args, dtype, device) if with_held else None
     value = value_for(base_name, shape, dtype, seed=1, device=device)

@@ -22,7 +22,6 @@ are. Only the pages holding the few elements written are ever backed.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 
 import pytest
@@ -70,12 +69,6 @@ def qargs(strategy, **kw):
     return _qargs(strategy, symmetric=False, **kw)
 
 
-def pin(monkeypatch, module_name, **fields):
-    """Pin a launcher's module-level CONFIG (a LaunchConfig, or a dict in older revisions)."""
-    module = importlib.import_module(module_name)
-    cfg = module.CONFIG
-    new = dataclasses.replace(cfg, **fields) if dataclasses.is_dataclass(cfg) else {**cfg, **fields}
-    monkeypatch.setattr(module, "CONFIG", new)
 
 
 # --------------------------------------------------------------------------- #
@@ -257,8 +250,8 @@ def view_named(storage, name):
 
 @pytest.mark.parametrize("split", (None, 2))
 @pytest.mark.parametrize("name", VIEW_NAMES)
-def test_min_max_and_flatten_past_2_pow_31(storage_4g, monkeypatch, name, split):
-    pin(monkeypatch, "obskernels.kernels.min_max", split=split, tile=16)
+def test_min_max_and_flatten_past_2_pow_31(storage_4g, pin_launch, name, split):
+    pin_launch("min_max", split=split, tile=16)
     base_name, view = view_named(storage_4g, name)
     contiguous = fill(view, seed=len(name))
     assert sum((d - 1) * s for d, s in zip(view.shape, view.stride())) > 2**31
@@ -294,9 +287,9 @@ MSE = dict(maxshrink=0.5, patience=3, grid=8, norm=2.4)
 
 @pytest.mark.parametrize("path", ("registers", "split"))
 @pytest.mark.parametrize("name", VIEW_NAMES)
-def test_mse_search_past_2_pow_31(storage_4g, monkeypatch, name, path):
+def test_mse_search_past_2_pow_31(storage_4g, pin_launch, name, path):
     if path == "split":  # groups of more than 4 elements take the chunked path
-        pin(monkeypatch, "obskernels.kernels.mse_search", max_reg_group=4, chunk=4)
+        pin_launch("mse_search", max_reg_group=4, chunk=4)
     base_name, view = view_named(storage_4g, name)
     contiguous = fill(view, seed=11)
     for args in STRATEGIES[base_name]:
@@ -309,8 +302,8 @@ def test_mse_search_past_2_pow_31(storage_4g, monkeypatch, name, path):
 
 @pytest.mark.parametrize("split", (None, 2))
 @pytest.mark.parametrize("name", ["weight-rows-far", "input-3d-far", "weight-stride-over-int32"])
-def test_accumulate_sq_past_2_pow_31(storage_4g, monkeypatch, name, split):
-    pin(monkeypatch, "obskernels.kernels.accumulate_sq", split=split, tile=16)
+def test_accumulate_sq_past_2_pow_31(storage_4g, pin_launch, name, split):
+    pin_launch("accumulate_sq", split=split, tile=16)
     _, x = view_named(storage_4g, name)
     contiguous = fill(x, seed=13)
     hidden = x.shape[-1]

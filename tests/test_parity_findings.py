@@ -119,10 +119,10 @@ def test_the_reported_subnormal_pair(device):
 @pytest.mark.kernel
 @pytest.mark.parametrize("split", (1, 3))
 @pytest.mark.parametrize("case", range(len(SUBNORMAL_CASES)))
-def test_min_max_of_bf16_subnormals(case, split, monkeypatch, device):
+def test_min_max_of_bf16_subnormals(case, split, pin_launch, device):
     base_name, args, shape = SUBNORMAL_CASES[case]
     # a tiny tile and a split force the partial + finish pass (bf16 partials)
-    monkeypatch.setattr(min_max_module, "CONFIG", layout.LaunchConfig(tile=16, split=split))
+    pin_launch("min_max", tile=16, split=split)
     x = subnormal_bf16(shape, seed=case, device=device)
     with use_backend("reference"):
         want = ops.min_max(x, base_name, args)

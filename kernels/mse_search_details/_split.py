@@ -80,8 +80,12 @@ def _finish_group(part_ptr, bits_ptr, flags_ptr, gid, K, n_steps, n_words, best_
             kk = k0 + ks
             m = smask[:, None] & (kk < K)[None, :]
             v = tl.load(part_ptr + (gid * K + kk[None, :]) * n_steps + si[:, None], mask=m,
-                        other=0.0, volatile=True)
-            err = err + tl.sum(v, axis=1)
+                        volatile=True)
+            # the masked lanes' zeros by a select, not by the load's `other`: the
+            # same values in the same order, and triton 3.6's thread-locality
+            # pass (which fails on a masked load's sum used twice after the
+            # loop) leaves the loop alone
+            err = err + tl.sum(tl.where(m, v, 0.0), axis=1)
         if not IMATRIX:
             err = quant.rd(err, DTYPE)
         imp, best = _improved(err[None, :], best, smask[None, :])

@@ -10,7 +10,7 @@ The CPU issues an eager op while the GPU runs earlier ones, so launch cost and
 GPU time overlap instead of adding; a host sync (``.item()``) drains the queue
 and costs a round trip. ``compute_i``: for an aten op, one lane per element of
 its largest operand at the fp32 rate; for a Triton launch, the SASS its
-variant issues on sm_90a (``obskernels.kernels.report``: instructions per
+variant issues on sm_90a (``obskernels.tools.kernel_report``: instructions per
 element and step by pipe x the launch's element-steps, at 132 SMs x 4
 schedulers x 32 lanes x 1.98 GHz, INT at 1/2, MUFU and conversions at 1/8,
 load/store and shuffles at 1/4), or, where no SASS profile is at hand, the

@@ -258,13 +258,13 @@ def _pinned_search_steps(target: Target):
     GPU), so with 20 steps 12 masked surplus steps would be counted as
     arithmetic. Pinning the largest power of two that leaves (almost) no surplus
     counts the arithmetic a GPU does; results do not change. The configuration
-    is passed in through ``launch_config`` (kernels/_layout.py), not patched
+    is passed in through ``launch_config`` (kernels/launch.py), not patched
     into the kernel module. A pin set by an enclosing ``launch_config`` block
     (a caller's own configuration) is left as it is.
     """
     steps = search_steps(target)
-    layout = importlib.import_module("obskernels.kernels._layout")
-    if not steps or layout.current_config(layout.LaunchConfig()).steps_per_iter is not None:
+    launch = importlib.import_module("obskernels.kernels.launch")
+    if not steps or launch.current_config("mse_search").steps_per_iter is not None:
         yield None
         return
     per_iter = 1
@@ -272,7 +272,7 @@ def _pinned_search_steps(target: Target):
         if -(-steps // s) * s - steps <= steps // 32:
             per_iter = s
             break
-    with layout.launch_config(steps_per_iter=per_iter):
+    with launch.launch_config(ops="mse_search", steps_per_iter=per_iter):
         yield f"MSE kernel pinned to {per_iter} steps per iteration (no surplus steps counted)"
 
 def _count_points(case, target, backend, shapes, points) -> Optional[Dict]:
@@ -361,7 +361,7 @@ def _extrapolate_launches(points, n: int) -> List[List]:
 def _sass_in_subprocess(jobs: List[Tuple[Case, Target, str, Tuple[int, int]]], progress) -> List[Dict]:
     """Runs ``sass_worker`` in a child process WITHOUT the interpreter: each
     Triton call is recorded at its shape with the GPU's launch configuration
-    and its kernels compiled to sm_90a (obskernels.kernels.report)."""
+    and its kernels compiled to sm_90a (obskernels.tools.kernel_report)."""
     payload = [
         {"case": dataclasses.asdict(c), "target": t.label if t.kind == "op" else t.name,
          "target_kind": t.kind, "backend": b, "shape": list(s)}
@@ -395,9 +395,7 @@ def sass_worker(stdin: TextIO, stdout: TextIO) -> None:
     """Entry of the ``--sass-worker`` child: JSON jobs in, per-launch SASS profiles out."""
     import importlib
 
-    from obskernels.backends import recorded_launches
-
-    report = importlib.import_module("obskernels.kernels.report")
+    report = importlib.import_module("obskernels.tools.kernel_report")
     jobs = json.loads(stdin.read())
     cache: Dict = {}
     results = []
@@ -407,7 +405,7 @@ def sass_worker(stdin: TextIO, stdout: TextIO) -> None:
         try:
             prepared = prepare(case, target, job["backend"], shape=tuple(job["shape"]), device="cpu")
             # nothing runs (every kernel is a recorder): the triton backend takes CPU tensors
-            with report.recording() as sink, recorded_launches():
+            with report.recording() as sink, report.cpu_tensors_recorded():
                 prepared.setup()  # e.g. the imatrix hook's statistics: not part of the call
                 sink.clear()
                 try:

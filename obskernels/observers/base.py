@@ -13,7 +13,7 @@ Subclasses decide two things only:
 
 On the triton backend an observation is kernels only: the operation combines
 the new statistics with the held ones in its epilogue and records non-finite
-input into a small device array (the "record", ``validation.STATUS_INIT``);
+input into a small device array (the "record", ``spec.record.STATUS_INIT``);
 nothing is read back while observing. ``get_qparams`` computes scale, zero
 point and global scale with ``ops.calculate_qparams`` (one kernel) and reads
 the record and the scale flags once: a refused observation raises there.
@@ -39,10 +39,6 @@ from obskernels.reference.stats import moving_average  # noqa: F401 (re-exported
 from obskernels.spec.checks import (
     ACTIVATIONS,
     ATTENTION,
-    STATUS_BAD_STATS,
-    STATUS_FIRST_BAD,
-    STATUS_INIT,
-    STATUS_NAN,
     WEIGHT,
     HeldStatisticsError,
     all_finite,
@@ -50,6 +46,7 @@ from obskernels.spec.checks import (
     count_nonfinite,
     describe_nonfinite,
 )
+from obskernels.spec.record import STATUS_BAD_STATS, STATUS_FIRST_BAD, STATUS_INIT, STATUS_NAN
 
 __all__ = ["Observer", "QParamsDict", "MinMaxTuple", "NONFINITE_POLICIES", "UnknownObserverError",
            "hook_input"]

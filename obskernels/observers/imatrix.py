@@ -29,7 +29,7 @@ from obskernels import ops
 from obskernels.backends import resolve_backend
 from obskernels.observers.base import MinMaxTuple, Observer, hook_input
 from obskernels.observers.mse import SearchKwargsMixin, search_imatrix
-from obskernels.spec.checks import (
+from obskernels.spec.record import (
     IMPORTANCE_NEGATIVE,
     IMPORTANCE_NO_DATA,
     IMPORTANCE_NONFINITE,

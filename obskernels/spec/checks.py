@@ -26,6 +26,7 @@ import torch
 from compressed_tensors.quantization import QuantizationArgs, QuantizationStrategy
 
 from obskernels.spec.errors import HeldStatisticsError
+from obskernels.spec.record import STATUS_INIT
 
 __all__ = [
     "FLOAT_DTYPES",
@@ -52,18 +53,6 @@ __all__ = [
     "all_finite",
     "count_nonfinite",
     "strategy_of",
-    "STATUS_INIT",
-    "STATUS_NAN",
-    "STATUS_POSINF",
-    "STATUS_NEGINF",
-    "STATUS_BAD_STATS",
-    "STATUS_FIRST_BAD",
-    "STATUS_IMPORTANCE",
-    "IMPORTANCE_OK",
-    "IMPORTANCE_NO_DATA",
-    "IMPORTANCE_NONFINITE",
-    "IMPORTANCE_NEGATIVE",
-    "IMPORTANCE_ZEROS",
     "check_qparams_args",
     "check_importance_status",
     "check_importance_args",
@@ -353,26 +342,6 @@ def count_nonfinite(t: torch.Tensor) -> tuple[int, str]:
 def describe_nonfinite(nan: int, pos: int, neg: int, numel: int) -> str:
     """"N non-finite (a NaN, b +inf, c -inf) of M values"."""
     return f"{nan + pos + neg} non-finite ({nan} NaN, {pos} +inf, {neg} -inf) of {numel} values"
-
-
-# --------------------------------------------------------------------------- #
-# an observer's non-finite record, written by the kernels (no host read while
-# observing) and read once by get_qparams: int64 [5]
-# --------------------------------------------------------------------------- #
-#: NaN, +inf and -inf elements counted in refused observations
-STATUS_NAN, STATUS_POSINF, STATUS_NEGINF = 0, 1, 2
-#: observations whose statistics came out non-finite
-STATUS_BAD_STATS = 3
-#: index of the first such observation (STATUS_INIT's value while there is none)
-STATUS_FIRST_BAD = 4
-#: the imatrix importance's verdict (an IMPORTANCE_* code; 0: usable), written by
-#: the importance operation so that the fallback warning costs no read while observing
-STATUS_IMPORTANCE = 5
-STATUS_INIT = (0, 0, 0, 0, 1 << 62, 0)
-
-#: verdicts on an imatrix importance (sums / count), in the order they are checked
-IMPORTANCE_OK, IMPORTANCE_NO_DATA, IMPORTANCE_NONFINITE, IMPORTANCE_NEGATIVE, IMPORTANCE_ZEROS = (
-    0, 1, 2, 3, 4)
 
 
 def check_statistics_pair(min_name: str, mins, max_name: str, maxs) -> None:

@@ -1,11 +1,11 @@
 """The kernels as an sm_90a GPU runs them, measured without a GPU.
 
-    python -m obskernels.kernels.report            # a table per compiled variant
-    python -m obskernels.kernels.report --json     # one JSON object per line
+    python -m obskernels.tools.kernel_report            # a table per compiled variant
+    python -m obskernels.tools.kernel_report --json     # one JSON object per line
 
 Every launcher is called on CPU tensors of representative shapes (docs/spec.md §2-§4:
 a 4096 x 4096 weight in the formats the observers use, activations, attention)
-with the launch configuration a GPU uses (``_layout.CUDA_LAUNCH``: one grid
+with the launch configuration a GPU uses (``kernels.launch.CUDA_LAUNCH``: one grid
 step per iteration of the search loop; splits follow the work, the same on
 every device). Every kernel is replaced by a recorder, so nothing runs: each
 launch is bound and specialised as triton's runtime does it, and each distinct
@@ -58,6 +58,7 @@ __all__ = [
     "probe",
     "issue_seconds",
     "recording",
+    "cpu_tensors_recorded",
     "launch_work",
     "profile_launches",
     "main",
@@ -66,7 +67,7 @@ __all__ = [
 PACKAGE = "obskernels.kernels"
 # modules of kernels/ that launch no kernel of their own (mse_search_details:
 # the search's jit kernels, launched by mse_search)
-_NOT_KERNEL_MODULES = {"report", "_layout", "quant", "mse_search_details"}
+_NOT_KERNEL_MODULES = {"_layout", "launch", "quant", "mse_search_details"}
 
 PIPES = ("FP32", "INT", "MUFU", "LSU", "other")
 
@@ -173,7 +174,7 @@ def cases() -> List[Case]:
     ]
     # qparams (every mode switch: formats, scale_dtype, global scale, widen,
     # carry) and the statistics epilogues (min_max's and combine_statistics')
-    from obskernels.spec.checks import STATUS_INIT
+    from obskernels.spec.record import STATUS_INIT
 
     rn = torch.randn
     int4a = QA(num_bits=4, symmetric=False, strategy="group", group_size=16)
@@ -295,7 +296,7 @@ def recording(kernels=None):
     """Within the block every kernel of kernels/ is a recorder; yields the
     list of (kernel, fn, grid, args, kwargs) launches (nothing runs), under
     the GPU's launch configuration."""
-    from obskernels.kernels._layout import CUDA_LAUNCH, launch_config
+    from obskernels.kernels.launch import CUDA_LAUNCH, launch_config
 
     kernels = kernels or discover_kernels()
     sink: list = []
@@ -312,12 +313,33 @@ def recording(kernels=None):
             setattr(module, attr, fn)
 
 
+@contextlib.contextmanager
+def cpu_tensors_recorded():
+    """Within the block the triton backend takes CPU tensors although the
+    kernels were built for the compiler: for a caller that records a front
+    call (an observer's, through obskernels.ops) inside ``recording()``, so
+    that nothing runs. The backend takes CPU tensors where TRITON_INTERPRET
+    is set, which it reads at each call; the kernels keep what triton built
+    when they were imported (``kernels._layout.INTERPRETED`` stays False)."""
+    import obskernels.kernels  # noqa: F401 - built for the compiler before the switch
+
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
+
+
 def record(calls, kernels=None) -> List[Launch]:
     """Runs each ``(case, tag, module name, config fields, call)`` of ``calls``
     with every kernel replaced by a recorder, under the GPU's launch
     configuration plus the case's fields; returns the launches (nothing runs).
     The kernels are restored afterwards."""
-    from obskernels.kernels._layout import launch_config
+    from obskernels.kernels.launch import launch_config
 
     launches = []
     with recording(kernels) as sink:
@@ -610,14 +632,14 @@ def _table(variants: List[Dict]) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m obskernels.kernels.report", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m obskernels.tools.kernel_report", description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="one JSON object per variant per line")
     ap.add_argument("--probe", action="store_true", help="one JSON document: kernels, variants, launches")
     ap.add_argument("--module", default=None, help="only the cases of this kernel module")
     a = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET"):
         os.environ.pop("TRITON_INTERPRET")  # too late for this process: rerun without it
-        return subprocess.call([sys.executable, "-m", "obskernels.kernels.report", *(argv or sys.argv[1:])])
+        return subprocess.call([sys.executable, "-m", "obskernels.tools.kernel_report", *(argv or sys.argv[1:])])
     result = probe(a.module)
     if a.probe:
         print(json.dumps(result))

@@ -1,0 +1,240 @@
+"""The host cost of an observer call, measured without a GPU (a proxy).
+
+    python -m obskernels.bench.host            # a table
+    python -m obskernels.bench.host --json     # one JSON object per line
+
+On a GPU an observer call is the host's Python around a few kernels: what
+the GPU computes takes microseconds, what the host spends choosing,
+checking, allocating and launching can take longer. This module measures
+that host part on any machine: it runs the triton backend's observer path
+on CPU tensors (triton's interpreter switched on) with every kernel launch
+replaced by a stub, so only the host's own work is timed.
+
+The stub runs no kernel. It zero-fills the integer tensors it is handed (an
+observer's non-finite record, the qparams' status) so that host code reading
+them back sees a clean record rather than uninitialised memory, and the time
+it spends doing so is subtracted: launches cost nothing here. What remains is
+the Python and the aten calls (allocations, views) of the call itself.
+
+Times are given in microseconds and in units of one one-element ``add_`` on
+a CPU tensor timed on the same machine: the unit scales the figure to the
+machine's Python and dispatch speed (on an H100 host a one-element CUDA op
+costs ~10 us and includes the driver's launch; a CPU op, ~1-3 us here, does
+not, which is why the unit is a CPU op: the stubbed path has no launch
+either). The count of Python function calls per call is exact and does not
+depend on the machine.
+
+Scenarios (``SCENARIOS``): a minmax observer call (new observer, observe a
+weight, get_qparams), an activation observer's repeated forward (the same
+observer, the same shape each time, as in a calibration loop), a
+memoryless_mse call, and one call of every registered observer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Callable, Dict, List, Optional
+
+__all__ = ["Scenario", "SCENARIOS", "stubbed_launches", "unit_seconds", "measure", "main"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    """One measured call. ``observer``: a registered name; ``repeat``: the
+    observer is built once and only its forward is timed (an activation
+    observer in a calibration loop); otherwise new + forward + get_qparams."""
+
+    name: str
+    observer: str
+    base_name: str
+    args: Dict
+    shape: tuple
+    repeat: bool = False
+
+
+_INT4_G128 = dict(num_bits=4, strategy="group", group_size=128, symmetric=True)
+_FP8_TENSOR = dict(num_bits=8, type="float", strategy="tensor", symmetric=True)
+_NVFP4 = dict(num_bits=4, type="float", strategy="tensor_group", group_size=16, symmetric=True,
+              scale_dtype="float8_e4m3fn", zp_dtype="float8_e4m3fn")
+
+SCENARIOS = (
+    Scenario("minmax call", "memoryless_minmax", "weight", _INT4_G128, (256, 256)),
+    Scenario("activation forward", "static_minmax", "input", _FP8_TENSOR, (2, 16, 256), repeat=True),
+    Scenario("memoryless_mse call", "memoryless_mse", "weight", _INT4_G128, (256, 256)),
+    Scenario("static_minmax call", "static_minmax", "weight", _INT4_G128, (256, 256)),
+    Scenario("minmax (moving average) call", "minmax", "weight", _INT4_G128, (256, 256)),
+    Scenario("mse call", "mse", "weight", _INT4_G128, (256, 256)),
+    Scenario("nvfp4 memoryless_minmax call", "memoryless_minmax", "weight", _NVFP4, (256, 256)),
+    Scenario("nvfp4_expanded_mse call", "nvfp4_expanded_mse", "weight", _NVFP4, (256, 256)),
+    Scenario("imatrix_mse call", "imatrix_mse", "weight", _INT4_G128, (256, 256)),
+)
+
+
+class _Stub:
+    """Stands in for one kernel: ``kernel[grid](*args)`` runs nothing (see
+    the module docstring); ``spent`` accumulates the stub's own time."""
+
+    spent = 0.0
+
+    def __getitem__(self, grid):
+        return self._launch
+
+    @staticmethod
+    def _launch(*args, **kwargs):
+        import torch
+
+        t0 = time.perf_counter()
+        for a in args:
+            if isinstance(a, torch.Tensor) and not a.dtype.is_floating_point and a.dtype != torch.bool:
+                a.zero_()
+        _Stub.spent += time.perf_counter() - t0
+
+
+@contextlib.contextmanager
+def stubbed_launches():
+    """Every kernel of obskernels.kernels is a ``_Stub`` within the block."""
+    from obskernels.tools.kernel_report import discover_kernels
+
+    saved = []
+    for module, attr in discover_kernels().values():
+        saved.append((module, attr, getattr(module, attr)))
+        setattr(module, attr, _Stub())
+    try:
+        yield
+    finally:
+        for module, attr, fn in saved:
+            setattr(module, attr, fn)
+
+
+def unit_seconds(reps: int = 20000, rounds: int = 7) -> float:
+    """Seconds of one ``t.add_(1)`` on a one-element CPU tensor (the fastest of
+    ``rounds`` rounds of ``reps``)."""
+    import torch
+
+    t = torch.zeros(1)
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            t.add_(1)
+        best = min(best, (time.perf_counter() - t0) / reps)
+    return best
+
+
+def _qargs(spec: Dict):
+    import torch
+    from compressed_tensors.quantization import QuantizationArgs
+
+    kw = {k: getattr(torch, v) if k.endswith("_dtype") else v for k, v in spec.items()}
+    return QuantizationArgs(**kw)
+
+
+def _call_of(sc: Scenario) -> Callable[[], object]:
+    """The measured call, its inputs made beforehand."""
+    import torch
+
+    from obskernels import Observer
+
+    gen = torch.Generator().manual_seed(0)
+    value = torch.randn(*sc.shape, generator=gen).to(torch.bfloat16)
+    args = _qargs(sc.args)
+    if sc.repeat:
+        obs = Observer.load_from_registry(sc.observer, base_name=sc.base_name, args=args)
+        return lambda: obs(value)
+
+    def call():
+        obs = Observer.load_from_registry(sc.observer, base_name=sc.base_name, args=args)
+        if sc.observer.startswith(("imatrix", "nvfp4_expanded_imatrix")):
+            # the importance a calibration pass would have gathered
+            obs._imatrix_sum = torch.ones(value.shape[1])
+            obs._imatrix_count = torch.full((), 4, dtype=torch.int64)
+        obs(value)
+        return obs.get_qparams()
+
+    return call
+
+
+def _python_calls(fn: Callable[[], object]) -> int:
+    """Python function calls made by one ``fn()`` (the stub's excluded)."""
+    count = 0
+    stub_code = _Stub._launch.__code__
+
+    def profile(frame, event, arg):
+        nonlocal count
+        if event == "call" and frame.f_code is not stub_code:
+            count += 1
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return count - 1  # fn itself
+
+
+def measure(scenarios=SCENARIOS, reps: int = 300, warmup: int = 20) -> List[Dict]:
+    """One record per scenario: host microseconds per call (median, stub time
+    excluded), the same in units of ``unit_seconds()``, and Python calls."""
+    import warnings
+
+    import obskernels
+
+    unit = unit_seconds()
+    out = []
+    with stubbed_launches(), obskernels.use_backend("triton"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for sc in scenarios:
+            fn = _call_of(sc)
+            for _ in range(warmup):
+                fn()
+            times = []
+            for _ in range(reps):
+                _Stub.spent = 0.0
+                t0 = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t0 - _Stub.spent)
+            seconds = statistics.median(times)
+            out.append({
+                "scenario": sc.name, "observer": sc.observer, "repeat": sc.repeat,
+                "host_us": seconds * 1e6, "units": seconds / unit,
+                "python_calls": _python_calls(fn), "unit_us": unit * 1e6,
+            })
+    return out
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m obskernels.bench.host",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", action="store_true", help="one JSON object per line")
+    ap.add_argument("--reps", type=int, default=300)
+    ns = ap.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        # the interpreter must be on before triton is imported: run afresh with it
+        env = dict(os.environ, TRITON_INTERPRET="1")
+        cmd = [sys.executable, "-m", "obskernels.bench.host", *(argv if argv is not None else sys.argv[1:])]
+        return subprocess.call(cmd, env=env)
+    rows = measure(reps=ns.reps)
+    if ns.json:
+        for r in rows:
+            print(json.dumps(r))
+        return 0
+    unit = rows[0]["unit_us"] if rows else 0.0
+    print(f"host cost per call, launches stubbed (a proxy; unit = one 1-element add_ = {unit:.2f} us)")
+    print(f"{'scenario':32} {'observer':22} {'us':>8} {'units':>7} {'py calls':>9}")
+    for r in rows:
+        print(f"{r['scenario']:32} {r['observer']:22} {r['host_us']:8.1f} {r['units']:7.1f} "
+              f"{r['python_calls']:9d}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
