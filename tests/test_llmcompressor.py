@@ -200,7 +200,7 @@ def _calibration_inputs(cols):
     """Token batches whose squares sum exactly in fp32 in any order (quarters
     up to 4, scaled per channel by a power of two), so llm-compressor's hook
     and obskernels' (torch or the kernel) hold the same E[x**2] sums; the
-    channels' energies differ by up to 2^12, so importance moves the choice."""
+    channels' energies differ by up to 2^24, so importance moves the choice."""
     gen = torch.Generator().manual_seed(5)
     scale = 2.0 ** torch.randint(-6, 7, (cols,), generator=gen).float()
     return [torch.randint(-16, 17, shape, generator=gen).float() / 4 * scale
