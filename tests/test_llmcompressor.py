@@ -412,6 +412,70 @@ def test_drop_in_computes_through_obskernels_ops(monkeypatch):
     assert calls == ["input"]
 
 
+@pytest.mark.parametrize("name,combining,c", [
+    ("static_minmax", "min_max", None), ("minmax", "min_max", 0.01), ("mse", "combine_statistics", 0.01),
+])
+def test_held_statistics_combine_in_the_op(monkeypatch, name, combining, c):
+    """From the second value on, a static / moving-average observer hands its
+    held statistics to the op (min_max's epilogue; combine_statistics after the
+    search) instead of combining them with llm-compressor's torch.min / lerp,
+    extra torch ops (extra launches on a GPU) at every calibration forward."""
+    from obskernels import ops
+
+    seen = []
+    for op in ("min_max", "combine_statistics"):
+        real = getattr(ops, op)
+
+        def spy(*a, _op=op, _real=real, **k):
+            seen.append((_op, k.get("held") is not None, k.get("averaging_constant")))
+            return _real(*a, **k)
+
+        monkeypatch.setattr(ops, op, spy)
+    values = [torch.randn(2, 5, 64) * s for s in (1.0, 3.0, 0.5)]
+    kw = ACT_ARGS["int8-tensor"]
+    want = _qparams(name, "input", kw, values, enable=False)
+    seen.clear()
+    drop_in.enable(backend="reference")
+    obs = LCObserver.load_from_registry(name, base_name="input", args=QuantizationArgs(**copy.deepcopy(kw)))
+    for v in values:
+        obs(v)
+    assert seen.count((combining, True, c)) == 2, seen
+    _assert_same(obs.get_qparams(), want, name)
+
+
+@pytest.mark.parametrize("name,kw,shapes,dtypes,observer_kwargs", [
+    # the held statistics' dtype differs: torch.min promotes
+    ("static_minmax", ACT_ARGS["int8-tensor"], [(2, 5, 64)] * 2, [torch.float32, torch.bfloat16], {}),
+    # an averaging constant outside [0, 1]: lerp extrapolates
+    ("minmax", ACT_ARGS["int8-tensor"], [(2, 5, 64)] * 2, [torch.float32] * 2, {"averaging_constant": 2.0}),
+    # statistics of another shape: torch.min's own error
+    ("static_minmax", dict(num_bits=8, strategy="group", group_size=16), [(2, 5, 64), (2, 5, 32)],
+     [torch.float32] * 2, {}),
+    ("mse", dict(num_bits=8, strategy="group", group_size=16), [(2, 5, 64), (2, 5, 32)],
+     [torch.float32] * 2, {}),
+])
+def test_held_statistics_the_op_does_not_combine_follow_llmcompressor(name, kw, shapes, dtypes, observer_kwargs):
+    def outcome(enable):
+        torch.manual_seed(4)
+        values = [torch.randn(shape).to(dtype) for shape, dtype in zip(shapes, dtypes)]
+        drop_in.enable(backend="reference") if enable else drop_in.disable()
+        obs = LCObserver.load_from_registry(
+            name, base_name="input", args=QuantizationArgs(**copy.deepcopy(kw)), **observer_kwargs
+        )
+        try:
+            for v in values:
+                obs(v)
+        except Exception as exc:  # llm-compressor's own error, to be met alike
+            return type(exc), str(exc)
+        return obs.get_qparams()
+
+    want, got = outcome(False), outcome(True)
+    if isinstance(want, tuple):
+        assert got == want
+    else:
+        _assert_same(got, want, name)
+
+
 def _tiny_llama():
     from transformers import LlamaConfig, LlamaForCausalLM
 
