@@ -101,20 +101,36 @@ def _id(python):
     return f"triton-{version}" if version else f"broken-{os.path.basename(os.path.dirname(os.path.dirname(python)))}"
 
 
+_PROBES: dict = {}  # python -> the running probe (all started at the first use: they compile side by side)
+
+
+def _start_probes():
+    env = dict(os.environ, PYTHONSAFEPATH="1", TRITON_DEFAULT_FP_FUSION="1")
+    env.pop("TRITON_INTERPRET", None)
+    for python in _compile_pythons():
+        if os.access(python, os.X_OK):
+            _PROBES[python] = subprocess.Popen(
+                [python, "-m", "obskernels.tools.kernel_report", "--probe"],
+                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )
+
+
 @pytest.fixture(scope="module", params=_compile_pythons(), ids=_id)
 def probe(request):
     python = request.param
     # a configured environment that is missing or broken fails, it never skips
     assert os.access(python, os.X_OK), f"compile environment {python} does not exist (`make test` creates it)"
     assert _triton_version(python), f"{python} has no triton"
-    env = dict(os.environ, PYTHONSAFEPATH="1", TRITON_DEFAULT_FP_FUSION="1")
-    env.pop("TRITON_INTERPRET", None)
-    proc = subprocess.run(
-        [python, "-m", "obskernels.tools.kernel_report", "--probe"],
-        env=env, capture_output=True, text=True, timeout=900,
-    )
-    assert proc.returncode == 0, f"probe under {python} failed:\n{proc.stderr[-4000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    if not _PROBES:
+        _start_probes()
+    proc = _PROBES[python]
+    try:
+        out, err = proc.communicate(timeout=900)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    assert proc.returncode == 0, f"probe under {python} failed:\n{err[-4000:]}"
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def _ok(probe):
