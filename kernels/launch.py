@@ -34,7 +34,15 @@ __all__ = [
     "num_warps_for",
     "choose_split",
     "finish_blocks",
-    "min_max_warps",
+    "StreamTile",
+    "stream_tile",
+    "min_max_tile",
+    "flatten_tile",
+    "STREAM_WARPS",
+    "STREAM_MAXNREG",
+    "AccumulateTile",
+    "accumulate_tile",
+    "ACCUMULATE_ROUND",
     "search_warps",
     "combine_block",
     "MAX_GRID_1",
@@ -85,9 +93,10 @@ class LaunchConfig:
 
 #: each operation's launch configuration (read-only; ``launch_config`` overrides)
 DEFAULTS = MappingProxyType({
-    op: LaunchConfig()
-    for op in ("min_max", "flatten", "accumulate_sq", "mse_search", "calculate_qparams",
-               "combine_statistics", "importance")
+    **{op: LaunchConfig() for op in ("mse_search", "calculate_qparams", "combine_statistics",
+                                      "importance")},
+    # the streaming kernels: 16 elements per thread and step (``STREAM_WARPS``)
+    **{op: LaunchConfig(tile=2048) for op in ("min_max", "flatten", "accumulate_sq")},
 })
 
 # The launch configuration a GPU runs: one grid step per iteration of the
@@ -199,17 +208,198 @@ def finish_blocks(n: int, split: int, config: LaunchConfig) -> tuple[int, int]:
 
 
 # --------------------------------------------------------------------------- #
+# the streaming kernels (min_max, flatten): 4-D tiles over (qa, qb, r, e)
+# --------------------------------------------------------------------------- #
+#: warps of the streaming kernels: a 2048-element tile (their ``tile``) is 16
+#: elements (2 to 4 16-byte loads) per thread and step, enough loads in flight
+#: per SM at the occupancy their registers allow (8 warps per step cost more
+#: per element: the once-per-program reduction and stores span more threads)
+STREAM_WARPS = 4
+#: their register ceiling (ptxas ``.maxnreg``): without one, ptxas may trade
+#: a spill for occupancy at a threshold (triton 3.6's ptxas kept 48 registers
+#: and 8 bytes of stack for an fp16 channel tile that needs ~60)
+STREAM_MAXNREG = 128
+#: lanes of one group in a step, in 16-byte vectors: a group that is one row
+#: (weights) is walked in chunks this wide, so each thread keeps a few running
+#: lanes per group and the reduction across lanes runs on few of them; a
+#: group with rows keeps one warp's width (32 vectors) and walks its rows
+GROUP_CHUNK_VECTORS = 2
+ROW_CHUNK_VECTORS = 32
+#: gathered (g_idx) columns: lanes per thread and step
+GATHER_LANES = 4
+#: programs of a launch that loops over blocks of groups, per fill_programs:
+#: 2 x 528 stay resident at once on an H100 (one wave)
+GROUP_LOOP_PROGRAMS = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamTile:
+    """How a streaming kernel walks a layout: per step a [a, b, r, e] tile
+    of (qa, qb, r, e) lanes; ``programs`` blocks of groups on grid axis 0,
+    ``split`` row ranges of ``rows_per_split`` on axis 1; ``row_levels`` of
+    the layout in use (0: one row); ``short_e``: one element chunk wider
+    than the group; ``row_tail``: the rows end inside a row block;
+    ``group_tail``: the groups end inside a block; ``group_loop``: a
+    program loops over blocks of groups (``kernels._layout.tile_blocks``)."""
+
+    a: int
+    b: int
+    r: int
+    e: int
+    row_levels: int
+    short_e: bool
+    row_tail: bool
+    group_tail: bool
+    group_loop: bool
+    programs: int
+    split: int
+    rows_per_split: int
+    warps: int = STREAM_WARPS
+
+    def launch(self) -> dict:
+        """The launch options: warps and the register ceiling."""
+        return dict(num_warps=self.warps, maxnreg=STREAM_MAXNREG)
+
+    def blocks(self) -> dict:
+        """The kernels' constexpr arguments for this tile."""
+        return dict(BLOCK_A=self.a, BLOCK_B=self.b, BLOCK_R=self.r, BLOCK_E=self.e,
+                    ROW_LEVELS=self.row_levels, SHORT_E=self.short_e, ROW_TAIL=self.row_tail,
+                    GROUP_TAIL=self.group_tail, GROUP_LOOP=self.group_loop)
+
+
+def _fit(n: int, cap: int) -> int:
+    """The widest power-of-two block <= cap over n lanes that wastes at most
+    an eighth of the blocks' lanes past n (lanes past the end repeat work)."""
+    b = pow2_at_most(n, cap)
+    while b > 1 and -(-n // b) * b * 8 > n * 9:
+        b //= 2
+    return b
+
+
+def stream_tile(layout, itemsize: int, config: LaunchConfig, e_vectors: int,
+                widen_e: bool = True, group_loops: bool = False) -> StreamTile:
+    """The tile of a streaming kernel over ``layout`` (a ``GroupLayout``).
+
+    Axes are widened in order of increasing memory stride (ties: e, qb, qa,
+    r), so a step's lanes run along contiguous memory first: e to at most
+    ``e_vectors`` 16-byte vectors (0: one lane), the group axes to at most
+    as many groups as leave 3/4 of ``config.fill_programs`` programs, r with the
+    rest. Budget left (few groups, short rows) widens e (``widen_e``, for a
+    group longer than the chunk), then r. ``group_loops``: where a block of
+    groups is one step, a program loops over blocks (at most
+    GROUP_LOOP_PROGRAMS x fill_programs programs), so what it issues once
+    (its prologue) is shared by many. Rows are split over programs
+    only when the groups alone do not fill the GPU (``choose_split``).
+    """
+    (QA, QB), NR, E = layout.groups, layout.num_rows, layout.elems
+    big = 1 << 62
+    sqa, sqb = layout.group_strides
+    row_stride = next((s for n, s in zip(layout.rows[::-1], layout.row_strides[::-1]) if n > 1), big)
+    if layout.gather:  # a row's groups together cover the row: read it whole
+        sqb = E * layout.elem_stride
+    strides = (abs(sqa) if QA > 1 else big, abs(sqb) if QB > 1 else big,
+               abs(row_stride), abs(layout.elem_stride) if E > 1 else big)
+    sizes = (QA, QB, NR, E)
+    vec = max(16 // itemsize, 1)
+    e_cap = max(e_vectors * vec, 1)
+    one_step = group_loops and NR == 1 and E <= e_cap  # programs loop over blocks: no cap
+    groups_cap = config.tile if one_step else 1
+    while groups_cap * 2 * config.fill_programs * 3 <= QA * QB * 4:  # >= 3/4 of the fill
+        groups_cap *= 2
+    blocks, budget = [1, 1, 1, 1], config.tile
+    for a in sorted(range(4), key=lambda a: (strides[a], (3, 1, 0, 2).index(a))):
+        cap = budget
+        if a == 3:
+            blocks[a] = pow2_at_most(E, min(cap, e_cap))
+        else:
+            if a < 2:
+                cap = min(cap, groups_cap)
+            blocks[a] = _fit(sizes[a], cap)
+            if a < 2:
+                groups_cap //= blocks[a]
+        budget //= blocks[a]
+    # e past its chunk only for a group longer than the chunk (a group of one
+    # short row keeps its chunk: the tile stays smaller instead)
+    for a in (3, 2) if widen_e and E > e_cap else (2,):
+        while budget > 1 and blocks[a] < sizes[a]:
+            blocks[a], budget = blocks[a] * 2, budget // 2
+    BA, BB, BR, BE = blocks
+    programs = -(-QA // BA) * -(-QB // BB)
+    split, rows_per_split = choose_split(NR, BR, BA * BB * E, programs, config)
+    levels = layout.row_levels if NR > 1 else 0  # 0: one row, no row arithmetic at all
+    # a block that is one step (one row, one chunk): programs loop over blocks
+    group_loop = one_step and E <= BE
+    if group_loop:  # a multiple of the block columns (``_layout.tile_blocks``)
+        n_b = -(-QB // BB)
+        programs = n_b * min(-(-QA // BA), max(1, GROUP_LOOP_PROGRAMS * config.fill_programs // n_b))
+    return StreamTile(BA, BB, BR, BE, levels, E < BE, NR % BR != 0, QA % BA != 0 or QB % BB != 0,
+                      group_loop, programs, split, rows_per_split)
+
+
+def min_max_tile(layout, itemsize: int, config: LaunchConfig) -> StreamTile:
+    """min_max's tile: a group that is one row in chunks of
+    GROUP_CHUNK_VECTORS (its reduction across lanes is per group, so the
+    running lanes per group are kept few), a group with rows a warp wide."""
+    if layout.gather:
+        # gathered columns: one lane per group and step, so a thread owns its
+        # groups (no reduction across lanes) and reads a row's groups side by
+        # side; at most GATHER_LANES per thread (each lane is a load)
+        config = dataclasses.replace(config, tile=min(config.tile, 32 * STREAM_WARPS * GATHER_LANES))
+        return stream_tile(layout, itemsize, config, 0, widen_e=False, group_loops=True)
+    one_row = layout.num_rows == 1
+    return stream_tile(layout, itemsize, config,
+                       GROUP_CHUNK_VECTORS if one_row else ROW_CHUNK_VECTORS, group_loops=True)
+
+
+def flatten_tile(layout, itemsize: int, config: LaunchConfig) -> StreamTile:
+    """flatten's tile: a copy, no reduction, rows a warp wide."""
+    return stream_tile(layout, itemsize, config, ROW_CHUNK_VECTORS, group_loops=True)
+
+
+# --------------------------------------------------------------------------- #
 # per operation
 # --------------------------------------------------------------------------- #
-def min_max_warps(tile_elems: int, record: bool = False) -> int:
-    """Warps of the min/max kernel: 8 elements per thread at most. Each lane
-    keeps a running min, max and NaN flag plus int64 offsets (and, padded, the
-    block bounds): at 16 per thread (8 warps for 4096) sm_90a needs 200-237
-    registers for padded and 3-D tiles, one block per SM; at 8 it needs
-    <= 122 and the SASS per element does not grow. With the non-finite record
-    (``record``) at least 8: at 4 warps on a small tile sm_90a keeps a 64-bit
-    pointer of the rarely taken counting branch on the stack (8 bytes)."""
-    return max(8 if record else 4, min(16, tile_elems // 256))
+
+
+#: accumulate_sq: plain steps a lane sums before a compensated add (a plain
+#: chain of n positive fp32 terms is within n * 2^-24 relative: 64 keeps it
+#: at 3.8e-6, under the 1e-5 of docs/spec.md with the tree and the finish)
+ACCUMULATE_ROUND = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class AccumulateTile:
+    """accumulate_sq's launch: a [t, h] tile of (token, channel) lanes per
+    step, ``programs`` channel blocks on grid axis 0, ``split`` token ranges
+    of ``tokens_per_split`` on axis 1."""
+
+    t: int
+    h: int
+    programs: int
+    split: int
+    tokens_per_split: int
+    warps: int = STREAM_WARPS
+
+    def launch(self) -> dict:
+        """The launch options: warps and the register ceiling."""
+        return dict(num_warps=self.warps, maxnreg=STREAM_MAXNREG)
+
+
+def accumulate_tile(H: int, channel_stride: int, NT: int, token_stride: int, itemsize: int,
+                    config: LaunchConfig) -> AccumulateTile:
+    """The contiguous axis (channels, else tokens) a warp's width of 16-byte
+    vectors wide, the other axis filling the tile; token ranges split over
+    programs when the channel blocks alone do not fill the GPU."""
+    lanes = 32 * max(16 // itemsize, 1)
+    if channel_stride <= token_stride:
+        BH = pow2_at_most(H, min(config.tile, lanes))
+        BT = pow2_at_most(NT, config.tile // BH)
+    else:
+        BT = pow2_at_most(NT, min(config.tile, lanes))
+        BH = pow2_at_most(H, config.tile // BT)
+    programs = -(-H // BH)
+    split, per = choose_split(NT, BT, BH, programs, config)
+    return AccumulateTile(BT, BH, programs, split, per)
 
 
 def search_warps(block_g: int, block_e: int, fast: bool) -> int:

@@ -174,6 +174,12 @@ class GroupLayout:
         lim_r, lim_e = self.pad_limits or (0, 0)
         return (self.num_groups, self.num_rows, lim_r, lim_e, self.geometry())
 
+    @property
+    def row_levels(self) -> int:
+        """How many of the three row levels (inner ones) are in use: 1 when
+        row r sits at r * sr2, 2 when r = r1 * R2 + r2, else 3."""
+        return 3 if self.rows[0] > 1 else (2 if self.rows[1] > 1 else 1)
+
     def axis_strides(self) -> tuple[int, int, int]:
         """Memory stride along the tile's (Q, R, E) axes, to pick which to widen."""
         big = 1 << 62
