@@ -227,6 +227,9 @@ GROUP_CHUNK_VECTORS = 2
 ROW_CHUNK_VECTORS = 32
 #: gathered (g_idx) columns: lanes per thread and step
 GATHER_LANES = 4
+#: a block that is one step holds no running lanes across steps: its tile is
+#: this many times the op's ``tile`` (fewer steps for the same groups)
+GROUP_LOOP_TILE = 2
 #: programs of a launch that loops over blocks of groups, per fill_programs:
 #: 2 x 528 stay resident at once on an H100 (one wave)
 GROUP_LOOP_PROGRAMS = 2
@@ -306,7 +309,8 @@ def stream_tile(layout, itemsize: int, config: LaunchConfig, e_vectors: int,
     groups_cap = config.tile if one_step else 1
     while groups_cap * 2 * config.fill_programs * 3 <= QA * QB * 4:  # >= 3/4 of the fill
         groups_cap *= 2
-    blocks, budget = [1, 1, 1, 1], config.tile
+    # a block that is one step keeps no running lanes: twice the lanes per step
+    blocks, budget = [1, 1, 1, 1], config.tile * (GROUP_LOOP_TILE if one_step else 1)
     for a in sorted(range(4), key=lambda a: (strides[a], (3, 1, 0, 2).index(a))):
         cap = budget
         if a == 3:

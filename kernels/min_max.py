@@ -120,8 +120,9 @@ def _reduce_store(lo, hi, qa, qb, q_ok, out_base, geo, min_ptr, max_ptr, held_mi
                   held_max_ptr, avg_a, avg_c, MODE: tl.constexpr, DTYPE: tl.constexpr,
                   BITS16: tl.constexpr, RECORD: tl.constexpr):
     """Reduce the running lanes to each group's (min, max) and store them
-    through the epilogue at out_base + q. Returns 1 where RECORD and a real
-    group's result is not finite (a NaN, +inf or -inf was read), else 0."""
+    through the epilogue at out_base + q. Returns, per group (RECORD; else
+    0), 1 where a real group's result is not finite (a NaN, +inf or -inf was
+    read)."""
     # [BLOCK_A, BLOCK_B, 1, 1]: a NaN lane sets the flag (min and max hold it alike)
     has_nan = tl.max(tl.max((lo != lo).to(tl.int32), axis=3, keep_dims=True),
                      axis=2, keep_dims=True) > 0
@@ -133,10 +134,15 @@ def _reduce_store(lo, hi, qa, qb, q_ok, out_base, geo, min_ptr, max_ptr, held_mi
     _epilogue(min_ptr, max_ptr, out_base + qq, lo_q, hi_q, qq, q_ok, held_min_ptr, held_max_ptr,
               avg_a, avg_c, MODE, DTYPE, BITS16)
     if RECORD:
-        bad = q_ok & (has_nan | (hi_q == float("inf")) | (lo_q == float("-inf")))
-        return tl.max(tl.max(tl.max(tl.max(bad.to(tl.int32), axis=3), axis=2), axis=1), axis=0)
+        return (q_ok & (has_nan | (hi_q == float("inf")) | (lo_q == float("-inf")))).to(tl.int32)
     else:
         return 0
+
+
+@triton.jit
+def _any(bad):
+    """Whether any lane of a [BLOCK_A, BLOCK_B, 1, 1] flag tensor is set (a scalar)."""
+    return tl.max(tl.max(tl.max(tl.max(bad, axis=3), axis=2), axis=1), axis=0) > 0
 
 
 # Sizes that vary per call are not specialised on (one compiled variant per
@@ -176,18 +182,18 @@ def _min_max_kernel(
     epi = (geo, min_ptr, max_ptr, held_min_ptr, held_max_ptr, avg_a, avg_c)
     pa, pb, step, n_a, QA = tile_blocks(Q, geo, BLOCK_A, BLOCK_B)
     if GROUP_LOOP:
-        any_bad = 0
+        bad = tl.zeros([BLOCK_A, BLOCK_B, 1, 1], tl.int32)
         for blk in range(pa, n_a, step):
             qa, qb, q_ok = tile_groups(blk, pb, QA, geo, BLOCK_A, BLOCK_B, GROUP_TAIL)
             x = _tile(x_ptr, perm_ptr, qa, qb, r_lo, 0, r_hi, geo, NR, lim_r, lim_e,
                       BLOCK_R, BLOCK_E, ROW_LEVELS, SHORT_E, ROW_TAIL, PAD, GATHER)
-            any_bad = tl.maximum(any_bad, _reduce_store(x, x, qa, qb, q_ok, out_base, *epi,
-                                                        MODE, DTYPE, BITS16, RECORD))
+            bad = bad | _reduce_store(x, x, qa, qb, q_ok, out_base, *epi, MODE, DTYPE, BITS16, RECORD)
         if RECORD:
+            any_bad = _any(bad)
             c_nan = any_bad.to(tl.int64) * 0
             c_pos = c_nan
             c_neg = c_nan
-            if any_bad > 0:  # the error path: count, re-reading this program's blocks
+            if any_bad:  # the error path: count, re-reading this program's blocks
                 for blk in range(pa, n_a, step):
                     qa, qb, q_ok = tile_groups(blk, pb, QA, geo, BLOCK_A, BLOCK_B, GROUP_TAIL)
                     n1, p1, m1 = _count_slice(x_ptr, perm_ptr, qa, qb, q_ok, r_lo, r_hi, geo, NR,
@@ -195,7 +201,7 @@ def _min_max_kernel(
                     c_nan += n1
                     c_pos += p1
                     c_neg += m1
-            ST.record(status_ptr, c_nan, c_pos, c_neg, any_bad > 0, observation)
+            ST.record(status_ptr, c_nan, c_pos, c_neg, any_bad, observation)
     else:
         qa, qb, q_ok = tile_groups(pa, pb, QA, geo, BLOCK_A, BLOCK_B, GROUP_TAIL)
         n_e = tl.cdiv(geo.E, BLOCK_E)
@@ -213,17 +219,18 @@ def _min_max_kernel(
             wrap = c == n_e
             c = tl.where(wrap, 0, c)
             r0 = tl.where(wrap, r0 + BLOCK_R, r0)
-        any_bad = _reduce_store(lo, hi, qa, qb, q_ok, out_base, *epi, MODE, DTYPE, BITS16, RECORD)
+        bad = _reduce_store(lo, hi, qa, qb, q_ok, out_base, *epi, MODE, DTYPE, BITS16, RECORD)
         if RECORD:
             # nothing extra in the hot loop: a NaN, +inf or -inf shows in the
             # results; counting re-reads this program's slice only when one did
+            any_bad = _any(bad)
             c_nan = any_bad.to(tl.int64) * 0
             c_pos = c_nan
             c_neg = c_nan
-            if any_bad > 0:
+            if any_bad:
                 c_nan, c_pos, c_neg = _count_slice(x_ptr, perm_ptr, qa, qb, q_ok, r_lo, r_hi, geo, NR,
                                                    lim_r, lim_e, ROW_LEVELS, PAD, GATHER)
-            ST.record(status_ptr, c_nan, c_pos, c_neg, any_bad > 0, observation)
+            ST.record(status_ptr, c_nan, c_pos, c_neg, any_bad, observation)
 
 
 @triton.jit(do_not_specialize=["Q", "SPLIT"])

@@ -228,6 +228,7 @@ def cases() -> List[Case]:
         mm("attn tensor k fp16 (4, 32, 2048, 128) (split)", lambda: w(4, 32, 2048, 128, dtype=f16), "k", QA(num_bits=8, strategy="tensor")),
         mm("act token 3-D bf16 running, record", lambda: w(4, 2048, 4096), "input", QA(num_bits=8, strategy="token", dynamic=True), held=held_stats(2048, bf), status=torch.tensor(STATUS_INIT, dtype=torch.int64), observation=3),
         mm("weight int4 g128 bf16 14336x4096 average", lambda: w(14336, 4096), "weight", g128, held=held_stats((14336, 32), bf), averaging_constant=0.01),
+        mm("weight nvfp4 g16 bf16 14336x4096 running, record", lambda: w(14336, 4096), "weight", QA(strategy="tensor_group", group_size=16, **nvfp4), held=held_stats((14336, 256), bf), status=torch.tensor(STATUS_INIT, dtype=torch.int64), observation=4),
     ]
     fl = lambda name, value, args, **kw: R(  # noqa: E731
         f"64MB {name}", "flatten", lambda m: checked(m.flatten_for_calibration, value(), "weight", args, **kw))
@@ -669,7 +670,9 @@ def compile_variant(launch: Launch) -> Dict:
 
     key, src, opts, constexprs = _specialise(launch)
     rec = dict(kernel=launch.kernel, variant=_variant_name(launch, constexprs), case=launch.case,
-               key=key, error=None, num_warps=int(opts.num_warps))
+               key=key, error=None, num_warps=int(opts.num_warps),
+               constexprs={n: (v if isinstance(v, (bool, int, float, str)) else repr(v))
+                           for n, v in constexprs.items() if v is not None})
     try:
         k = triton.compile(src, target=_target(), options=opts.__dict__)
     except Exception as exc:  # noqa: BLE001 - reported by the test and the report
@@ -794,7 +797,7 @@ def _elem_bytes(launch: Launch) -> Optional[int]:
 
 def probe(selected: Optional[str] = None) -> Dict:
     """Records every case's launches, compiles each distinct variant once.
-    Returns {"kernels": [...discovered], "variants": [...records],
+    Returns {"triton": its version, "kernels": [...discovered], "variants": [...records],
     "launches": [{"case", "tag", "kernel", "key", "targets", "elem_bytes",
     "sass_per_elem_program", "program_trips", "program_elems"}]}: per launch,
     what its program issues per element at that case's shape, and whether
@@ -820,7 +823,10 @@ def probe(selected: Optional[str] = None) -> Dict:
                          sass_per_elem_program=prog.get("sass_per_elem_program"),
                          program_trips=prog.get("program_trips"),
                          program_elems=prog.get("program_elems")))
-    return dict(kernels=sorted(kernels), variants=list(variants.values()), launches=rows)
+    import triton
+
+    return dict(kernels=sorted(kernels), variants=list(variants.values()), launches=rows,
+                triton=triton.__version__)
 
 
 # --------------------------------------------------------------------------- #
