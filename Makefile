@@ -75,9 +75,10 @@ test-llmcompressor: llmcompressor-env
 kernel-report: $(STAMP)
 	PYTHONSAFEPATH=1 $(PYTHON) -m obskernels.tools.kernel_report $(REPORT_ARGS)
 
-# On a machine with CUDA: the gpu-marked tests (parity on CUDA tensors against
-# torch on the same GPU), then the full bench; one summary in gpu-check/summary.md.
-# Fails at once, saying so, without CUDA.
+# On a machine with CUDA: the parity suite on CUDA (every test taking the `device`
+# fixture, against torch on the same GPU) and the gpu-marked tests, then the full
+# bench; one summary in gpu-check/summary.md (cases per test file). Fails at once,
+# saying so, without CUDA. GPU_CHECK_TESTS_ONLY=1: the tests alone.
 gpu-check: $(STAMP)
 	PYTHONSAFEPATH=1 $(PYTHON) scripts/gpu_check.py
 

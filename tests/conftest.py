@@ -2,6 +2,13 @@
 
 Without CUDA, the Triton kernels run on the CPU through triton's interpreter,
 which must be switched on before triton is first imported.
+
+The parity tests build their tensors on the ``device`` fixture's device: the
+CPU under the interpreter, CUDA where there is a GPU and the interpreter is
+off (``make gpu-check``), so a GPU run checks the very cases the CPU run
+does, with the reference computed by torch on the same GPU. A test that takes
+``device`` is marked ``on_device``; ``make gpu-check`` runs those (and the
+``gpu``-marked ones) with the kernels compiled for the GPU.
 """
 
 import contextlib
@@ -63,10 +70,32 @@ from obskernels.backends import triton_unavailable_reason, use_backend  # noqa: 
 BACKENDS = ("reference", "triton")
 
 
+def _parity_device() -> str:
+    """CUDA when there is a GPU and triton's interpreter is off (the kernels
+    then compile for it); otherwise the CPU (the interpreter runs the kernels
+    on CPU tensors)."""
+    if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        return "cuda"
+    return "cpu"
+
+
+#: the device of the parity tests' tensors in this run
+DEVICE = _parity_device()
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
+        if "device" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.on_device)
+
+
+@pytest.fixture(scope="session")
+def device():
+    """The device the test builds its tensors on (``DEVICE``): one value per
+    run, so the CPU run's cases and ids are those without the fixture."""
+    return DEVICE
 
 
 @pytest.fixture(autouse=True)

@@ -96,23 +96,24 @@ def nvfp4_args():
     )
 
 
-def make_value(shape, dtype, layout="contiguous", base=None):
-    """A value of ``shape`` whose storage is laid out as named (all views)."""
+def make_value(shape, dtype, layout="contiguous", base=None, device="cpu"):
+    """A value of ``shape`` on ``device`` whose storage is laid out as named
+    (all views). ``base`` draws on the CPU, so every device gets the same values."""
     base = torch.randn if base is None else base
     if layout == "contiguous":
-        return base(shape).to(dtype)
+        return base(shape).to(device=device, dtype=dtype)
     if layout == "transposed":  # every dim's stride reversed
         dims = tuple(reversed(range(len(shape))))
-        return base(tuple(shape[d] for d in dims)).to(dtype).permute(dims)
+        return base(tuple(shape[d] for d in dims)).to(device=device, dtype=dtype).permute(dims)
     if layout == "sliced":  # every other element of a larger tensor, offset by one
-        big = base(tuple(2 * n + 1 for n in shape)).to(dtype)
+        big = base(tuple(2 * n + 1 for n in shape)).to(device=device, dtype=dtype)
         return big[tuple(slice(1, 1 + 2 * n, 2) for n in shape)]
     raise ValueError(layout)
 
 
-def permuted_g_idx(cols, group_size, dtype=torch.int64):
+def permuted_g_idx(cols, group_size, dtype=torch.int64, device="cpu"):
     """Every group gets group_size columns, scattered by a random permutation."""
-    return (torch.arange(cols) // group_size)[torch.randperm(cols)].to(dtype)
+    return (torch.arange(cols) // group_size)[torch.randperm(cols)].to(device=device, dtype=dtype)
 
 
 def tiny_llama(layers: int = 1):

@@ -4,9 +4,9 @@ two-pass pickup, ``observe`` / ``update_qparams`` / ``get_modules`` keywords,
 and activation-ordered (``weight_g_idx``) GROUP weights.
 
 Expected values are computed independently: importance and group min/max by
-hand in torch, searches through the ``obskernels.ops`` operation the observer
-must call with the defaults written out here, qparams through
-compressed-tensors' ``calculate_qparams`` / ``generate_gparam``.
+hand in torch, searches by the reference backend (called directly, no backend
+choice) with llm-compressor 0.14.0.1's defaults written out here, qparams
+through compressed-tensors' ``calculate_qparams`` / ``generate_gparam``.
 """
 
 from __future__ import annotations
@@ -40,9 +40,11 @@ from obskernels.calibration import (
 )
 from obskernels.observers import ALL_OBSERVER_NAMES
 
-from helpers import nvfp4_args
+from helpers import nvfp4_args, reference_search
 
-NVFP4_EXPANDED = dict(expand=1.8, maxshrink=1 - 0.8 / 1.8, grid=200, patience=1000)
+# llm-compressor 0.14.0.1's NVFP4ExpandedMSEObserver / NVFP4ExpandedIMatrixObserver
+# defaults (both search with norm 2.4)
+NVFP4_EXPANDED = dict(expand=1.8, maxshrink=1 - 0.8 / 1.8, grid=200, patience=1000, norm=2.4)
 
 
 def loud_inputs(n, cols, seed=1):
@@ -73,7 +75,7 @@ def test_registry_holds_the_nine_names_of_llmcompressor_0_14():
 def test_nvfp4_expanded_imatrix_defaults():
     obs = Observer.load_from_registry("nvfp4_expanded_imatrix", base_name="weight", args=nvfp4_args())
     assert type(obs) is NVFP4ExpandedIMatrixObserver
-    want = dict(NVFP4_EXPANDED, norm=3.0, strict=False)
+    want = dict(NVFP4_EXPANDED, strict=False)
     assert {k: getattr(obs, k) for k in want} == want
 
 
@@ -94,9 +96,9 @@ def test_nvfp4_expanded_imatrix_searches_the_expanded_range_with_importance(back
     obs(w)
     imp = hand_importance(*xs)
     torch.testing.assert_close(obs._imatrix_sum.double(), sum(x.double().pow(2).sum(0) for x in xs), rtol=1e-5, atol=0)
-    exp_min, exp_max = ops.mse_search(w, "weight", args, norm=3.0, importance=imp, flavour="imatrix", **NVFP4_EXPANDED)
+    exp_min, exp_max = reference_search(w, "weight", args, importance=imp, flavour="imatrix", **NVFP4_EXPANDED)
     assert torch.equal(obs.min_vals, exp_min) and torch.equal(obs.max_vals, exp_max)
-    plain = ops.mse_search(w, "weight", args, norm=3.0, flavour="imatrix", **NVFP4_EXPANDED)
+    plain = reference_search(w, "weight", args, flavour="imatrix", **NVFP4_EXPANDED)
     assert not torch.equal(plain[0], exp_min), "importance made no difference: weak test data"
     qp = obs.get_qparams()
     a = torch.maximum(exp_max.max(), -exp_min.min()).reshape(1)
@@ -112,21 +114,27 @@ def test_fouroversix_is_a_deprecated_alias_of_nvfp4_expanded_mse():
     assert type(alias) is NVFP4ExpandedMSEObserver
     assert (alias.expand, alias.maxshrink, alias.grid, alias.patience) == (1.8, 1 - 0.8 / 1.8, 200, 1000)
     got = alias(w).get_qparams()
-    exp_min, exp_max = ops.mse_search(w, "weight", nvfp4_args(), norm=2.4, **NVFP4_EXPANDED)
+    exp_min, exp_max = reference_search(w, "weight", nvfp4_args(), **NVFP4_EXPANDED)
     a = torch.maximum(exp_max.max(), -exp_min.min()).reshape(1)
     gscale = generate_gparam(-a, a)
     assert torch.equal(got["global_scale"], gscale)
     assert torch.equal(got["scale"], calculate_qparams(exp_min, exp_max, nvfp4_args(), global_scale=gscale)[0])
 
 
-@pytest.mark.parametrize("name", ["memoryless_mse", "mse", "nvfp4_expanded_mse", "imatrix_mse", "nvfp4_expanded_imatrix"])
+# llm-compressor 0.14.0.1's default triton_error_buffer for the args below (int4
+# group, or nvfp4 for the nvfp4_expanded names); its imatrix observers have none
+DEFAULT_BUFFER = {"memoryless_mse": 0.3, "mse": 0.3, "nvfp4_expanded_mse": 1.0, "imatrix_mse": None,
+                  "nvfp4_expanded_imatrix": None}
+
+
+@pytest.mark.parametrize("name", list(DEFAULT_BUFFER))
 def test_triton_error_buffer_is_accepted_and_changes_nothing(name):
     w = torch.randn(4, 32)
     args = nvfp4_args() if name.startswith("nvfp4") else QuantizationArgs(num_bits=4, strategy="group", group_size=16)
     results = []
     for kw in ({}, {"triton_error_buffer": 0.3}, {"triton_error_buffer": 1}):
         obs = Observer.load_from_registry(name, base_name="weight", args=args.model_copy(deep=True), **kw)
-        assert obs.triton_error_buffer == kw.get("triton_error_buffer")
+        assert obs.triton_error_buffer == kw.get("triton_error_buffer", DEFAULT_BUFFER[name])
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # imatrix without data: uniform fallback
             results.append(obs(w).get_qparams()["scale"])
@@ -165,7 +173,7 @@ def test_imatrix_second_pass_picks_up_the_sums_left_on_the_module(backend):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         second(w)
-    exp = ops.mse_search(w, "weight", args, maxshrink=0.95, patience=5, grid=20, norm=3.0, importance=hand_importance(x1), flavour="imatrix")
+    exp = reference_search(w, "weight", args, maxshrink=0.95, patience=5, grid=20, norm=3.0, importance=hand_importance(x1), flavour="imatrix")
     assert torch.equal(second.min_vals, exp[0]) and torch.equal(second.max_vals, exp[1])
     second.get_qparams()
     second.detach(lin)
@@ -272,7 +280,7 @@ def test_activation_ordered_group_weights_end_to_end(backend, observer):
         maxs = torch.stack([w[:, g_idx == g].amax(1) for g in range(4)], 1)
     else:
         ordered = w[:, torch.argsort(g_idx, stable=True)]
-        mins, maxs = ops.mse_search(ordered, "weight", args, maxshrink=0.2, patience=5, grid=100, norm=2.4)
+        mins, maxs = reference_search(ordered, "weight", args, maxshrink=0.2, patience=5, grid=100, norm=2.4)
     want = calculate_qparams(mins, maxs, args)[0]
     assert torch.equal(lin.weight_scale, want.to(lin.weight_scale.dtype))
     unordered = calculate_qparams(*ops.min_max(w, "weight", args), args)[0]
@@ -294,7 +302,7 @@ def test_activation_ordered_imatrix_weights_use_importance_in_group_order():
     # independently: the permuted weight and permuted importance, no g_idx
     order = torch.argsort(g_idx, stable=True)
     w = lin.weight.detach()
-    mins, maxs = ops.mse_search(
+    mins, maxs = reference_search(
         w[:, order], "weight", args, maxshrink=0.95, patience=5, grid=20, norm=3.0,
         importance=hand_importance(*xs)[order], flavour="imatrix",
     )

@@ -70,8 +70,8 @@ BLOCKS = [
 @pytest.mark.parametrize("layout", ("contiguous", "transposed", "sliced"))
 @pytest.mark.parametrize("shape,block", BLOCKS, ids=str)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_block_layout_bitwise(shape, block, dtype, layout):
-    value = with_specials(make_value(shape, dtype, layout))
+def test_block_layout_bitwise(shape, block, dtype, layout, device):
+    value = with_specials(make_value(shape, dtype, layout, device=device))
     got, want = flatten_both(value, "weight", qargs("block", block_structure=block))
     assert_bitwise(got, want, f"block {block} {shape} {dtype} {layout}")
     assert got.is_contiguous()
@@ -80,30 +80,31 @@ def test_block_layout_bitwise(shape, block, dtype, layout):
 @pytest.mark.parametrize("layout", ("contiguous", "transposed", "sliced"))
 @pytest.mark.parametrize("shape,group_size", [((17, 48), 16), ((5, 96), 32), ((1, 16), 16)], ids=str)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_g_idx_reordering_bitwise(shape, group_size, dtype, layout):
-    value = with_specials(make_value(shape, dtype, layout))
-    g_idx = permuted_g_idx(shape[1], group_size, torch.int32 if layout == "sliced" else torch.int64)
+def test_g_idx_reordering_bitwise(shape, group_size, dtype, layout, device):
+    value = with_specials(make_value(shape, dtype, layout, device=device))
+    g_idx = permuted_g_idx(shape[1], group_size, torch.int32 if layout == "sliced" else torch.int64,
+                           device=device)
     got, want = flatten_both(value, "weight", qargs("group", group_size=group_size), g_idx)
     assert_bitwise(got, want, f"g_idx {shape} g{group_size} {dtype} {layout}")
 
 
-def test_g_idx_ties_keep_column_order():
+def test_g_idx_ties_keep_column_order(device):
     # Stable order within a group: columns of one group keep their order.
-    value = torch.arange(2 * 32, dtype=torch.float32).reshape(2, 32)
-    g_idx = torch.tensor([1, 0] * 16)
+    value = torch.arange(2 * 32, dtype=torch.float32, device=device).reshape(2, 32)
+    g_idx = torch.tensor([1, 0] * 16, device=device)
     got, want = flatten_both(value, "weight", qargs("group", group_size=16), g_idx)
     assert_bitwise(got, want, "stable g_idx")
     assert got[0, 0, 0].tolist() == list(range(1, 32, 2))
 
 
 @pytest.mark.parametrize("tile", (16, 64))
-def test_small_tiles_loop_over_elements(tile, pin_launch):
+def test_small_tiles_loop_over_elements(tile, pin_launch, device):
     # A tile smaller than a block row forces the element loop and many programs.
     pin_launch("flatten", tile=tile)
-    value = make_value((19, 70), torch.bfloat16, "sliced")
+    value = make_value((19, 70), torch.bfloat16, "sliced", device=device)
     got, want = flatten_both(value, "weight", qargs("block", block_structure=[4, 32]))
     assert_bitwise(got, want, f"tile {tile} block")
-    g_idx = permuted_g_idx(64, 32)
+    g_idx = permuted_g_idx(64, 32, device=device)
     got, want = flatten_both(value[:, :64], "weight", qargs("group", group_size=32), g_idx)
     assert_bitwise(got, want, f"tile {tile} g_idx")
 
@@ -194,8 +195,8 @@ VIEW_CASES = [
 
 @pytest.mark.parametrize("layout", ("contiguous", "transposed"))
 @pytest.mark.parametrize("base_name,strategy,shape,kw", VIEW_CASES, ids=lambda v: str(v))
-def test_other_strategies_are_the_reference_view(base_name, strategy, shape, kw, layout):
-    value = make_value(shape, torch.bfloat16, layout)
+def test_other_strategies_are_the_reference_view(base_name, strategy, shape, kw, layout, device):
+    value = make_value(shape, torch.bfloat16, layout, device=device)
     got, want = flatten_both(value, base_name, qargs(strategy, **kw))
     assert_bitwise(got, want, f"{base_name} {strategy} {layout}")
     assert got.stride() == want.stride()
@@ -213,7 +214,8 @@ EMPTY = [
 
 
 @pytest.mark.parametrize("name,value,args,g_idx", EMPTY, ids=[e[0] for e in EMPTY])
-def test_empty_value_like_reference(name, value, args, g_idx):
+def test_empty_value_like_reference(name, value, args, g_idx, device):
+    value, g_idx = value.to(device), None if g_idx is None else g_idx.to(device)
     results = {}
     for backend in ("reference", "triton"):
         with use_backend(backend):

@@ -105,26 +105,26 @@ def check_min_max(value, case_or_base, args=None, g_idx=None, what=""):
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("case", CASES, ids=str)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_min_max_matches_reference(case, dtype, layout):
-    value = make_value(case.shape, dtype, layout)
+def test_min_max_matches_reference(case, dtype, layout, device):
+    value = make_value(case.shape, dtype, layout, device=device)
     check_min_max(value, case, what=f"{case} {dtype} {layout}")
 
 
-def test_attention_from_transposed_projection():
+def test_attention_from_transposed_projection(device):
     # The usual q: (batch, seq, heads, head_dim) viewed as (batch, heads, seq, head_dim).
-    value = torch.randn(2, 17, 3, 16).to(torch.bfloat16).transpose(1, 2)
+    value = torch.randn(2, 17, 3, 16).to(device=device, dtype=torch.bfloat16).transpose(1, 2)
     for strategy in ("tensor", "attn_head"):
         check_min_max(value, "q", qargs(strategy), what=f"q {strategy}")
 
 
-def test_expanded_and_offset_views():
+def test_expanded_and_offset_views(device):
     # Stride-0 (broadcast) dims and a storage offset are addressed as they are.
-    row = torch.randn(1, 48, dtype=torch.float16)
+    row = torch.randn(1, 48, dtype=torch.float16).to(device)
     expanded = row.expand(9, 48)
     for strategy, kw in (("tensor", {}), ("channel", {}), ("group", {"group_size": 16}),
                          ("block", {"block_structure": [4, 32]})):
         check_min_max(expanded, "weight", qargs(strategy, **kw), what=f"expanded {strategy}")
-    offset = torch.randn(400, dtype=torch.bfloat16)[17:17 + 9 * 40].view(9, 40)
+    offset = torch.randn(400, dtype=torch.bfloat16).to(device)[17:17 + 9 * 40].view(9, 40)
     check_min_max(offset, "weight", qargs("block", block_structure=[4, 32]), what="offset block")
 
 
@@ -133,10 +133,10 @@ BLOCK_CASES = [c for c in CASES if c.strategy == "block"]
 
 @pytest.mark.parametrize("case", BLOCK_CASES, ids=str)
 @pytest.mark.parametrize("sign", (1, -1))
-def test_partial_block_padding_takes_part(case, sign):
+def test_partial_block_padding_takes_part(case, sign, device):
     # All values of one sign: a partial block's min (max) must be the padding 0.
     value = make_value(case.shape, torch.bfloat16, "contiguous",
-                       base=lambda s: sign * (torch.rand(s) + 0.5))
+                       base=lambda s: sign * (torch.rand(s) + 0.5), device=device)
     want_min, want_max = check_min_max(value, case, what=f"{case} sign {sign}")
     bh, bw = dict(case.kw)["block_structure"]
     rows, cols = case.shape
@@ -158,8 +158,8 @@ NAN_CASES = [
 
 @pytest.mark.parametrize("case", NAN_CASES, ids=str)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_nan_and_inf_propagate(case, dtype):
-    value = make_value(case.shape, dtype).contiguous()
+def test_nan_and_inf_propagate(case, dtype, device):
+    value = make_value(case.shape, dtype, device=device).contiguous()
     flat = value.view(-1)
     n = flat.numel()
     flat[n // 3] = float("inf")
@@ -170,8 +170,8 @@ def test_nan_and_inf_propagate(case, dtype):
     assert bool(torch.isnan(want_min).any())
 
 
-def test_all_nan_and_all_inf_groups():
-    value = torch.randn(4, 32, dtype=torch.float16)
+def test_all_nan_and_all_inf_groups(device):
+    value = torch.randn(4, 32, dtype=torch.float16).to(device)
     value[0] = float("nan")
     value[1] = float("inf")
     value[2] = float("-inf")
@@ -185,9 +185,10 @@ def test_all_nan_and_all_inf_groups():
 )
 @pytest.mark.parametrize("layout", ("contiguous", "transposed"))
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_g_idx_gathered(shape, group_size, layout, dtype):
-    value = make_value(shape, dtype, layout)
-    g_idx = permuted_g_idx(shape[1], group_size, torch.int32 if layout == "transposed" else torch.int64)
+def test_g_idx_gathered(shape, group_size, layout, dtype, device):
+    value = make_value(shape, dtype, layout, device=device)
+    g_idx = permuted_g_idx(shape[1], group_size, torch.int32 if layout == "transposed" else torch.int64,
+                           device=device)
     check_min_max(value, "weight", qargs("group", group_size=group_size), g_idx=g_idx,
                   what=f"g_idx {shape} {dtype} {layout}")
 
@@ -222,12 +223,12 @@ SPLIT_CASES = [
 
 @pytest.mark.parametrize("case", SPLIT_CASES, ids=str)
 @pytest.mark.parametrize("split", (1, 3, 64))
-def test_split_reduction_and_small_tiles(case, split, monkeypatch, pin_launch):
+def test_split_reduction_and_small_tiles(case, split, monkeypatch, pin_launch, device):
     # A tiny tile forces the element and row loops; split > 1 the partial +
     # finish path a GPU takes for whole-tensor reductions. At most 2 launches.
     pin_launch("min_max", tile=16, split=split)
     grids = count_launches(monkeypatch)
-    value = make_value(case.shape, torch.bfloat16, "sliced")
+    value = make_value(case.shape, torch.bfloat16, "sliced", device=device)
     check_min_max(value, case, what=f"{case} split {split}")
     assert 1 <= len(grids) <= 2, f"{len(grids)} launches"
     assert (len(grids) == 2) == (split > 1 and grids[0][1] > 1)
@@ -242,13 +243,13 @@ def test_split_stays_within_the_cuda_grid():
     assert split <= 65535 and split * per_split >= 10**6
 
 
-def test_launch_count_default_config(monkeypatch):
+def test_launch_count_default_config(monkeypatch, device):
     grids = count_launches(monkeypatch)
-    check_min_max(torch.randn(17, 33), "weight", qargs("tensor"))
+    check_min_max(torch.randn(17, 33).to(device), "weight", qargs("tensor"))
     assert len(grids) == 1  # too little work to split (on any device)
 
 
-def test_no_flattened_copy(monkeypatch):
+def test_no_flattened_copy(monkeypatch, device):
     # The kernel addresses the raw value: the reference's flatten is never called.
     reference_min_max = importlib.import_module("obskernels.reference.min_max")
     reference_flatten = importlib.import_module("obskernels.reference.flatten")
@@ -256,7 +257,7 @@ def test_no_flattened_copy(monkeypatch):
     def forbidden(*a, **k):
         raise AssertionError("the triton min_max used a flattened copy")
 
-    value = torch.randn(17, 33)
+    value = torch.randn(17, 33).to(device)
     args = qargs("block", block_structure=[8, 16])
     with use_backend("reference"):
         want = ops.min_max(value, "weight", args)
@@ -409,8 +410,9 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize("make", [m for _, m in BAD_INPUTS], ids=[n for n, _ in BAD_INPUTS])
 @pytest.mark.parametrize("op", ("min_max", "flatten_for_calibration"))
-def test_bad_input_raises_like_reference(op, make):
+def test_bad_input_raises_like_reference(op, make, device):
     value, base_name, args, g_idx = make()
+    value, g_idx = value.to(device), None if g_idx is None else g_idx.to(device)
     results = {}
     for name in ("reference", "triton"):
         with use_backend(name):
@@ -432,7 +434,8 @@ EMPTY = [
 
 
 @pytest.mark.parametrize("name,value,base_name,args", EMPTY, ids=[e[0] for e in EMPTY])
-def test_empty_value_like_reference(name, value, base_name, args):
+def test_empty_value_like_reference(name, value, base_name, args, device):
+    value = value.to(device)
     results = {}
     for backend in ("reference", "triton"):
         with use_backend(backend):
@@ -456,14 +459,3 @@ def test_offsets_past_2_pow_31_on_gpu():
     value[-1, -1] = 1e4
     for strategy in ("channel", "tensor"):
         check_min_max(value, "weight", qargs(strategy), what=f"2^31 {strategy}")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("case", CASES, ids=str)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_min_max_matches_reference_on_cuda(case, dtype, layout):
-    """The parity suite with CUDA tensors: the kernels compiled for the GPU
-    against the reference computed by torch on the same GPU (docs/spec.md §5)."""
-    value = make_value(case.shape, dtype, layout, base=lambda s: torch.randn(s, device="cuda"))
-    check_min_max(value, case, what=f"cuda {layout}")

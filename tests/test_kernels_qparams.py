@@ -32,8 +32,9 @@ FORMATS = {
 }
 
 
-def statistics(dtype, n=300, seed=0):
-    """(min_vals, max_vals): random ranges over many binades plus the edges."""
+def statistics(dtype, n=300, seed=0, device="cpu"):
+    """(min_vals, max_vals): random ranges over many binades plus the edges
+    (drawn on the CPU: the same values on every device)."""
     g = torch.Generator().manual_seed(seed)
     lo = torch.randn(n, generator=g) * torch.exp(torch.randn(n, generator=g) * 4)
     hi = lo + torch.rand(n, generator=g) * torch.exp(torch.randn(n, generator=g) * 4)
@@ -47,7 +48,7 @@ def statistics(dtype, n=300, seed=0):
     ]
     for i, (a, b) in enumerate(edges):
         lo[i], hi[i] = a, b
-    return lo.to(dtype), hi.to(dtype)
+    return lo.to(dtype).to(device), hi.to(dtype).to(device)
 
 
 def expected(mn, mx, args, global_scale, widen):
@@ -79,9 +80,9 @@ def _unsupported_by_ct(args, dtype):
 @pytest.mark.parametrize("gmode", ["none", "given", "fused"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
 @pytest.mark.parametrize("fmt", list(FORMATS))
-def test_calculate_qparams_matches_compressed_tensors(backend, fmt, dtype, gmode, widen):
+def test_calculate_qparams_matches_compressed_tensors(backend, fmt, dtype, gmode, widen, device):
     args = QuantizationArgs(**FORMATS[fmt])
-    mn, mx = statistics(dtype)
+    mn, mx = statistics(dtype, device=device)
     mn, mx = mn.reshape(20, 15), mx.reshape(20, 15)  # a 2-D qparam shape
     if _unsupported_by_ct(args, dtype):
         with pytest.raises((RuntimeError, KernelUnsupportedError)):
@@ -89,10 +90,10 @@ def test_calculate_qparams_matches_compressed_tensors(backend, fmt, dtype, gmode
         return
     kw, g = {}, None
     if gmode == "given":
-        g = torch.tensor([2688.0 / 3.7])
+        g = torch.tensor([2688.0 / 3.7], device=device)
         kw = dict(global_scale=g)
     elif gmode == "fused":
-        other = statistics(dtype, 40, seed=1)
+        other = statistics(dtype, 40, seed=1, device=device)
         # the absmax of docs/spec.md §1 over the fused pairs, computed here
         pairs = [(mn[5:], mx[5:]), (other[0][20:], other[1][20:])]
         a = torch.stack([torch.maximum(b, -s).max() for s, b in pairs]).max()
@@ -122,11 +123,11 @@ def test_calculate_qparams_matches_compressed_tensors(backend, fmt, dtype, gmode
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
 @pytest.mark.parametrize("absmax", [0.0, 1e-45, 1e-40, 3e-5, 1.0, 2688.0, 65504.0, 3.3e38,
                                     float("inf"), float("nan"), -1.0])
-def test_global_scale_matches_generate_gparam(backend, dtype, absmax):
+def test_global_scale_matches_generate_gparam(backend, dtype, absmax, device):
     """generate_gparam at the clamp, overflow and NaN edges, fused over three pairs."""
     args = QuantizationArgs(**FORMATS["nvfp4"])
-    base = torch.tensor([[0.5, -0.25]], dtype=dtype)
-    edge = torch.tensor([absmax], dtype=torch.float32).to(dtype)
+    base = torch.tensor([[0.5, -0.25]], dtype=dtype, device=device)
+    edge = torch.tensor([absmax], dtype=torch.float32).to(dtype).to(device)
     pairs = [(base[:, :1], base[:, 1:]), (-edge.reshape(1, 1), edge.reshape(1, 1) * 0), (base, base)]
     a = torch.stack([torch.maximum(b, -s).max() for s, b in pairs]).max()
     want = generate_gparam(-a.reshape(1), a.reshape(1))
@@ -134,18 +135,18 @@ def test_global_scale_matches_generate_gparam(backend, dtype, absmax):
     assert_same(gs, want, f"global scale of absmax {absmax}", (a, a))
 
 
-def test_carried_record_is_moved_and_reset(backend):
+def test_carried_record_is_moved_and_reset(backend, device):
     args = QuantizationArgs(**FORMATS["int8-asym"])
-    mn, mx = statistics(torch.float32, 2000)
-    carry = torch.tensor([1, 2, 3, 4, 5, 6], dtype=torch.int64)
+    mn, mx = statistics(torch.float32, 2000, device=device)
+    carry = torch.tensor([1, 2, 3, 4, 5, 6], dtype=torch.int64, device=device)
     _, _, _, status = ops.calculate_qparams(mn, mx, args, carry=carry)
     assert status[:6].tolist() == [1, 2, 3, 4, 5, 6]
     assert carry.tolist() == list(STATUS_INIT)
 
 
-def test_noncontiguous_and_zero_dim(backend):
+def test_noncontiguous_and_zero_dim(backend, device):
     args = QuantizationArgs(**FORMATS["int4-asym"])
-    mn, mx = statistics(torch.bfloat16, 64)
+    mn, mx = statistics(torch.bfloat16, 64, device=device)
     mn, mx = mn.reshape(8, 8).t(), mx.reshape(8, 8).t()
     scale, zp, _, _ = ops.calculate_qparams(mn, mx, args)
     want_s, want_z = ct_qparams(mn, mx, args)
@@ -157,14 +158,18 @@ def test_noncontiguous_and_zero_dim(backend):
     assert_same(zp, want_z, "0-d zp", (mn, mx))
 
 
-def test_bad_input(backend):
+def test_bad_input(backend, device):
     args = QuantizationArgs(**FORMATS["int8-sym"])
+
+    def zeros(n, **kw):
+        return torch.zeros(n, device=device, **kw)
+
     with pytest.raises(ValueError, match="same shape"):
-        ops.calculate_qparams(torch.zeros(3), torch.zeros(4), args)
+        ops.calculate_qparams(zeros(3), zeros(4), args)
     with pytest.raises(TypeError, match="dtype"):
-        ops.calculate_qparams(torch.zeros(3, dtype=torch.int32), torch.zeros(3, dtype=torch.int32), args)
+        ops.calculate_qparams(zeros(3, dtype=torch.int32), zeros(3, dtype=torch.int32), args)
     with pytest.raises(ValueError, match="either global_scale or fused"):
-        ops.calculate_qparams(torch.zeros(3), torch.zeros(3), args, torch.ones(1),
-                              fused=[(torch.zeros(3), torch.zeros(3))])
+        ops.calculate_qparams(zeros(3), zeros(3), args, torch.ones(1, device=device),
+                              fused=[(zeros(3), zeros(3))])
     with pytest.raises(TypeError, match="QuantizationArgs"):
-        ops.calculate_qparams(torch.zeros(3), torch.zeros(3), None)
+        ops.calculate_qparams(zeros(3), zeros(3), None)

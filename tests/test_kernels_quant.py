@@ -1,8 +1,8 @@
 """The Triton rounding helpers of kernels/quant.py against torch / compressed-tensors.
 
-Each helper is applied elementwise by a tiny kernel under TRITON_INTERPRET=1 and
-compared bitwise with what torch computes on the CPU (the reference's
-arithmetic). The fp32 pow is the one place that is not bit-exact (torch's own
+Each helper is applied elementwise by a tiny kernel (under TRITON_INTERPRET=1
+on the CPU; compiled on CUDA in a GPU run) and compared bitwise with what
+torch computes on the same device (the reference's arithmetic). The fp32 pow is the one place that is not bit-exact (torch's own
 pow is not correctly rounded): a relative bound is asserted there.
 """
 
@@ -76,31 +76,31 @@ def spread(n=4096, seed=0):
 
 
 @pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16), ids=str)
-def test_round_to_dtype(dtype):
-    x = spread()
+def test_round_to_dtype(dtype, device):
+    x = spread().to(device)
     assert_bitwise(apply(x, OP_RD, dtype), x.to(dtype).float())
 
 
-def test_round_fp8_e4m3():
+def test_round_fp8_e4m3(device):
     gen = torch.Generator().manual_seed(1)
     x = torch.cat([
         (torch.randn(4096, generator=gen) * 100).clamp(-448, 448),
         torch.arange(-448, 448.01, 0.03125),  # every tie and every binade carry
         torch.tensor([2.0**-10, 3 * 2.0**-11, 2.0**-9 * 0.5, 7.92, float("nan")]),
-    ])
+    ]).to(device)
     assert_bitwise(apply(x, OP_FP8), x.to(torch.float8_e4m3fn).float())
 
 
-def test_round_fp4_e2m1():
+def test_round_fp4_e2m1(device):
     gen = torch.Generator().manual_seed(2)
     x = torch.cat([(torch.randn(4096, generator=gen) * 3).clamp(-6, 6),
-                   torch.arange(-6, 6.001, 0.125), torch.tensor([float("nan")])])
+                   torch.arange(-6, 6.001, 0.125), torch.tensor([float("nan")])]).to(device)
     assert_bitwise(apply(x, OP_FP4), cast_to_fp4(x.clone()))
 
 
-def test_round_half_even():
+def test_round_half_even(device):
     gen = torch.Generator().manual_seed(3)
-    x = torch.cat([torch.randn(4096, generator=gen) * 50, torch.arange(-130, 130, 0.5)])
+    x = torch.cat([torch.randn(4096, generator=gen) * 50, torch.arange(-130, 130, 0.5)]).to(device)
     assert_bitwise(apply(x, OP_RNE), torch.round(x))
 
 
@@ -110,11 +110,12 @@ NORMS = [(2.4, Q.P_GENERAL), (2.0, Q.P_SQUARE), (3.0, Q.P_CUBE), (0.5, Q.P_SQRT)
 
 @pytest.mark.parametrize("norm,mode", NORMS, ids=lambda v: str(v))
 @pytest.mark.parametrize("dtype", (torch.float32, torch.float16, torch.bfloat16), ids=str)
-def test_abs_pow(dtype, norm, mode):
+def test_abs_pow(dtype, norm, mode, device):
     """|d| ** norm as torch computes it; the exponent is rounded to the dtype."""
     gen = torch.Generator().manual_seed(4)
     d = (torch.rand(8192, generator=gen) * torch.exp(torch.randn(8192, generator=gen) * 3)).to(dtype)
     d[:3] = torch.tensor([0.0, float("inf"), float("nan")])
+    d = d.to(device)
     n_dtype = float(torch.tensor(norm, dtype=torch.float64).to(dtype))
     got = apply(d, OP_POW, dtype, int(mode), n_dtype)
     want = d.pow(norm).float()
@@ -134,11 +135,11 @@ def test_abs_pow(dtype, norm, mode):
 
 @pytest.mark.parametrize("num_bits", (4, 8))
 @pytest.mark.parametrize("dtype", (torch.float32, torch.float16, torch.bfloat16), ids=str)
-def test_mx_scale(dtype, num_bits):
+def test_mx_scale(dtype, num_bits, device):
     """Power-of-two scales: round_to_power_2 -> E8M0 -> 2^(e - 127) in the dtype."""
     x = spread(seed=5).abs().to(dtype)
     x = torch.cat([x, torch.tensor([2.0**-14 * 0.74, 2.0**-14 * 0.76, 65000.0, 57343.0]).to(dtype)])
-    x = x[~torch.isnan(x)]
+    x = x[~torch.isnan(x)].to(device)
     args = QuantizationArgs(num_bits=num_bits, type="float", strategy="group", group_size=32,
                             scale_dtype=torch.uint8)
     exp = generate_mx_scales(x, num_bits)

@@ -37,9 +37,9 @@ MODES = [("replace", None, None), ("running", True, None), ("average", True, 0.0
          ("average-0.37", True, 0.37), ("average-1", True, 1.0)]
 
 
-def value_for(base_name, shape, dtype, seed, poison=True):
+def value_for(base_name, shape, dtype, seed, poison=True, device="cpu"):
     g = torch.Generator().manual_seed(seed)
-    x = (torch.randn(shape, generator=g) * torch.exp(torch.randn(shape, generator=g) * 2)).to(dtype)
+    x = (torch.randn(shape, generator=g) * torch.exp(torch.randn(shape, generator=g) * 2)).to(dtype).to(device)
     if poison:
         flat = x.view(-1)
         flat[3], flat[11], flat[-2], flat[-5] = float("nan"), float("inf"), float("-inf"), float("inf")
@@ -64,9 +64,9 @@ def oracle_record(value, new, observation):
     return [init[0] + nan, init[1] + pos, init[2] + neg, int(bad), observation if bad else init[4], init[5]]
 
 
-def held_for(base_name, shape, args, dtype):
+def held_for(base_name, shape, args, dtype, device="cpu"):
     """Held statistics with subnormal and large entries (the dtype's edges)."""
-    prev = value_for(base_name, shape, dtype, seed=7, poison=False)
+    prev = value_for(base_name, shape, dtype, seed=7, poison=False, device=device)
     flat = reference_flatten(prev, base_name, args)
     mn, mx = torch.amin(flat, dim=(0, -1)).clone(), torch.amax(flat, dim=(0, -1)).clone()
     tiny = torch.finfo(dtype).tiny
@@ -78,15 +78,15 @@ def held_for(base_name, shape, args, dtype):
 @pytest.mark.parametrize("mode", MODES, ids=[m[0] for m in MODES])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
 @pytest.mark.parametrize("scheme", list(SCHEMES))
-def test_min_max_epilogue(backend, pin_launch, scheme, dtype, mode, split):
+def test_min_max_epilogue(backend, pin_launch, scheme, dtype, mode, split, device):
     base_name, shape, kw = SCHEMES[scheme]
     args = QuantizationArgs(**kw)
     if split:
         pin_launch("min_max", tile=16, split=3)
     _, with_held, c = mode
-    held = held_for(base_name, shape, args, dtype) if with_held else None
-    value = value_for(base_name, shape, dtype, seed=1)
-    status = torch.tensor(STATUS_INIT)
+    held = held_for(base_name, shape, args, dtype, device) if with_held else None
+    value = value_for(base_name, shape, dtype, seed=1, device=device)
+    status = torch.tensor(STATUS_INIT, device=device)
     got = ops.min_max(value, base_name, args, held=held, averaging_constant=c, status=status,
                       observation=4)
     new, want = oracle(value, base_name, args, held, c)
@@ -94,7 +94,7 @@ def test_min_max_epilogue(backend, pin_launch, scheme, dtype, mode, split):
     assert_same(got[1], want[1], f"{scheme} {mode[0]} max")
     assert status.tolist() == oracle_record(value, new, 4)
     # a second, finite observation adds nothing to the record
-    ops.min_max(value_for(base_name, shape, dtype, 2, poison=False), base_name, args,
+    ops.min_max(value_for(base_name, shape, dtype, 2, poison=False, device=device), base_name, args,
                 status=status, observation=5)
     assert status.tolist() == oracle_record(value, new, 4)
 
@@ -102,21 +102,21 @@ def test_min_max_epilogue(backend, pin_launch, scheme, dtype, mode, split):
 @pytest.mark.parametrize("mode", MODES, ids=[m[0] for m in MODES])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
 @pytest.mark.parametrize("scheme", list(SCHEMES))
-def test_combine_statistics(backend, scheme, dtype, mode):
+def test_combine_statistics(backend, scheme, dtype, mode, device):
     """Statistics from elsewhere (here: amin / amax, expanded so that a finite
     value can give non-finite statistics, as the MSE search's expand does)."""
     base_name, shape, kw = SCHEMES[scheme]
     args = QuantizationArgs(**kw)
     _, with_held, c = mode
-    held = held_for(base_name, shape, args, dtype) if with_held else None
+    held = held_for(base_name, shape, args, dtype, device) if with_held else None
     for poison in (True, False):
-        value = value_for(base_name, shape, dtype, seed=3, poison=poison)
+        value = value_for(base_name, shape, dtype, seed=3, poison=poison, device=device)
         flat = reference_flatten(value, base_name, args)
         big = torch.finfo(dtype).max / 2
         new = (torch.amin(flat, dim=(0, -1)), torch.amax(flat, dim=(0, -1)) * 1)
         if not poison:
             new[1].view(-1)[-1] = big * 4 if dtype != torch.float32 else float("inf")
-        status = torch.tensor(STATUS_INIT)
+        status = torch.tensor(STATUS_INIT, device=device)
         got = ops.combine_statistics(value, base_name, args, *new, held=held, averaging_constant=c,
                                      status=status, observation=2)
         if held is None:
@@ -130,13 +130,14 @@ def test_combine_statistics(backend, scheme, dtype, mode):
         assert status.tolist() == oracle_record(value, new, 2), poison
 
 
-def test_held_statistics_of_another_shape(backend):
+def test_held_statistics_of_another_shape(backend, device):
     args = QuantizationArgs(num_bits=8, strategy="group", group_size=16)
-    held = (torch.zeros(8, 2), torch.ones(8, 2))
+    held = (torch.zeros(8, 2, device=device), torch.ones(8, 2, device=device))
+    value = torch.randn(8, 64, device=device)
     with pytest.raises(HeldStatisticsError, match=r"do not match") as info:
-        ops.min_max(torch.randn(8, 64), "weight", args, held=held)
+        ops.min_max(value, "weight", args, held=held)
     assert info.value.new_shape == (8, 4)
     with pytest.raises(ValueError, match="averaging_constant"):
-        ops.min_max(torch.randn(8, 64), "weight", args, averaging_constant=1.5)
+        ops.min_max(value, "weight", args, averaging_constant=1.5)
     with pytest.raises(TypeError, match="status"):
-        ops.min_max(torch.randn(8, 64), "weight", args, status=torch.zeros(5))
+        ops.min_max(value, "weight", args, status=torch.zeros(5, device=device))

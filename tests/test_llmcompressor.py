@@ -21,6 +21,7 @@ from llmcompressor.observers import Observer as LCObserver  # noqa: E402
 from llmcompressor.observers import fuse_weight_observers  # noqa: E402
 
 from obskernels.integrations import llmcompressor as drop_in  # noqa: E402
+from obskernels.observers import ALL_OBSERVER_NAMES  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -156,6 +157,128 @@ def test_attention_qparams_match(backend, name, base_name, args_name):
     _assert_same(got, want, f"{name}/{base_name}/{args_name}")
 
 
+# ------------------------------------------------------------------------- #
+# obskernels' own registry, name by name, against llm-compressor's
+# ------------------------------------------------------------------------- #
+# obskernels.Observer (not the drop-in) and llm-compressor's Observer, each
+# loaded by name with its default kwargs, observe the same values through
+# the same lifecycle (attach, forwards, detach, observe, get_qparams); the
+# qparams must be bit-identical. llm-compressor is the oracle: its defaults
+# are not written out here, so a default obskernels gets wrong shows.
+
+REGISTRY_WEIGHT_ARGS = {
+    "int4-group16": WEIGHT_ARGS["int4-group16"],
+    "int8-channel": WEIGHT_ARGS["int8-channel"],
+    "nvfp4": WEIGHT_ARGS["nvfp4"],  # tensor_group: a global scale
+    # the imatrix observers fall back to uniform weights for BLOCK, both of them
+    "fp8-block16": WEIGHT_ARGS["fp8-block16-partial"],
+}
+REGISTRY_ACT_ARGS = {
+    "int8-tensor": ACT_ARGS["int8-tensor"],
+    "fp8-tensor": ACT_ARGS["fp8-tensor"],
+    "int4-group16": dict(num_bits=4, strategy="group", group_size=16, symmetric=False),
+    "nvfp4": WEIGHT_ARGS["nvfp4"],
+}
+ACTIVATION_NAMES = ("static_minmax", "minmax", "mse")
+
+
+def _registry_matrix(names, arg_sets):
+    cases = []
+    for backend in ("reference", "triton"):
+        for name in names:
+            for args_name in arg_sets:
+                # bf16 on both backends; fp32 on the reference (the interpreter is slow)
+                for dtype in (torch.bfloat16,) + ((torch.float32,) if backend == "reference" else ()):
+                    cases.append(pytest.param(
+                        backend, name, args_name, dtype,
+                        id=f"{backend}-{name}-{args_name}-{str(dtype).split('.')[-1]}",
+                    ))
+    return cases
+
+
+def _calibration_inputs(cols):
+    """Token batches whose squares sum exactly in fp32 in any order (quarters
+    up to 4, scaled per channel by a power of two), so llm-compressor's hook
+    and obskernels' (torch or the kernel) hold the same E[x**2] sums; the
+    channels' energies differ by up to 2^24, so importance moves the choice."""
+    gen = torch.Generator().manual_seed(5)
+    scale = 2.0 ** torch.randint(-6, 7, (cols,), generator=gen).float()
+    return [torch.randint(-16, 17, shape, generator=gen).float() / 4 * scale
+            for shape in ((2, 9, cols), (5, cols), (1, 3, cols))]
+
+
+def _lifecycle_qparams(observer_cls, name, base_name, args_kw, values, layer=None, inputs=()):
+    """Load ``name`` from ``observer_cls``' registry with its defaults, attach it
+    to ``layer`` and run ``inputs`` through it (E[x**2] for the imatrix
+    observers, nothing for the others), detach, observe ``values``, get_qparams."""
+    obs = observer_cls.load_from_registry(
+        name, base_name=base_name, args=QuantizationArgs(**copy.deepcopy(args_kw))
+    )
+    assert "ObsKernels" not in type(obs).__name__, "the drop-in is enabled"
+    sums = None
+    if layer is not None:
+        obs.attach(layer)
+        with torch.no_grad():
+            for x in inputs:
+                layer(x)
+        obs.detach(layer)
+        if getattr(obs, "_imatrix_sum", None) is not None:
+            sums = (obs._imatrix_sum.clone(), obs._imatrix_count.clone())
+    for v in values:
+        obs(v)
+    return sums, obs.get_qparams()
+
+
+def _registry_run(backend_name, name, base_name, args_kw, values, with_layer):
+    from obskernels import Observer as OKObserver
+    from obskernels import use_backend
+
+    drop_in.disable()
+    theirs = ours = None
+    inputs = ()
+    if with_layer:
+        torch.manual_seed(4)
+        theirs = torch.nn.Linear(values[0].shape[-1], values[0].shape[0], bias=False)
+        ours = copy.deepcopy(theirs)  # one each: obskernels leaves unused sums on its module
+        inputs = _calibration_inputs(values[0].shape[-1])
+    want_sums, want = _lifecycle_qparams(LCObserver, name, base_name, args_kw, values, theirs, inputs)
+    with use_backend(backend_name):
+        got_sums, got = _lifecycle_qparams(OKObserver, name, base_name, args_kw, values, ours, inputs)
+    assert (got_sums is None) == (want_sums is None), f"{name}: importance gathered by one side only"
+    if want_sums is not None:  # exact by construction of the inputs
+        assert torch.equal(got_sums[0], want_sums[0]) and int(got_sums[1]) == int(want_sums[1]), name
+    return got, want
+
+
+@pytest.mark.parametrize("backend_name,name,args_name,dtype",
+                         _registry_matrix(ALL_OBSERVER_NAMES, REGISTRY_WEIGHT_ARGS))
+def test_registry_weight_qparams_equal_llmcompressor(forced, backend_name, name, args_name, dtype):
+    weight = (torch.randn(40, 64, generator=torch.Generator().manual_seed(6))
+              * torch.linspace(0.2, 3.0, 64)).to(dtype)
+    got, want = _registry_run(backend_name, name, "weight", REGISTRY_WEIGHT_ARGS[args_name], [weight],
+                              with_layer=True)
+    _assert_same(got, want, f"obskernels' {name} vs llm-compressor's: weight {args_name} {dtype}")
+
+
+@pytest.mark.parametrize("backend_name,name,args_name,dtype",
+                         _registry_matrix(ACTIVATION_NAMES, REGISTRY_ACT_ARGS))
+def test_registry_activation_qparams_equal_llmcompressor(forced, backend_name, name, args_name, dtype):
+    gen = torch.Generator().manual_seed(7)
+    values = [(torch.randn(2, 5, 64, generator=gen) * s).to(dtype) for s in (1.0, 3.0, 0.5)]
+    got, want = _registry_run(backend_name, name, "input", REGISTRY_ACT_ARGS[args_name], values,
+                              with_layer=False)
+    _assert_same(got, want, f"obskernels' {name} vs llm-compressor's: input {args_name} {dtype}")
+
+
+def test_registry_covers_every_name_llmcompressor_registers():
+    """The nine names compared above are all that llm-compressor registers."""
+    from compressed_tensors.registry import registry as ct_registry
+
+    drop_in.disable()
+    theirs = {k.replace("-", "_") for k in ct_registry._REGISTRY[LCObserver]}
+    assert theirs == set(ALL_OBSERVER_NAMES)
+
+
 def _imatrix_run(enable, args_kw, name="imatrix_mse"):
     torch.manual_seed(1)
     layer = torch.nn.Linear(64, 24, bias=False)
@@ -287,6 +410,70 @@ def test_drop_in_computes_through_obskernels_ops(monkeypatch):
     obs = LCObserver.load_from_registry("static_minmax", base_name="input", args=QuantizationArgs())
     obs(torch.randn(3, 8))
     assert calls == ["input"]
+
+
+@pytest.mark.parametrize("name,combining,c", [
+    ("static_minmax", "min_max", None), ("minmax", "min_max", 0.01), ("mse", "combine_statistics", 0.01),
+])
+def test_held_statistics_combine_in_the_op(monkeypatch, name, combining, c):
+    """From the second value on, a static / moving-average observer hands its
+    held statistics to the op (min_max's epilogue; combine_statistics after the
+    search) instead of combining them with llm-compressor's torch.min / lerp,
+    extra torch ops (extra launches on a GPU) at every calibration forward."""
+    from obskernels import ops
+
+    seen = []
+    for op in ("min_max", "combine_statistics"):
+        real = getattr(ops, op)
+
+        def spy(*a, _op=op, _real=real, **k):
+            seen.append((_op, k.get("held") is not None, k.get("averaging_constant")))
+            return _real(*a, **k)
+
+        monkeypatch.setattr(ops, op, spy)
+    values = [torch.randn(2, 5, 64) * s for s in (1.0, 3.0, 0.5)]
+    kw = ACT_ARGS["int8-tensor"]
+    want = _qparams(name, "input", kw, values, enable=False)
+    seen.clear()
+    drop_in.enable(backend="reference")
+    obs = LCObserver.load_from_registry(name, base_name="input", args=QuantizationArgs(**copy.deepcopy(kw)))
+    for v in values:
+        obs(v)
+    assert seen.count((combining, True, c)) == 2, seen
+    _assert_same(obs.get_qparams(), want, name)
+
+
+@pytest.mark.parametrize("name,kw,shapes,dtypes,observer_kwargs", [
+    # the held statistics' dtype differs: torch.min promotes
+    ("static_minmax", ACT_ARGS["int8-tensor"], [(2, 5, 64)] * 2, [torch.float32, torch.bfloat16], {}),
+    # an averaging constant outside [0, 1]: lerp extrapolates
+    ("minmax", ACT_ARGS["int8-tensor"], [(2, 5, 64)] * 2, [torch.float32] * 2, {"averaging_constant": 2.0}),
+    # statistics of another shape: torch.min's own error
+    ("static_minmax", dict(num_bits=8, strategy="group", group_size=16), [(2, 5, 64), (2, 5, 32)],
+     [torch.float32] * 2, {}),
+    ("mse", dict(num_bits=8, strategy="group", group_size=16), [(2, 5, 64), (2, 5, 32)],
+     [torch.float32] * 2, {}),
+])
+def test_held_statistics_the_op_does_not_combine_follow_llmcompressor(name, kw, shapes, dtypes, observer_kwargs):
+    def outcome(enable):
+        torch.manual_seed(4)
+        values = [torch.randn(shape).to(dtype) for shape, dtype in zip(shapes, dtypes)]
+        drop_in.enable(backend="reference") if enable else drop_in.disable()
+        obs = LCObserver.load_from_registry(
+            name, base_name="input", args=QuantizationArgs(**copy.deepcopy(kw)), **observer_kwargs
+        )
+        try:
+            for v in values:
+                obs(v)
+        except Exception as exc:  # llm-compressor's own error, to be met alike
+            return type(exc), str(exc)
+        return obs.get_qparams()
+
+    want, got = outcome(False), outcome(True)
+    if isinstance(want, tuple):
+        assert got == want
+    else:
+        _assert_same(got, want, name)
 
 
 def _tiny_llama():

@@ -55,9 +55,9 @@ def make(name, base_name="weight", fmt="int8-asym", **kw):
     return Observer.load_from_registry(name, base_name=base_name, args=make_args(fmt), **kw)
 
 
-def poisoned(kind, shape=(4, 32), dtype=torch.float32):
+def poisoned(kind, shape=(4, 32), dtype=torch.float32, device="cpu"):
     """A random value with non-finite entries; returns it and the expected counts."""
-    x = torch.randn(shape, dtype=dtype)
+    x = torch.randn(shape, dtype=dtype).to(device)
     flat = x.view(-1)
     plan = {"nan": (2, 0, 0), "posinf": (0, 1, 0), "neginf": (0, 0, 3), "mixed": (1, 2, 1)}[kind]
     specials = [float("nan")] * plan[0] + [float("inf")] * plan[1] + [float("-inf")] * plan[2]
@@ -86,9 +86,9 @@ def refuse(backend, obs, x, match):
     ("weight", "nan"), ("weight", "posinf"), ("weight", "neginf"), ("weight", "mixed"), ("input", "mixed"),
 ])
 @pytest.mark.parametrize("name", NAMES)
-def test_nonfinite_value_is_a_clear_error(backend, name, base_name, kind):
+def test_nonfinite_value_is_a_clear_error(backend, name, base_name, kind, device):
     obs = make(name, base_name)
-    x, (nan, pos, neg) = poisoned(kind)
+    x, (nan, pos, neg) = poisoned(kind, device=device)
     cls = type(obs).__name__
     want = (
         rf"{cls}\(base_name='{base_name}'\): the observed {base_name} tensor \(shape \(4, 32\), "
@@ -111,12 +111,12 @@ class _no_warning:
 
 
 @pytest.mark.parametrize("name", ("static_minmax", "minmax", "mse"))
-def test_nonfinite_after_finite_values_keeps_the_statistics(backend, name):
+def test_nonfinite_after_finite_values_keeps_the_statistics(backend, name, device):
     obs = make(name, "input")
-    good = torch.randn(3, 32)
+    good = torch.randn(3, 32).to(device)
     obs(good)
     held = (obs.min_vals.clone(), obs.max_vals.clone())
-    bad = torch.randn(1, 32)
+    bad = torch.randn(1, 32).to(device)
     bad[0, 7] = float("-inf")
     refuse(backend, obs, bad, r"holds 1 non-finite \(0 NaN, 0 \+inf, 1 -inf\) of 32 values")
     if backend == "triton":
@@ -128,7 +128,7 @@ def test_nonfinite_after_finite_values_keeps_the_statistics(backend, name):
     assert torch.isfinite(obs.get_qparams()["scale"]).all()
 
 
-def test_counting_happens_only_on_the_error_path(backend, monkeypatch):
+def test_counting_happens_only_on_the_error_path(backend, monkeypatch, device):
     """The hot path reads the qparam-sized statistics only: the value is never
     scanned for non-finite entries unless they are there."""
     calls = []
@@ -141,10 +141,10 @@ def test_counting_happens_only_on_the_error_path(backend, monkeypatch):
     monkeypatch.setattr(base_module, "count_nonfinite", counting)
     for name in NAMES:
         obs = make(name, "input")
-        obs(torch.randn(3, 32))
+        obs(torch.randn(3, 32).to(device))
         obs.get_qparams()
     assert calls == []
-    refuse(backend, make("static_minmax", "input"), poisoned("nan")[0], "non-finite")
+    refuse(backend, make("static_minmax", "input"), poisoned("nan", device=device)[0], "non-finite")
     # the triton kernels count while they read the value: nothing to rescan
     assert calls == ([(4, 32)] if backend == "reference" else [])
 
@@ -153,8 +153,8 @@ def test_counting_happens_only_on_the_error_path(backend, monkeypatch):
 # nonfinite="propagate": llm-compressor's behaviour
 # --------------------------------------------------------------------------- #
 @pytest.mark.parametrize("name", NAMES)
-def test_propagate_keeps_llm_compressors_behaviour(backend, name):
-    x = torch.randn(4, 32)
+def test_propagate_keeps_llm_compressors_behaviour(backend, name, device):
+    x = torch.randn(4, 32).to(device)
     x[1, 3] = float("nan")  # group (1, 0)
     x[2, 20] = float("inf")  # group (2, 1)
     args = make_args()
@@ -186,7 +186,7 @@ def assert_valid_qparams(qp, args, value, what):
         qmin, qmax = calculate_range(args, zp.device)
         assert ((zp.float() >= qmin) & (zp.float() <= qmax)).all(), f"{what}: zero point {zp}"
     # 0 is representable: it quantizes and dequantizes to exactly 0
-    zeros = torch.zeros(scale.shape + (1,), dtype=value.dtype)
+    zeros = torch.zeros(scale.shape + (1,), dtype=value.dtype, device=value.device)
     zargs = args.model_copy(update={"strategy": "token"})
     dq = fake_quantize(zeros, scale.unsqueeze(-1), zp.unsqueeze(-1), zargs, global_scale=qp["global_scale"])
     assert torch.equal(dq, torch.zeros_like(dq)), f"{what}: q(0) = {dq.flatten()[:4]}"
@@ -195,11 +195,11 @@ def assert_valid_qparams(qp, args, value, what):
 @pytest.mark.parametrize("fmt,dtype", [(f, torch.bfloat16) for f in FORMATS] + [("int8-asym", torch.float32)],
                          ids=lambda v: str(v).replace("torch.", ""))
 @pytest.mark.parametrize("name", NAMES)
-def test_all_zero_tensors_and_groups(backend, name, fmt, dtype):
-    x = torch.randn(4, 32, dtype=dtype)
+def test_all_zero_tensors_and_groups(backend, name, fmt, dtype, device):
+    x = torch.randn(4, 32, dtype=dtype).to(device)
     x[1] = 0  # two all-zero groups
     x[3, 16:] = 0  # and one more
-    for what, value in (("zero groups", x), ("all zeros", torch.zeros(4, 32, dtype=dtype))):
+    for what, value in (("zero groups", x), ("all zeros", torch.zeros(4, 32, dtype=dtype, device=device))):
         obs = make(name, "weight", fmt)
         with pytest.warns() if name == "imatrix_mse" else _no_warning():
             obs(value)
@@ -216,19 +216,19 @@ def test_all_zero_tensors_and_groups(backend, name, fmt, dtype):
 TOP = {torch.bfloat16: 3.3e38, torch.float16: 65000.0}
 
 
-def near_top(dtype):
+def near_top(dtype, device="cpu"):
     x = torch.randn(4, 32).to(dtype)
     x[0, 0], x[0, 1] = TOP[dtype], -TOP[dtype]  # a group whose max - min overflows
     x[2, 5] = TOP[dtype]  # one-sided
     x[3] = -TOP[dtype] * torch.rand(32).to(dtype)
-    return x
+    return x.to(device)
 
 
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=str)
 @pytest.mark.parametrize("fmt", list(FORMATS))
 @pytest.mark.parametrize("name", [n for n in NAMES if n != "nvfp4_expanded_mse"])
-def test_values_near_the_top_of_the_range(backend, name, fmt, dtype):
-    x = near_top(dtype)
+def test_values_near_the_top_of_the_range(backend, name, fmt, dtype, device):
+    x = near_top(dtype, device)
     obs = make(name, "weight", fmt)
     with pytest.warns() if name == "imatrix_mse" else _no_warning():
         obs(x)
@@ -253,10 +253,10 @@ def test_values_near_the_top_of_the_range(backend, name, fmt, dtype):
 
 
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=str)
-def test_expanded_search_overflow_is_a_clear_error(backend, dtype):
+def test_expanded_search_overflow_is_a_clear_error(backend, dtype, device):
     """nvfp4_expanded_mse widens the range 1.8x before searching: near the top
     of the dtype that range is not representable."""
-    x = near_top(dtype)
+    x = near_top(dtype, device)
     obs = make("nvfp4_expanded_mse", "weight", "int8-sym")
     refuse(backend, obs, x, re.escape(
         f"NVFP4ExpandedMSEObserver(base_name='weight'): the observed weight tensor (shape (4, 32), "
@@ -268,11 +268,11 @@ def test_expanded_search_overflow_is_a_clear_error(backend, dtype):
         assert torch.isfinite(obs.get_qparams()["scale"]).all()
 
 
-def test_qparams_backstop(backend):
+def test_qparams_backstop(backend, device):
     """Statistics that are not finite however they got there (set by hand,
     synced from a rank that propagates) never turn silently into scales."""
     obs = make("static_minmax", "input")
-    obs(torch.randn(3, 32))
+    obs(torch.randn(3, 32).to(device))
     obs.min_vals[1] = float("nan")
     with pytest.raises(ValueError, match=r"StaticMinMaxObserver\(base_name='input'\): the scale holds 1 non-finite \(1 NaN"):
         obs.get_qparams()
@@ -282,17 +282,17 @@ def test_qparams_backstop(backend):
 
 
 @pytest.mark.parametrize("name", ("static_minmax", "minmax", "mse"))
-def test_refused_values_recorded_by_the_kernels(name):
+def test_refused_values_recorded_by_the_kernels(name, device):
     """Triton backend, several observations before get_qparams: the error
     names the FIRST refused value's shape and counts every refused value's
     non-finite elements (counted here with torch); the observations after it
     are dropped with it, and the observer starts afresh."""
     from obskernels.backends import use_backend
 
-    good, first, second = torch.randn(2, 3, 32), torch.randn(5, 32), torch.randn(1, 2, 32)
+    good, first, second = (torch.randn(s).to(device) for s in ((2, 3, 32), (5, 32), (1, 2, 32)))
     first[0, 1], first[3, 7] = float("nan"), float("inf")
     second[0, 1, 2] = float("-inf")
-    values = (good, first, torch.randn(3, 32), second)
+    values = (good, first, torch.randn(3, 32).to(device), second)
     nan = sum(int(torch.isnan(v).sum()) for v in values)
     pos = sum(int(torch.isposinf(v).sum()) for v in values)
     neg = sum(int(torch.isneginf(v).sum()) for v in values)

@@ -1,9 +1,10 @@
 """The observer lifecycle end to end (docs/spec.md §1).
 
 Statistics are checked against hand-computed values, against the moving
-average formula applied to hand-known minima, or against the operation the
-observer must call (``obskernels.ops``, itself checked in test_reference.py)
-with the defaults of docs/spec.md §1 written out here.
+average formula applied to hand-known minima, or against the reference
+search (``obskernels.reference``, called directly: itself checked in
+test_reference.py) with the defaults of docs/spec.md §1, llm-compressor
+0.14.0.1's, written out here.
 """
 
 from __future__ import annotations
@@ -84,12 +85,21 @@ def test_register_a_new_observer():
     assert torch.equal(obs.min_vals, torch.tensor([-2.0]))
 
 
+# llm-compressor 0.14.0.1's defaults (llmcompressor/observers/mse.py, imatrix.py,
+# min_max.py), written out; chunk_size is obskernels' own keyword. The
+# triton_error_buffer values are those of the int8 args ``make`` builds.
 DEFAULTS = {
     "minmax": {"avg_constant": 0.01},
-    "memoryless_mse": {"maxshrink": 0.20, "patience": 5, "grid": 100, "norm": 2.4, "expand": 1.0, "chunk_size": 5},
-    "mse": {"maxshrink": 0.20, "patience": 5, "grid": 100, "norm": 2.4, "expand": 1.0, "chunk_size": 5, "avg_constant": 0.01},
-    "nvfp4_expanded_mse": {"maxshrink": 1 - 0.8 / 1.8, "patience": 1000, "grid": 200, "norm": 2.4, "expand": 1.8, "chunk_size": 5},
-    "imatrix_mse": {"maxshrink": 0.95, "patience": 5, "grid": 20, "norm": 3.0, "expand": 1.0, "chunk_size": 5, "strict": False},
+    "memoryless_mse": {"maxshrink": 0.20, "patience": 5, "grid": 100, "norm": 2.4, "expand": 1.0, "chunk_size": 5,
+                       "triton_error_buffer": 0.3},
+    "mse": {"maxshrink": 0.20, "patience": 5, "grid": 100, "norm": 2.4, "expand": 1.0, "chunk_size": 5, "avg_constant": 0.01,
+            "triton_error_buffer": 0.3},
+    "nvfp4_expanded_mse": {"maxshrink": 1 - 0.8 / 1.8, "patience": 1000, "grid": 200, "norm": 2.4, "expand": 1.8, "chunk_size": 5,
+                           "triton_error_buffer": 1.0},
+    "imatrix_mse": {"maxshrink": 0.95, "patience": 5, "grid": 20, "norm": 3.0, "expand": 1.0, "chunk_size": 5, "strict": False,
+                    "triton_error_buffer": None},
+    "nvfp4_expanded_imatrix": {"maxshrink": 1 - 0.8 / 1.8, "patience": 1000, "grid": 200, "norm": 2.4, "expand": 1.8,
+                               "chunk_size": 5, "strict": False, "triton_error_buffer": None},
 }
 
 
@@ -98,6 +108,17 @@ def test_defaults(name):
     obs = make(name)
     for attr, value in DEFAULTS[name].items():
         assert getattr(obs, attr) == value, (name, attr)
+
+
+@pytest.mark.parametrize("name,args,want", [
+    ("memoryless_mse", nvfp4_args(), 1.0),  # a 4-bit float
+    ("mse", qargs("group", num_bits=4, group_size=16, type="float"), 1.0),
+    ("memoryless_mse", qargs("group", num_bits=4, group_size=16), 0.3),  # int4
+    ("mse", qargs(num_bits=8, type="float"), 0.3),  # fp8
+    ("nvfp4_expanded_mse", qargs("channel", num_bits=4), 1.0),  # whatever the format
+])
+def test_triton_error_buffer_default_follows_llmcompressor(name, args, want):
+    assert make(name, args=args).triton_error_buffer == want
 
 
 def test_kwargs_merge_into_args():
@@ -157,7 +178,8 @@ def test_chunk_size_is_accepted_and_never_changes_the_result(name):
     reference search's with the observer's other defaults."""
     w = torch.randn(8, 32)
     args = nvfp4_args() if name == "nvfp4_expanded_mse" else qargs("group", group_size=16)
-    kw = {k: v for k, v in DEFAULTS[name].items() if k not in ("chunk_size", "strict", "avg_constant")}
+    kw = {k: v for k, v in DEFAULTS[name].items()
+          if k not in ("chunk_size", "strict", "avg_constant", "triton_error_buffer")}
     flavour = "imatrix" if name == "imatrix_mse" else "mse"
     want_min, want_max = reference_search(w, "weight", args, flavour=flavour, **kw)
     for chunk in (1, 5, 7):
@@ -199,9 +221,9 @@ def test_sync_without_process_group_raises():
 
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("base_name,shape", [("weight", (0, 8)), ("input", (2, 0, 8)), ("q", (1, 2, 0, 4))])
-def test_empty_value_is_a_no_op(name, base_name, shape):
+def test_empty_value_is_a_no_op(name, base_name, shape, device):
     obs = make(name, base_name=base_name)
-    assert obs(torch.empty(shape)) is obs
+    assert obs(torch.empty(shape, device=device)) is obs
     assert not obs.has_statistics and obs._num_observed_tokens == 0
     with pytest.raises(RuntimeError, match="no statistics"):
         obs.get_qparams()
@@ -225,38 +247,38 @@ VALUES = [
         ("minmax", {"averaging_constant": 1.0}, (-0.5, 1.0)),  # c == 1 replaces
     ],
 )
-def test_minmax_family_hand_computed(backend, name, kw, expected):
+def test_minmax_family_hand_computed(backend, name, kw, expected, device):
     obs = make(name, base_name="input", **kw)
     for v in VALUES:
-        assert obs(v) is obs
-    assert torch.equal(obs.min_vals, torch.tensor([expected[0]]))
-    assert torch.equal(obs.max_vals, torch.tensor([expected[1]]))
+        assert obs(v.to(device)) is obs
+    assert torch.equal(obs.min_vals, torch.tensor([expected[0]], device=device))
+    assert torch.equal(obs.max_vals, torch.tensor([expected[1]], device=device))
     qp = obs.get_qparams()
     # int8 symmetric: scale = max(|min|, |max|) / 127.5, zero point 0
     absmax = max(abs(expected[0]), abs(expected[1]))
-    assert torch.equal(qp["scale"], torch.tensor([absmax]) / 127.5)
-    assert torch.equal(qp["zero_point"], torch.zeros(1, dtype=torch.int8))
+    assert torch.equal(qp["scale"], torch.tensor([absmax], device=device) / 127.5)
+    assert torch.equal(qp["zero_point"], torch.zeros(1, dtype=torch.int8, device=device))
     assert qp["global_scale"] is None
     assert not obs.has_statistics  # dropped
-    obs(VALUES[1])  # starts afresh: the first value is taken as is
-    assert torch.equal(obs.min_vals, torch.tensor([-3.0]))
+    obs(VALUES[1].to(device))  # starts afresh: the first value is taken as is
+    assert torch.equal(obs.min_vals, torch.tensor([-3.0], device=device))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_minmax_default_moving_average(backend, dtype):
+def test_minmax_default_moving_average(backend, dtype, device):
     obs = make("minmax", base_name="input")
     for v in VALUES:
-        obs(v.to(dtype))
+        obs(v.to(device=device, dtype=dtype))
     lo = hi = None
     for mn, mx in ((-1.0, 2.0), (-3.0, 4.0), (-0.5, 1.0)):
-        mn, mx = torch.tensor([mn], dtype=dtype), torch.tensor([mx], dtype=dtype)
+        mn, mx = torch.tensor([mn], dtype=dtype, device=device), torch.tensor([mx], dtype=dtype, device=device)
         lo = mn if lo is None else lo * (1 - 0.01) + mn * 0.01
         hi = mx if hi is None else hi * (1 - 0.01) + mx * 0.01
     assert obs.min_vals.dtype == dtype
     assert torch.equal(obs.min_vals, lo) and torch.equal(obs.max_vals, hi)
     asym = make("minmax", base_name="input", args=qargs(symmetric=False))
     for v in VALUES:
-        asym(v.to(dtype))
+        asym(v.to(device=device, dtype=dtype))
     scale, zp = calculate_qparams(lo, hi, qargs(symmetric=False))
     qp = asym.get_qparams()
     assert torch.equal(qp["scale"], scale) and torch.equal(qp["zero_point"], zp)
@@ -265,13 +287,13 @@ def test_minmax_default_moving_average(backend, dtype):
 def _search(value, base_name, args, flavour="mse", importance=None, **over):
     kw = dict(DEFAULTS["imatrix_mse" if flavour == "imatrix" else "memoryless_mse"])
     kw.update(over)
-    for k in ("chunk_size", "strict"):
+    for k in ("chunk_size", "strict", "triton_error_buffer"):
         kw.pop(k, None)
-    return ops.mse_search(value, base_name, args, importance=importance, flavour=flavour, **kw)
+    return reference_search(value, base_name, args, importance=importance, flavour=flavour, **kw)
 
 
-def test_mse_observers_call_the_search_with_their_defaults(backend):
-    w = torch.randn(6, 32)
+def test_mse_observers_call_the_search_with_their_defaults(backend, device):
+    w = torch.randn(6, 32).to(device)
     args = qargs("group", group_size=16, symmetric=False)
     expected = _search(w, "weight", args)
     for name in ("memoryless_mse", "mse"):
@@ -279,7 +301,7 @@ def test_mse_observers_call_the_search_with_their_defaults(backend):
         assert torch.equal(stats["min_vals"], expected[0]) and torch.equal(stats["max_vals"], expected[1])
 
     # "mse" on activations: the search per value, then the moving average
-    a, b = torch.randn(2, 3, 32), 3 * torch.randn(4, 32)
+    a, b = torch.randn(2, 3, 32).to(device), 3 * torch.randn(4, 32).to(device)
     ra, rb = _search(a, "input", args), _search(b, "input", args)
     obs = make("mse", base_name="input", args=args.model_copy(deep=True))
     obs(a)(b)
@@ -290,8 +312,8 @@ def test_mse_observers_call_the_search_with_their_defaults(backend):
     assert torch.equal(memoryless.min_vals, rb[0]) and torch.equal(memoryless.max_vals, rb[1])
 
 
-def test_nvfp4_expanded_mse_and_global_scale():
-    w = torch.randn(4, 32)
+def test_nvfp4_expanded_mse_and_global_scale(device):
+    w = torch.randn(4, 32).to(device)
     w[2, 7] = -5.0  # the absolute max
     args = nvfp4_args()
     obs = make("nvfp4_expanded_mse", args=args)
@@ -308,8 +330,8 @@ def test_nvfp4_expanded_mse_and_global_scale():
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_weight_is_observed_once(name):
-    w = torch.randn(8, 32)
+def test_weight_is_observed_once(name, device):
+    w = torch.randn(8, 32).to(device)
     args = nvfp4_args() if name == "nvfp4_expanded_mse" else qargs("channel")
     obs = make(name, args=args)
     quiet(obs, w)
@@ -325,31 +347,32 @@ def test_weight_is_observed_once(name):
 # ---------------------------------------------------------------------------
 
 
-def _qkv_weights():
-    ws = [torch.rand(4, 32) - 0.5 for _ in range(3)]
+def _qkv_weights(device="cpu"):
+    ws = [(torch.rand(4, 32) - 0.5).to(device) for _ in range(3)]
     ws[0][0, 0] = 1.0  # absolute maxima 1, 3 (a minimum), 2
     ws[1][1, 3] = -3.0
     ws[2][2, 5] = 2.0
     return ws
 
 
-def test_tensor_group_global_scale_of_one_observer():
-    w = _qkv_weights()[1]
+def test_tensor_group_global_scale_of_one_observer(device):
+    w = _qkv_weights(device)[1]
     qp = make("memoryless_minmax", args=nvfp4_args())(w).get_qparams()
-    assert torch.equal(qp["global_scale"], torch.tensor([2688.0]) / torch.tensor([3.0]))
-    assert torch.equal(qp["global_scale"], generate_gparam(torch.tensor([-3.0]), torch.tensor([3.0])))
+    three = torch.tensor([3.0], device=device)
+    assert torch.equal(qp["global_scale"], torch.tensor([2688.0], device=device) / three)
+    assert torch.equal(qp["global_scale"], generate_gparam(-three, three))
     mn, mx = ops.min_max(w, "weight", nvfp4_args())
     scale, _ = calculate_qparams(mn, mx, nvfp4_args(), global_scale=qp["global_scale"])
     assert torch.equal(qp["scale"], scale)
 
 
-def test_fused_observers_share_the_global_scale():
-    ws = _qkv_weights()
+def test_fused_observers_share_the_global_scale(device):
+    ws = _qkv_weights(device)
     obs = [make("memoryless_minmax", args=nvfp4_args()) for _ in ws]
     Observer.fuse(obs)
     for o, w in zip(obs, ws):
         o(w)
-    g = torch.tensor([2688.0]) / torch.tensor([3.0])  # the largest |value| of all three
+    g = torch.tensor([2688.0], device=device) / torch.tensor([3.0], device=device)  # the largest |value| of all three
     for i, (o, w) in enumerate(zip(obs, ws)):
         qp = o.get_qparams()
         assert torch.equal(qp["global_scale"], g), i
@@ -363,9 +386,9 @@ def test_fused_observers_share_the_global_scale():
     assert all(torch.equal(o.get_qparams()["global_scale"], g) for o in obs)
 
 
-def test_fused_observers_observe_their_modules():
-    ws = _qkv_weights()
-    mods = [torch.nn.Linear(32, 4, bias=False) for _ in ws]
+def test_fused_observers_observe_their_modules(device):
+    ws = _qkv_weights(device)
+    mods = [torch.nn.Linear(32, 4, bias=False, device=device) for _ in ws]
     for m, w in zip(mods, ws):
         m.weight.data.copy_(w)
     obs = [make("memoryless_minmax", args=nvfp4_args()) for _ in ws]
@@ -374,7 +397,7 @@ def test_fused_observers_observe_their_modules():
     assert all(o.has_statistics for o in obs)
     for o, w in zip(obs, ws):
         assert torch.equal(o.min_vals, ops.min_max(w, "weight", nvfp4_args())[0])
-    g = torch.tensor([2688.0]) / torch.tensor([3.0])
+    g = torch.tensor([2688.0], device=device) / torch.tensor([3.0], device=device)
     assert all(torch.equal(o.get_qparams()["global_scale"], g) for o in obs)
 
 
@@ -396,22 +419,22 @@ def test_fusion_errors():
 # ---------------------------------------------------------------------------
 
 
-def _linear(in_features=16, out_features=6):
+def _linear(in_features=16, out_features=6, device="cpu"):
     lin = torch.nn.Linear(in_features, out_features, bias=False)
     lin.weight.data = torch.randn(out_features, in_features)
-    return lin
+    return lin.to(device)
 
 
-def _inputs(in_features=16):
+def _inputs(in_features=16, device="cpu"):
     # a few columns far louder than the rest, so importance matters
     scale = torch.ones(in_features)
     scale[:3] = torch.tensor([30.0, 10.0, 5.0])
-    return torch.randn(2, 3, in_features) * scale, torch.randn(5, in_features) * scale
+    return (torch.randn(2, 3, in_features) * scale).to(device), (torch.randn(5, in_features) * scale).to(device)
 
 
-def test_imatrix_through_linear_forward(backend):
-    lin = _linear()
-    x3, x2 = _inputs()
+def test_imatrix_through_linear_forward(backend, device):
+    lin = _linear(device=device)
+    x3, x2 = _inputs(device=device)
     args = qargs("channel", num_bits=4)
     obs = make("imatrix_mse", args=args)
     obs.attach(lin)
@@ -454,7 +477,7 @@ def _setup_attached_no_forward(obs, lin):
 
 def _setup_forward(obs, lin):
     obs.attach(lin)
-    lin(_inputs()[1])
+    lin(_inputs(device=lin.weight.device)[1])
 
 
 def _setup_non_finite(obs, lin):
@@ -469,7 +492,7 @@ def _setup_negative(obs, lin):
 
 def _setup_zeros(obs, lin):
     obs.attach(lin)
-    lin(torch.zeros(4, 16))
+    lin(torch.zeros(4, 16, device=lin.weight.device))
 
 
 FALLBACKS = [
@@ -505,15 +528,15 @@ def _fallbacks(caught):
 
 
 @pytest.mark.parametrize("case", FALLBACKS, ids=lambda c: c[0])
-def test_imatrix_fallback_warns_once(case, backend):
+def test_imatrix_fallback_warns_once(case, backend, device):
     """One warning per observation, with its reason, and the uniform search's
     range. The reference backend warns while observing; the triton backend,
     which reads nothing then, warns at get_qparams where the reason comes
     from the importance's values (their verdict is read there)."""
     _, base_name, args, setup, shape, _, reason, deferred = case
     obs = make("imatrix_mse", base_name=base_name, args=args.model_copy(deep=True))
-    setup(obs, _linear())
-    value = torch.randn(shape)
+    setup(obs, _linear(device=device))
+    value = torch.randn(shape).to(device)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         obs(value)
@@ -532,12 +555,12 @@ def test_imatrix_fallback_warns_once(case, backend):
 
 
 @pytest.mark.parametrize("case", FALLBACKS, ids=lambda c: c[0])
-def test_imatrix_fallback_raises_when_strict(case, backend):
+def test_imatrix_fallback_raises_when_strict(case, backend, device):
     _, base_name, args, setup, shape, error, reason, deferred = case
     obs = make("imatrix_mse", base_name=base_name, args=args.model_copy(deep=True), strict=True)
-    setup(obs, _linear())
+    setup(obs, _linear(device=device))
     with pytest.raises(error, match=re.escape(f"imatrix_mse: {reason}")):
-        obs(torch.randn(shape))
+        obs(torch.randn(shape).to(device))
         assert backend == "triton" and deferred, "observing should have raised"
         obs.get_qparams()
     assert not obs.has_statistics

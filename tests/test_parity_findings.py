@@ -61,9 +61,9 @@ def _round_trip_kernel(x_ptr, wide_ptr, back_ptr, n, BLOCK: tl.constexpr):
 
 
 @pytest.mark.kernel
-def test_widen_and_store_exact_on_every_bf16_pattern():
-    x = every_bf16()
-    wide = torch.empty(x.shape, dtype=torch.float32)
+def test_widen_and_store_exact_on_every_bf16_pattern(device):
+    x = every_bf16().to(device)
+    wide = torch.empty(x.shape, dtype=torch.float32, device=device)
     back = torch.empty_like(x)
     _round_trip_kernel[(triton.cdiv(x.numel(), 4096),)](x, wide, back, x.numel(), BLOCK=4096)
     want = x.float()  # torch's widening is exact
@@ -78,8 +78,9 @@ def test_widen_and_store_exact_on_every_bf16_pattern():
     assert torch.isnan(back[nan]).all()
 
 
-def subnormal_bf16(shape, seed):
-    """bf16 values of random sign: mostly subnormals, a few normals and zeros."""
+def subnormal_bf16(shape, seed, device="cpu"):
+    """bf16 values of random sign: mostly subnormals, a few normals and zeros
+    (drawn on the CPU: the same values on every device)."""
     g = torch.Generator().manual_seed(seed)
     mant = torch.randint(1, 128, shape, generator=g, dtype=torch.int32)  # exponent 0
     sign = torch.randint(0, 2, shape, generator=g, dtype=torch.int32) << 15
@@ -88,7 +89,7 @@ def subnormal_bf16(shape, seed):
     flat = x.view(-1)
     flat[::7] = 0.0
     flat[3::11] = torch.randn(flat[3::11].shape, generator=g).to(torch.bfloat16) * 1e-38
-    return x
+    return x.to(device)
 
 
 SUBNORMAL_CASES = [
@@ -102,8 +103,8 @@ SUBNORMAL_CASES = [
 
 
 @pytest.mark.kernel
-def test_the_reported_subnormal_pair():
-    x = torch.tensor([[1e-39, -2e-39]], dtype=torch.bfloat16)
+def test_the_reported_subnormal_pair(device):
+    x = torch.tensor([[1e-39, -2e-39]], dtype=torch.bfloat16, device=device)
     args = QuantizationArgs(num_bits=8, strategy="channel")
     want = (torch.amin(x, dim=1, keepdim=True), torch.amax(x, dim=1, keepdim=True))
     with use_backend("triton"):
@@ -118,11 +119,11 @@ def test_the_reported_subnormal_pair():
 @pytest.mark.kernel
 @pytest.mark.parametrize("split", (1, 3))
 @pytest.mark.parametrize("case", range(len(SUBNORMAL_CASES)))
-def test_min_max_of_bf16_subnormals(case, split, pin_launch):
+def test_min_max_of_bf16_subnormals(case, split, pin_launch, device):
     base_name, args, shape = SUBNORMAL_CASES[case]
     # a tiny tile and a split force the partial + finish pass (bf16 partials)
     pin_launch("min_max", tile=16, split=split)
-    x = subnormal_bf16(shape, seed=case)
+    x = subnormal_bf16(shape, seed=case, device=device)
     with use_backend("reference"):
         want = ops.min_max(x, base_name, args)
     with use_backend("triton"):
@@ -134,13 +135,13 @@ def test_min_max_of_bf16_subnormals(case, split, pin_launch):
 
 @pytest.mark.kernel
 @pytest.mark.parametrize("layout_kind", ("block", "g_idx"))
-def test_flatten_copies_bf16_subnormals_bit_for_bit(layout_kind):
-    x = subnormal_bf16((6, 12), seed=11)
+def test_flatten_copies_bf16_subnormals_bit_for_bit(layout_kind, device):
+    x = subnormal_bf16((6, 12), seed=11, device=device)
     if layout_kind == "block":
         args, g_idx = QuantizationArgs(num_bits=8, strategy="block", block_structure=[4, 8]), None
     else:
         args = QuantizationArgs(num_bits=4, strategy="group", group_size=4)
-        g_idx = torch.tensor([2, 0, 1, 0, 2, 1, 1, 0, 2, 2, 0, 1], dtype=torch.int32)
+        g_idx = torch.tensor([2, 0, 1, 0, 2, 1, 1, 0, 2, 2, 0, 1], dtype=torch.int32, device=device)
     with use_backend("reference"):
         want = ops.flatten_for_calibration(x, "weight", args, g_idx=g_idx)
     with use_backend("triton"):
@@ -151,12 +152,12 @@ def test_flatten_copies_bf16_subnormals_bit_for_bit(layout_kind):
 @pytest.mark.kernel
 @pytest.mark.parametrize("flavour", ("mse", "imatrix"))
 @pytest.mark.parametrize("fmt", ("int8", "fp4"))
-def test_mse_search_of_bf16_subnormals(fmt, flavour):
+def test_mse_search_of_bf16_subnormals(fmt, flavour, device):
     if fmt == "int8":
         args = QuantizationArgs(num_bits=8, strategy="group", group_size=16, symmetric=False)
     else:
         args = QuantizationArgs(num_bits=4, type="float", strategy="group", group_size=16)
-    x = subnormal_bf16((4, 32), seed=7)
+    x = subnormal_bf16((4, 32), seed=7, device=device)
     kw = dict(maxshrink=0.2, patience=5, grid=100, norm=2.4, flavour=flavour)
     want = reference_search(x, "weight", args, **kw)
     got = call_backend(mse_module.mse_search, x, "weight", args, **kw)
@@ -165,12 +166,12 @@ def test_mse_search_of_bf16_subnormals(fmt, flavour):
 
 
 @pytest.mark.kernel
-def test_accumulate_sq_of_bf16_near_subnormal():
+def test_accumulate_sq_of_bf16_near_subnormal(device):
     # Squares of subnormals underflow in fp32, so the sum sees only the
     # normals next to them; the wide value must still be read exactly.
-    x = subnormal_bf16((9, 24), seed=3) * torch.tensor(2.0**60, dtype=torch.bfloat16)
-    sums = torch.zeros(24)
-    count = torch.zeros((), dtype=torch.int64)
+    x = subnormal_bf16((9, 24), seed=3, device=device) * torch.tensor(2.0**60, dtype=torch.bfloat16, device=device)
+    sums = torch.zeros(24, device=device)
+    count = torch.zeros((), dtype=torch.int64, device=device)
     with use_backend("triton"):
         ops.accumulate_sq(x, sums, count)
     want = (x.double() ** 2).sum(0)
@@ -187,7 +188,8 @@ TOL = {torch.float32: 1e-6, torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
 
 def candidate_errors(value, args, mins, maxs, *, norm, flavour):
     """Per group: the reference's fp32 (or observed-dtype) error of the range
-    (mins, maxs) summed by torch, and the same terms summed exactly (fsum)."""
+    (mins, maxs) summed by torch on the value's device, and the same terms
+    summed exactly (fsum); both on the CPU."""
     observed = reference_flatten(value, "weight", args)
     qargs, token_args = search_args(args)
     scale, zp = calculate_qparams(mins, maxs, qargs, None)
@@ -196,7 +198,7 @@ def candidate_errors(value, args, mins, maxs, *, norm, flavour):
         terms = (q.to(observed.dtype) - observed).abs().pow(norm)
     else:
         terms = (q.float() - observed.float()).abs().pow(norm)
-    summed = terms.sum(dim=(0, -1)).double().flatten()
+    summed = terms.sum(dim=(0, -1)).double().flatten().cpu()
     per_group = terms.movedim(0, -2).reshape(summed.numel(), -1).double()
     exact = torch.tensor([math.fsum(row.tolist()) for row in per_group], dtype=torch.float64)
     return summed, exact
@@ -214,7 +216,7 @@ def check_tie_bound(value, args, **kw):
     tol = TOL[value.dtype]
     ok = e_got <= e_ref * (1 + tol)
     assert bool(ok.all()), f"groups {(~ok).nonzero().flatten().tolist()}: {e_got[~ok]} vs {e_ref[~ok]}"
-    differ = ((got[0] != want[0]) | (got[1] != want[1])).flatten()
+    differ = ((got[0] != want[0]) | (got[1] != want[1])).flatten().cpu()
     assert torch.equal(x_got[differ], x_ref[differ]), (
         f"groups {differ.nonzero().flatten().tolist()} differ without an exact tie: "
         f"exact errors {x_got[differ].tolist()} vs {x_ref[differ].tolist()}"
@@ -227,13 +229,13 @@ FP4_TIE = [-0.51953125, 1.5625, 1.234375, 1.5, 0.47265625, 0.60546875, -0.878906
 
 
 @pytest.mark.kernel
-def test_fp4_group_with_an_exact_tie():
+def test_fp4_group_with_an_exact_tie(device):
     # One 16-value fp4 group, norm 1: steps 0-3 all have the exact error 1.25;
     # torch's fp32 sum makes step 1 (1.2499999) the reference's pick.
-    x = torch.tensor([FP4_TIE])
+    x = torch.tensor([FP4_TIE], device=device)
     args = QuantizationArgs(num_bits=4, type="float", strategy="group", group_size=16)
     kw = dict(maxshrink=0.05, patience=1, grid=90, norm=1.0)
-    lo, hi = torch.tensor([[min(FP4_TIE)]]), torch.tensor([[max(FP4_TIE)]])
+    lo, hi = torch.tensor([[min(FP4_TIE)]], device=device), torch.tensor([[max(FP4_TIE)]], device=device)
     exact = [candidate_errors(x, args, lo * (1 - i / 90), hi * (1 - i / 90), norm=1.0, flavour="mse")[1]
              for i in range(4)]
     assert all(float(e) == 1.25 for e in exact), exact  # the tie the test is about
@@ -241,12 +243,12 @@ def test_fp4_group_with_an_exact_tie():
 
 
 @pytest.mark.kernel
-def test_int2_imatrix_tensor_with_an_exact_tie():
+def test_int2_imatrix_tensor_with_an_exact_tie(device):
     # 11x32 bf16, int2 asymmetric groups of 16, imatrix flavour, patience 0,
     # grid 65, maxshrink 0.848, norm 1: group 0 has two candidates 3.5%
     # apart in scale whose errors are equal when summed exactly.
     g = torch.Generator().manual_seed(124)
-    x = (torch.randn(11, 32, generator=g) ** 3 * 2e4).bfloat16()
+    x = (torch.randn(11, 32, generator=g) ** 3 * 2e4).bfloat16().to(device)
     args = QuantizationArgs(num_bits=2, symmetric=False, strategy="group", group_size=16)
     kw = dict(maxshrink=0.848, patience=0, grid=65, norm=1.0, flavour="imatrix")
     differ = check_tie_bound(x, args, **kw)
@@ -264,8 +266,8 @@ def token_stats(x):
 
 
 @pytest.mark.parametrize("name", ("static_minmax", "minmax"))
-def test_token_statistics_of_one_position_broadcast(backend, name):
-    a, b = torch.randn(1, 1, 16), torch.randn(2, 5, 16)
+def test_token_statistics_of_one_position_broadcast(backend, name, device):
+    a, b = torch.randn(1, 1, 16).to(device), torch.randn(2, 5, 16).to(device)
     obs = Observer.load_from_registry(name, base_name="input", args=TOKEN.model_copy())
     obs(a)
     obs(b)
@@ -280,13 +282,13 @@ def test_token_statistics_of_one_position_broadcast(backend, name):
 
 
 @pytest.mark.parametrize("name", ("static_minmax", "minmax", "mse"))
-def test_token_statistics_of_another_length_are_refused(backend, name):
+def test_token_statistics_of_another_length_are_refused(backend, name, device):
     obs = Observer.load_from_registry(name, base_name="input", args=TOKEN.model_copy())
-    obs(torch.randn(1, 5, 16))
+    obs(torch.randn(1, 5, 16).to(device))
     held = obs.min_vals.clone()
     with pytest.raises(ValueError, match=r"this value of shape \(1, 3, 16\) has 3 token positions, "
                                          r"but the observer holds statistics for 5 positions"):
-        obs(torch.randn(1, 3, 16))
+        obs(torch.randn(1, 3, 16).to(device))
     assert torch.equal(obs.min_vals, held) and obs._num_observed_tokens == 5
-    obs(torch.randn(4, 5, 16))  # the same length still works
+    obs(torch.randn(4, 5, 16).to(device))  # the same length still works
     assert obs._num_observed_tokens == 25

@@ -137,7 +137,7 @@ def assert_valid_qparams(mn, mx, args, dtype, what):
     assert torch.isfinite(scale).all() and (scale > 0).all(), f"{what}: scale {scale.flatten()[:8]}"
     qmin, qmax = calculate_range(args, zp.device)
     assert ((zp.float() >= float(qmin)) & (zp.float() <= float(qmax))).all(), f"{what}: zp {zp.flatten()[:8]}"
-    zeros = torch.zeros(scale.shape + (1,), dtype=dtype)
+    zeros = torch.zeros(scale.shape + (1,), dtype=dtype, device=scale.device)
     dq = fake_quantize(zeros, scale.unsqueeze(-1), zp.unsqueeze(-1), args.model_copy(update={"strategy": "token"}),
                        global_scale=gs)
     assert torch.equal(dq, torch.zeros_like(dq)), f"{what}: q(0) = {dq.flatten()[:8]}"
@@ -148,8 +148,9 @@ def assert_valid_qparams(mn, mx, args, dtype, what):
 # --------------------------------------------------------------------------- #
 @fast(100)
 @given(cases())
-def test_min_max_backends_agree_and_give_valid_qparams(case):
+def test_min_max_backends_agree_and_give_valid_qparams(device, case):
     value, base_name, args = case
+    value = value.to(device)
     ref, got = both(lambda: ops.min_max(value, base_name, args))
     for r, g, what in zip(ref, got, ("min", "max")):
         assert r.shape == g.shape and r.dtype == g.dtype and torch.equal(r, g), (
@@ -160,20 +161,22 @@ def test_min_max_backends_agree_and_give_valid_qparams(case):
 
 @fast(30)
 @given(cases(base_names=("weight",)))
-def test_flatten_backends_agree(case):
+def test_flatten_backends_agree(device, case):
     value, base_name, args = case
+    value = value.to(device)
     ref, got = both(lambda: ops.flatten_for_calibration(value, base_name, args))
     assert ref.shape == got.shape and torch.equal(ref, got)
 
 
 @fast(20)
 @given(cases(base_names=("weight",)), st.data())
-def test_g_idx_backends_agree(case, data):
+def test_g_idx_backends_agree(device, case, data):
     value, _, _ = case
+    value = value.to(device)
     g = data.draw(st.sampled_from([d for d in (1, 2, 4) if value.shape[1] % d == 0]))
     args = QuantizationArgs(num_bits=8, strategy="group", group_size=g)
     perm = torch.randperm(value.shape[1], generator=torch.Generator().manual_seed(data.draw(st.integers(0, 99))))
-    g_idx = perm // g
+    g_idx = (perm // g).to(device)
     ref, got = both(lambda: ops.min_max(value, "weight", args, g_idx=g_idx))
     assert torch.equal(ref[0], got[0]) and torch.equal(ref[1], got[1])
     # each group's range is that of its columns
@@ -211,13 +214,14 @@ def errors_no_worse(value, base_name, args, mins, maxs, kw, slack):
 
 @fast(60)
 @given(cases(), SEARCH, st.sampled_from(("mse", "imatrix")), st.data())
-def test_mse_search_backends_agree_and_never_beat_by_min_max(case, kw, flavour, data):
+def test_mse_search_backends_agree_and_never_beat_by_min_max(device, case, kw, flavour, data):
     value, base_name, args = case
+    value = value.to(device)
     kw = dict(kw, flavour=flavour)
     if flavour == "imatrix" and base_name == "weight" and args.strategy in ("channel", "group", "tensor_group"):
         if data.draw(st.booleans()):
             w = torch.rand(value.shape[1], generator=torch.Generator().manual_seed(data.draw(st.integers(0, 99))))
-            kw["importance"] = (w * 3) / (w * 3).mean().clamp(min=1e-6)
+            kw["importance"] = ((w * 3) / (w * 3).mean().clamp(min=1e-6)).to(device)
     ref, got = both(lambda: ops.mse_search(value, base_name, args, **kw))
     assert_search_parity(value, base_name, args, got, **kw)
     errors_no_worse(value, base_name, args, *ref, kw, slack=0.0)
@@ -248,8 +252,9 @@ def sequences(draw):
 
 @fast(40)
 @given(sequences())
-def test_observer_sequences_agree_across_backends(seq):
+def test_observer_sequences_agree_across_backends(device, seq):
     name, kw, args, batches = seq
+    batches = [x.to(device) for x in batches]
     results = {}
     for b in ("reference", "triton"):
         with use_backend(b):

@@ -17,14 +17,20 @@ only where numbers are computed:
   ``obskernels.ops.min_max`` / ``ops.mse_search`` (flattening happens inside
   the op, fused in the triton kernels), instead of llm-compressor's
   ``flatten_for_calibration`` + ``torch.amin/amax`` / grid search;
-- imatrix_mse's E[x**2] hook: ``ops.accumulate_sq``.
+- imatrix_mse's E[x**2] hook: ``ops.accumulate_sq``;
+- the running min / max (static_minmax) and the moving averages (minmax,
+  mse): in the same op, ``held=`` / ``averaging_constant=`` (min_max's
+  epilogue; ``ops.combine_statistics`` after a search), the numbers of
+  llm-compressor's ``torch.min`` / ``lerp`` (docs/spec.md) without their two
+  to six extra torch ops per observation. Held statistics of another shape,
+  dtype or device, and an averaging constant outside [0, 1], are combined by
+  llm-compressor's own torch code, as without the drop-in.
 
 Everything else is llm-compressor's own code, inherited unchanged: kwargs and
-their defaults, the moving averages (its ``lerp``), statistics bookkeeping,
-fusion of q/k/v and gate/up global scales (its ``FusionHandler``), DDP
-synchronisation, importance validation and its warnings, hook disabling
-through ``HooksMixin``, ``get_qparams`` (compressed-tensors'
-``calculate_qparams`` / ``generate_gparam``). So the scales, zero points and
+their defaults, statistics bookkeeping, fusion of q/k/v and gate/up global
+scales (its ``FusionHandler``), DDP synchronisation, importance validation
+and its warnings, hook disabling through ``HooksMixin``, ``get_qparams``
+(compressed-tensors' ``calculate_qparams`` / ``generate_gparam``). So the scales, zero points and
 global scales are those llm-compressor computes without the drop-in (tested
 bit for bit on the CPU). ``disable()`` restores the registry.
 
@@ -57,6 +63,7 @@ from obskernels.backends import use_backend
 from obskernels.observers.base import hook_input
 from obskernels.observers.mse import search_with
 from obskernels.spec.checks import FLOAT_DTYPES
+from obskernels.spec.errors import HeldStatisticsError
 
 __all__ = ["enable", "disable", "enabled", "is_enabled", "SUPPORTED_VERSIONS"]
 
@@ -129,28 +136,56 @@ def _build_adapters(lc_obs) -> list[tuple[type, tuple[type, ...]]]:
         def _measure_value(self, value):
             return ops.min_max(value, self.base_name, self.args)
 
+        def _measure_combined(self, value, held, c, torch_combine):
+            # one launch: min_max's epilogue combines the new statistics with held
+            # (a held shape it cannot combine with: HeldStatisticsError, before any launch)
+            return ops.min_max(value, self.base_name, self.args, held=held, averaging_constant=c)
+
         def _search_value(self, value, flavour, importance=None):
             return search_with(self, value, flavour, importance)
 
+        def _update_combining(self, value, c, torch_combine):
+            """The new statistics combined with those held: in the op where
+            they match (shape, dtype, device), else by ``torch_combine`` (the
+            torch code of llm-compressor, broadcasting or raising as it does)."""
+            held = (self.min_vals, self.max_vals)
+            in_op = c is None or (not isinstance(c, bool) and isinstance(c, (int, float)) and 0 <= c <= 1)
+            if in_op and all(t.dtype == value.dtype and t.device == value.device for t in held):
+                try:
+                    self.min_vals, self.max_vals = self._measure_combined(value, held, c, torch_combine)
+                    return
+                except HeldStatisticsError:
+                    pass
+            self.min_vals, self.max_vals = torch_combine(*self._measure_value(value))
+
     class _StaticUpdate:
         def _update_from_value(self, value):
-            min_vals, max_vals = self._measure_value(value)
-            if hasattr(self, "min_vals"):
-                min_vals = torch.min(min_vals, self.min_vals)
-                max_vals = torch.max(max_vals, self.max_vals)
-            self.min_vals, self.max_vals = min_vals, max_vals
+            if not hasattr(self, "min_vals"):
+                self.min_vals, self.max_vals = self._measure_value(value)
+                return
+            self._update_combining(value, None, lambda new_min, new_max: (
+                torch.min(new_min, self.min_vals), torch.max(new_max, self.max_vals)))
 
     class _MovingAverageUpdate:
         def _update_from_value(self, value):
-            min_vals, max_vals = self._measure_value(value)
-            if hasattr(self, "min_vals") and self.avg_constant != 1.0:
-                min_vals = lerp(self.min_vals, min_vals, self.avg_constant)
-                max_vals = lerp(self.max_vals, max_vals, self.avg_constant)
-            self.min_vals, self.max_vals = min_vals, max_vals
+            if not hasattr(self, "min_vals") or self.avg_constant == 1.0:
+                self.min_vals, self.max_vals = self._measure_value(value)
+                return
+            c = self.avg_constant
+            self._update_combining(value, c, lambda new_min, new_max: (
+                lerp(self.min_vals, new_min, c), lerp(self.max_vals, new_max, c)))
 
     class _MSEMeasure:
         def _measure_value(self, value):
             return self._search_value(value, "mse")
+
+        def _measure_combined(self, value, held, c, torch_combine):
+            # the search, then one launch combining its statistics with held
+            new_min, new_max = self._search_value(value, "mse")
+            if new_min.shape != held[0].shape:
+                return torch_combine(new_min, new_max)
+            return ops.combine_statistics(value, self.base_name, self.args, new_min, new_max,
+                                          held=held, averaging_constant=c)
 
     class _IMatrixMeasure:
         def _measure_value(self, value):

@@ -26,7 +26,7 @@ from obskernels.observers.mse import (
 )
 from obskernels.observers.tokens import get_observer_token_count
 
-#: Every name this package registers, in the order of the table in docs/spec.md §1.
+#: The first seven rows of the table in docs/spec.md §1, in its order.
 OBSERVER_NAMES = (
     "memoryless_minmax",
     "static_minmax",
@@ -37,8 +37,8 @@ OBSERVER_NAMES = (
     "imatrix_mse",
 )
 
-#: Registered beyond docs/spec.md §1's table, as llm-compressor 0.14.0.1 registers them:
-#: the importance-weighted search over the NVFP4-expanded range, and the
+#: The table's last two rows, as llm-compressor 0.14.0.1 registers them: the
+#: importance-weighted search over the NVFP4-expanded range, and the
 #: deprecated alias of nvfp4_expanded_mse.
 EXTRA_OBSERVER_NAMES = ("nvfp4_expanded_imatrix", "fouroversix")
 

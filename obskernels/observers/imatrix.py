@@ -315,8 +315,8 @@ class NVFP4ExpandedIMatrixObserver(IMatrixMSEObserver):
     """``imatrix_mse`` searching from 1.8x the range down to about 0.8x, as
     ``nvfp4_expanded_mse`` does without importance.
 
-    Defaults: expand 1.8, maxshrink 1 - 0.8/1.8, grid 200, patience 1000,
-    norm 3.0, strict False.
+    Defaults (llm-compressor 0.14.0.1's): expand 1.8, maxshrink 1 - 0.8/1.8,
+    grid 200, patience 1000, norm 2.4 (not imatrix_mse's 3.0), strict False.
     """
 
     _search_defaults = {**IMatrixMSEObserver._search_defaults, **NVFP4_EXPANDED}

@@ -12,7 +12,12 @@ import torch.distributed as dist
 from obskernels import ops
 from obskernels.observers.base import MinMaxTuple, Observer, _number
 from obskernels.observers.minmax import MovingAverageMixin
-from obskernels.spec.search import MSE_DEFAULTS, NVFP4_EXPANDED, check_search_params
+from obskernels.spec.search import (
+    MSE_DEFAULTS,
+    NVFP4_EXPANDED,
+    check_search_params,
+    default_triton_error_buffer,
+)
 
 __all__ = [
     "FourOverSixObserver",
@@ -31,12 +36,17 @@ class SearchKwargsMixin:
     ``chunk_size`` is accepted and validated; it never changes the result.
     ``triton_error_buffer`` (llm-compressor 0.14.0.1: the slack of the
     per-group patience of its CUDA-only Triton search) is accepted and kept
-    as ``self.triton_error_buffer``; it never changes the result either:
+    as ``self.triton_error_buffer``, llm-compressor's default when not given
+    (``_default_triton_error_buffer``); it never changes the result either:
     obskernels always computes the eager search with GLOBAL patience, on
     every backend and device.
     """
 
     _search_defaults: Dict[str, Any] = {}
+
+    def _default_triton_error_buffer(self):
+        """llm-compressor's default for this observer; None where it has none."""
+        return None
 
     def _init_search(self) -> None:
         kw = {**self._search_defaults, **self.args.observer_kwargs}
@@ -48,7 +58,9 @@ class SearchKwargsMixin:
         check_search_params(self.maxshrink, self.patience, self.grid, self.norm, self.expand,
                             "mse")
         buffer = kw.get("triton_error_buffer")
-        if buffer is not None:
+        if buffer is None:
+            buffer = self._default_triton_error_buffer()
+        else:
             _number("triton_error_buffer", buffer)
             if not math.isfinite(buffer) or buffer < 0:
                 raise ValueError(
@@ -124,7 +136,8 @@ _MSE_DEFAULTS = dict(MSE_DEFAULTS)
 class MemorylessMSEObserver(SearchKwargsMixin, Observer):
     """The search's (min_vals, max_vals) for the latest value.
 
-    Kwargs: maxshrink 0.20, patience 5, grid 100, norm 2.4, expand 1.0, chunk_size 5.
+    Kwargs: maxshrink 0.20, patience 5, grid 100, norm 2.4, expand 1.0, chunk_size 5,
+    triton_error_buffer 1.0 for 4-bit floats, else 0.3 (kept, never used).
     """
 
     _act_sync_dict = {}
@@ -133,6 +146,9 @@ class MemorylessMSEObserver(SearchKwargsMixin, Observer):
     def __init__(self, base_name, args, **observer_kwargs):
         super().__init__(base_name, args, **observer_kwargs)
         self._init_search()
+
+    def _default_triton_error_buffer(self):
+        return default_triton_error_buffer(self.args)
 
     def _measure(self, value: torch.Tensor) -> MinMaxTuple:
         return self._search(value, "mse")
@@ -153,10 +169,14 @@ class MovingAverageMSEObserver(MovingAverageMixin, MemorylessMSEObserver):
 class NVFP4ExpandedMSEObserver(MemorylessMSEObserver):
     """``memoryless_mse`` searching from 1.8x the range down to about 0.8x.
 
-    Defaults: expand 1.8, maxshrink 1 - 0.8/1.8, grid 200, patience 1000.
+    Defaults: expand 1.8, maxshrink 1 - 0.8/1.8, grid 200, patience 1000,
+    norm 2.4, triton_error_buffer 1.0.
     """
 
     _search_defaults = {**_MSE_DEFAULTS, **NVFP4_EXPANDED}
+
+    def _default_triton_error_buffer(self):
+        return default_triton_error_buffer(self.args, expanded=True)
 
 
 @Observer.register("fouroversix")

@@ -6,8 +6,9 @@
 - ``num_steps``: how many grid steps a flavour may take.
 - ``search_args``: the QuantizationArgs the search quantizes its candidates with.
 - ``SearchParams``: the checked parameters of one search, frozen.
-- ``MSE_DEFAULTS`` / ``IMATRIX_DEFAULTS`` / ``NVFP4_EXPANDED``: the observers'
-  defaults (the benchmark's search targets use them too).
+- ``MSE_DEFAULTS`` / ``IMATRIX_DEFAULTS`` / ``NVFP4_EXPANDED`` and
+  ``default_triton_error_buffer``: the observers' defaults, llm-compressor
+  0.14.0.1's (the benchmark's search targets use them too).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import dataclasses
 import math
 from types import MappingProxyType
 
-from compressed_tensors.quantization import QuantizationStrategy
+from compressed_tensors.quantization import QuantizationStrategy, QuantizationType
 
 from obskernels.spec.checks import strategy_of
 
@@ -29,9 +30,14 @@ __all__ = [
     "MSE_DEFAULTS",
     "IMATRIX_DEFAULTS",
     "NVFP4_EXPANDED",
+    "default_triton_error_buffer",
 ]
 
 FLAVOURS = ("mse", "imatrix")
+
+# The defaults below are llm-compressor 0.14.0.1's, name by name
+# (llmcompressor/observers/mse.py and imatrix.py); tests/test_llmcompressor.py
+# compares every registered name with llm-compressor's on its defaults.
 
 #: defaults of the "mse" observers (memoryless_mse, mse)
 MSE_DEFAULTS = MappingProxyType({
@@ -51,13 +57,28 @@ IMATRIX_DEFAULTS = MappingProxyType({
     "expand": 1.0,
     "chunk_size": 5,
 })
-#: what the nvfp4_expanded observers change: search from 1.8x the range down to about 0.8x
+#: what both nvfp4_expanded observers (nvfp4_expanded_mse, nvfp4_expanded_imatrix)
+#: set over their base's defaults: search from 1.8x the range down to about
+#: 0.8x, with norm 2.4 (nvfp4_expanded_imatrix's own setting, replacing
+#: imatrix_mse's 3.0; nvfp4_expanded_mse has it from memoryless_mse)
 NVFP4_EXPANDED = MappingProxyType({
     "expand": 1.8,
     "maxshrink": 1 - 0.8 / 1.8,
     "grid": 200.0,
     "patience": 1000,
+    "norm": 2.4,
 })
+
+
+def default_triton_error_buffer(args, expanded: bool = False) -> float:
+    """llm-compressor 0.14.0.1's default ``triton_error_buffer`` for the "mse"
+    observers: 1.0 for nvfp4_expanded_mse (``expanded``) and for 4-bit floats,
+    else 0.3. It is the slack of llm-compressor's CUDA-only per-group
+    patience; obskernels keeps the value and never uses it (it computes the
+    eager search with global patience). The imatrix observers have none."""
+    if expanded or (args.type == QuantizationType.FLOAT and args.num_bits == 4):
+        return 1.0
+    return 0.3
 
 
 def check_search_params(maxshrink, patience, grid, norm, expand, flavour) -> None:
