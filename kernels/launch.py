@@ -286,7 +286,8 @@ def stream_tile(layout, itemsize: int, config: LaunchConfig, e_vectors: int,
     Axes are widened in order of increasing memory stride (ties: e, qb, qa,
     r), so a step's lanes run along contiguous memory first: e to at most
     ``e_vectors`` 16-byte vectors (0: one lane), the group axes to at most
-    as many groups as leave 3/4 of ``config.fill_programs`` programs, r with the
+    as many groups as leave 3/4 of ``config.fill_programs`` programs (or
+    give a program ``config.min_elems_per_program``), r with the
     rest. Budget left (few groups, short rows) widens e (``widen_e``, for a
     group longer than the chunk), then r. ``group_loops``: where a block of
     groups is one step, a program loops over blocks (at most
@@ -309,6 +310,8 @@ def stream_tile(layout, itemsize: int, config: LaunchConfig, e_vectors: int,
     groups_cap = config.tile if one_step else 1
     while groups_cap * 2 * config.fill_programs * 3 <= QA * QB * 4:  # >= 3/4 of the fill
         groups_cap *= 2
+    # but no program below min_elems_per_program: a small value takes few programs
+    groups_cap = max(groups_cap, pow2_at_most(config.min_elems_per_program // max(E * NR, 1), 1 << 30))
     # a block that is one step keeps no running lanes: twice the lanes per step
     blocks, budget = [1, 1, 1, 1], config.tile * (GROUP_LOOP_TILE if one_step else 1)
     for a in sorted(range(4), key=lambda a: (strides[a], (3, 1, 0, 2).index(a))):

@@ -88,20 +88,21 @@ def _tile(x_ptr, perm_ptr, qa, qb, r0, c, r_hi, geo, NR, lim_r, lim_e,
 
 
 @triton.jit
-def _count_slice(x_ptr, perm_ptr, qa, qb, q_ok, r_lo, r_hi, geo, NR, lim_r, lim_e,
-                 ROW_LEVELS: tl.constexpr, PAD: tl.constexpr, GATHER: tl.constexpr):
-    """(NaN, +inf, -inf) counts of the program's slice, each element once:
-    one row and 16 elements per step (the rarely taken error path; a small
-    tile keeps it from raising the kernel's register count)."""
+def _count_slice(x_ptr, perm_ptr, qa, qb, q_ok, r_lo, r_hi, geo, lim_r, lim_e,
+                 BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr, ROW_LEVELS: tl.constexpr,
+                 PAD: tl.constexpr, GATHER: tl.constexpr):
+    """(NaN, +inf, -inf) counts of the program's slice (the rarely taken error
+    path), each element once: the steps of the tile, masked instead of
+    repeating lanes."""
     c_nan = r_lo.to(tl.int64) * 0
     c_pos = c_nan
     c_neg = c_nan
     E = geo.E
-    for r0 in range(r_lo, r_hi):
-        r = r0 + tl.arange(0, 1)[None, None, :, None]
-        for e0 in range(0, E, 16):
-            e = e0 + tl.arange(0, 16)[None, None, None, :]
-            ok = q_ok & (e < E)
+    for r0 in range(r_lo, r_hi, BLOCK_R):
+        r = r0 + tl.arange(0, BLOCK_R)[None, None, :, None]
+        for e0 in range(0, E, BLOCK_E):
+            e = e0 + tl.arange(0, BLOCK_E)[None, None, None, :]
+            ok = q_ok & (r < r_hi) & (e < E)
             inside = ok
             if PAD:
                 inside = ok & pad_inside(qa, qb, r, e, geo, lim_r, lim_e)
@@ -196,8 +197,8 @@ def _min_max_kernel(
             if any_bad:  # the error path: count, re-reading this program's blocks
                 for blk in range(pa, n_a, step):
                     qa, qb, q_ok = tile_groups(blk, pb, QA, geo, BLOCK_A, BLOCK_B, GROUP_TAIL)
-                    n1, p1, m1 = _count_slice(x_ptr, perm_ptr, qa, qb, q_ok, r_lo, r_hi, geo, NR,
-                                              lim_r, lim_e, ROW_LEVELS, PAD, GATHER)
+                    n1, p1, m1 = _count_slice(x_ptr, perm_ptr, qa, qb, q_ok, r_lo, r_hi, geo, lim_r,
+                                              lim_e, BLOCK_R, BLOCK_E, ROW_LEVELS, PAD, GATHER)
                     c_nan += n1
                     c_pos += p1
                     c_neg += m1
@@ -228,8 +229,9 @@ def _min_max_kernel(
             c_pos = c_nan
             c_neg = c_nan
             if any_bad:
-                c_nan, c_pos, c_neg = _count_slice(x_ptr, perm_ptr, qa, qb, q_ok, r_lo, r_hi, geo, NR,
-                                                   lim_r, lim_e, ROW_LEVELS, PAD, GATHER)
+                c_nan, c_pos, c_neg = _count_slice(x_ptr, perm_ptr, qa, qb, q_ok, r_lo, r_hi, geo,
+                                                   lim_r, lim_e, BLOCK_R, BLOCK_E, ROW_LEVELS, PAD,
+                                                   GATHER)
             ST.record(status_ptr, c_nan, c_pos, c_neg, any_bad, observation)
 
 

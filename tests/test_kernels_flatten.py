@@ -133,29 +133,29 @@ TILE_PATHS = [
     ("exact-blocks", (16, 32), torch.float32, "contiguous", [8, 16], None, dict(tile=64)),
     ("short-chunk", (9, 36), torch.bfloat16, "contiguous", [4, 12], None, dict(tile=64)),
     ("chunk-shifted-back", (6, 300), torch.float32, "contiguous", [3, 300], None, dict(tile=64)),
-    ("row-tail", (10, 64), torch.float32, "sliced", [5, 16], None, dict(tile=64)),
+    ("row-tail", (10, 64), torch.float32, "sliced", [5, 16], None, dict(tile=64, min_elems_per_program=1)),
     ("g_idx-group-loop", (33, 64), torch.bfloat16, "contiguous", None, 16, dict(tile=64, fill_programs=2)),
     ("g_idx-chunks", (5, 96), torch.float16, "transposed", None, 48, dict(tile=32)),
 ]
 
 
-def _flatten_path(path):
+def _flatten_path(path, device):
     name, shape, dtype, layout, block, g, pins = path
-    value = with_specials(make_value(shape, dtype, layout))
+    value = with_specials(make_value(shape, dtype, layout, device=device))
     if block is not None:
         return value, qargs("block", block_structure=block), None
-    return value, qargs("group", group_size=g), permuted_g_idx(shape[1], g)
+    return value, qargs("group", group_size=g), permuted_g_idx(shape[1], g, device=device)
 
 
 @pytest.mark.parametrize("path", TILE_PATHS, ids=[p[0] for p in TILE_PATHS])
-def test_tile_paths_bitwise(path, pin_launch):
+def test_tile_paths_bitwise(path, pin_launch, device):
     pin_launch("flatten", **path[-1])
-    value, args, g_idx = _flatten_path(path)
+    value, args, g_idx = _flatten_path(path, device)
     got, want = flatten_both(value, "weight", args, g_idx)
     assert_bitwise(got, want, path[0])
 
 
-def test_tile_paths_reach_every_mode(monkeypatch):
+def test_tile_paths_reach_every_mode(monkeypatch, device):
     import importlib
 
     launch = importlib.import_module("obskernels.kernels.launch")
@@ -163,7 +163,7 @@ def test_tile_paths_reach_every_mode(monkeypatch):
     monkeypatch.setattr(flatten_module, "_flatten_kernel", RecordingKernel(flatten_module._flatten_kernel, sink))
     for path in TILE_PATHS:
         with launch.launch_config(ops="flatten", **path[-1]):
-            value, args, g_idx = _flatten_path(path)
+            value, args, g_idx = _flatten_path(path, device)
             with use_backend("triton"):
                 ops.flatten_for_calibration(value, "weight", args, g_idx=g_idx)
     seen, looped, shifted = {}, False, False

@@ -312,9 +312,9 @@ TILE_PATHS = [
 ]
 
 
-def _tile_path_value(shape, dtype, layout, g):
-    value = make_value(shape, dtype, layout)
-    g_idx = None if g is None else permuted_g_idx(shape[1], g)
+def _tile_path_value(shape, dtype, layout, g, device):
+    value = make_value(shape, dtype, layout, device=device)
+    g_idx = None if g is None else permuted_g_idx(shape[1], g, device=device)
     return value, g_idx
 
 
@@ -326,10 +326,10 @@ def _record_launches(monkeypatch):
 
 
 @pytest.mark.parametrize("path", TILE_PATHS, ids=[p[0] for p in TILE_PATHS])
-def test_tile_paths_match_reference(path, pin_launch):
+def test_tile_paths_match_reference(path, pin_launch, device):
     name, shape, dtype, layout, base_name, args, g, pins = path
     pin_launch("min_max", **pins)
-    value, g_idx = _tile_path_value(shape, dtype, layout, g)
+    value, g_idx = _tile_path_value(shape, dtype, layout, g, device)
     check_min_max(value, base_name, args, g_idx=g_idx, what=name)
     # NaN and +-inf in the last group read: the flag and the error path
     flat_index = tuple(n - 1 for n in value.shape)
@@ -339,20 +339,20 @@ def test_tile_paths_match_reference(path, pin_launch):
 
 
 @pytest.mark.parametrize("path", TILE_PATHS, ids=[p[0] for p in TILE_PATHS])
-def test_tile_paths_record_nonfinite(path, pin_launch):
+def test_tile_paths_record_nonfinite(path, pin_launch, device):
     # the non-finite record re-reads a program's slice (every block of a group
     # loop) and counts each element once
     from obskernels.spec.record import STATUS_INIT
 
     name, shape, dtype, layout, base_name, args, g, pins = path
     pin_launch("min_max", **pins)
-    value, g_idx = _tile_path_value(shape, dtype, layout, g)
+    value, g_idx = _tile_path_value(shape, dtype, layout, g, device)
     value[tuple(n - 1 for n in value.shape)] = float("nan")
     value[tuple(0 for _ in value.shape)] = float("-inf")
     value[tuple(n // 2 for n in value.shape)] = float("inf")
     got = {}
     for backend in ("reference", "triton"):
-        status = torch.tensor(STATUS_INIT)
+        status = torch.tensor(STATUS_INIT, device=device)
         with use_backend(backend):
             ops.min_max(value, base_name, args, g_idx=g_idx, status=status, observation=3)
         got[backend] = status.tolist()
@@ -361,12 +361,12 @@ def test_tile_paths_record_nonfinite(path, pin_launch):
     assert got["triton"][:3] == [a + b for a, b in zip(STATUS_INIT[:3], counts)], name
 
 
-def test_tile_paths_reach_every_mode(monkeypatch, pin_launch):
+def test_tile_paths_reach_every_mode(monkeypatch, device):
     """The cases above reach every tile mode of the kernel as a GPU launches it."""
     sink = _record_launches(monkeypatch)
     for name, shape, dtype, layout, base_name, args, g, pins in TILE_PATHS:
         with launch_module.launch_config(ops="min_max", **pins):
-            value, g_idx = _tile_path_value(shape, dtype, layout, g)
+            value, g_idx = _tile_path_value(shape, dtype, layout, g, device)
             with use_backend("triton"):
                 ops.min_max(value, base_name, args, g_idx=g_idx)
     seen = {}
