@@ -279,6 +279,20 @@ def _fit(n: int, cap: int) -> int:
     return b
 
 
+def _e_block(E: int, cap: int, vec: int) -> int:
+    """The element chunk: the widest power of two <= cap that divides E and
+    spans a 32-byte sector at least (every chunk full: no element read
+    twice); else one chunk over a group that fits (its lanes past E repeat
+    element E - 1), or the widest chunk that wastes at most an eighth (the
+    last chunk, shifted back, overlaps the one before)."""
+    b = pow2_at_most(E, cap)
+    while b >= 2 * vec:
+        if E % b == 0:
+            return b
+        b //= 2
+    return pow2_at_most(E, cap) if E <= cap else _fit(E, cap)
+
+
 def stream_tile(layout, itemsize: int, config: LaunchConfig, e_vectors: int,
                 widen_e: bool = True, group_loops: bool = False) -> StreamTile:
     """The tile of a streaming kernel over ``layout`` (a ``GroupLayout``).
@@ -317,7 +331,7 @@ def stream_tile(layout, itemsize: int, config: LaunchConfig, e_vectors: int,
     for a in sorted(range(4), key=lambda a: (strides[a], (3, 1, 0, 2).index(a))):
         cap = budget
         if a == 3:
-            blocks[a] = pow2_at_most(E, min(cap, e_cap))
+            blocks[a] = _e_block(E, min(cap, e_cap), vec)
         else:
             if a < 2:
                 cap = min(cap, groups_cap)
@@ -328,7 +342,8 @@ def stream_tile(layout, itemsize: int, config: LaunchConfig, e_vectors: int,
     # e past its chunk only for a group longer than the chunk (a group of one
     # short row keeps its chunk: the tile stays smaller instead)
     for a in (3, 2) if widen_e and E > e_cap else (2,):
-        while budget > 1 and blocks[a] < sizes[a]:
+        # e stays a divisor of E where it is one (no overlapping last chunk)
+        while budget > 1 and blocks[a] < sizes[a] and (a == 2 or E % blocks[a] or not E % (2 * blocks[a])):
             blocks[a], budget = blocks[a] * 2, budget // 2
     BA, BB, BR, BE = blocks
     programs = -(-QA // BA) * -(-QB // BB)
