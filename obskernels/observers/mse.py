@@ -63,19 +63,23 @@ class SearchKwargsMixin:
                     f"observer kwarg 'chunk_size' must be > 0, got {self.chunk_size!r}"
                 )
 
-    def _search(self, value: torch.Tensor, flavour: str, importance=None) -> MinMaxTuple:
-        return search_with(self, value, flavour, importance)
+    def _search(self, value: torch.Tensor, flavour: str, g_idx=None, importance=None,
+                importance_status=None) -> MinMaxTuple:
+        return search_with(self, value, flavour, importance, g_idx=g_idx,
+                           importance_status=importance_status)
 
 
-def search_with(observer, value: torch.Tensor, flavour: str, importance=None) -> MinMaxTuple:
+def search_with(observer, value: torch.Tensor, flavour: str, importance=None, *, g_idx=None,
+                importance_status=None) -> MinMaxTuple:
     """``ops.mse_search`` with the search settings held by ``observer``
     (base_name, args, maxshrink, patience, grid, norm, expand): obskernels'
     observers and the llm-compressor adapters both search this way.
 
-    An observer measuring a weight with a ``g_idx`` (``observer._g_idx``, set
-    by ``Observer.forward``) searches its columns in the stable order of
-    g_idx, which is how docs/spec.md §2 groups them; the importance follows."""
-    g_idx = getattr(observer, "_g_idx", None)
+    A weight observed with a ``g_idx`` is searched with its columns in the
+    stable order of g_idx, which is how docs/spec.md §2 groups them; the
+    importance follows. ``importance_status``: ``importance`` is the raw
+    E[x²] of ``ops.importance`` with its verdict in that record (the search
+    normalises it, or searches uniformly when the verdict says so)."""
     if g_idx is not None:
         value, importance = gather_columns(value, observer.base_name, observer.args, g_idx, importance)
     return ops.mse_search(
@@ -89,18 +93,6 @@ def search_with(observer, value: torch.Tensor, flavour: str, importance=None) ->
         expand=observer.expand,
         importance=importance,
         flavour=flavour,
-    )
-
-
-def search_imatrix(observer, value: torch.Tensor, importance, importance_status) -> MinMaxTuple:
-    """``ops.mse_search`` of flavour "imatrix" with raw importance (E[x²] per
-    column, from ``ops.importance``) whose verdict is in ``importance_status``:
-    the search normalises it itself (no g_idx here: the observer gathers
-    columns only through ``search_with``)."""
-    return ops.mse_search(
-        value, observer.base_name, observer.args, maxshrink=observer.maxshrink,
-        patience=observer.patience, grid=observer.grid, norm=observer.norm,
-        expand=observer.expand, importance=importance, flavour="imatrix",
         importance_status=importance_status,
     )
 
@@ -134,8 +126,8 @@ class MemorylessMSEObserver(SearchKwargsMixin, Observer):
         super().__init__(base_name, args, **observer_kwargs)
         self._init_search()
 
-    def _measure(self, value: torch.Tensor) -> MinMaxTuple:
-        return self._search(value, "mse")
+    def _measure(self, value: torch.Tensor, g_idx=None) -> MinMaxTuple:
+        return self._search(value, "mse", g_idx)
 
 
 @Observer.register("mse")
