@@ -24,6 +24,7 @@ from compressed_tensors.quantization import (
 from compressed_tensors.quantization.utils import calculate_qparams, generate_gparam
 
 import obskernels.calibration as calibration
+import obskernels.calibration.qparams  # noqa: F401 (patched below)
 from obskernels import (
     NVFP4ExpandedIMatrixObserver,
     NVFP4ExpandedMSEObserver,
@@ -229,7 +230,7 @@ def test_update_qparams_onload_only_bypasses_the_offload_writer(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("update_offload_parameter called with only_update_onload=True")
 
-    monkeypatch.setattr(calibration, "update_offload_parameter", refuse)
+    monkeypatch.setattr(calibration.qparams, "update_offload_parameter", refuse)
     update_qparams(lin, "weight", only_update_onload=True)
     assert torch.equal(lin.weight_scale, _hand_channel_scale(lin.weight.detach(), args).to(lin.weight_scale.dtype))
 

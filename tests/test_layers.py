@@ -167,7 +167,7 @@ def test_importing_the_kernels_loads_no_front():
 # The front's own rule: observers, calibration and the llm-compressor drop-in
 # hold state and call obskernels.ops; they neither choose a backend nor reach
 # a backend's code (one path for an observation: front -> ops -> backend).
-FRONT_CALLERS = [ROOT / "obskernels" / "observers", ROOT / "obskernels" / "calibration.py",
+FRONT_CALLERS = [ROOT / "obskernels" / "observers", ROOT / "obskernels" / "calibration",
                  ROOT / "obskernels" / "integrations" / "llmcompressor.py"]
 FRONT_MAY_NOT = ("obskernels.backends.resolve_backend", "obskernels.reference", "obskernels.kernels")
 
