@@ -83,6 +83,10 @@ def check_averaging_constant(c) -> float:
     return c
 
 
+# (class asked, name) -> what the registry gave (Observer.load_from_registry)
+_CONSTRUCTORS: dict = {}
+
+
 class UnknownObserverError(KeyError):
     """An observer name nobody registered. A KeyError like the registry's own,
     printed as written (a plain KeyError shows its message quoted, with
@@ -114,6 +118,19 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
     _stats_attrs: Tuple[str, ...] = ("min_vals", "max_vals")
 
     @classmethod
+    def load_from_registry(cls, name: str, **constructor_kwargs) -> "Observer":
+        """The observer registered as ``name``, built with ``constructor_kwargs``
+        (RegistryMixin's, with the name's lookup kept: compressed-tensors'
+        registry never rebinds a name or an alias once registered)."""
+        key = (cls, name)
+        constructor = _CONSTRUCTORS.get(key)
+        if constructor is None:
+            constructor = cls.get_value_from_registry(name)
+            if ":" not in name:  # not a module path, loaded afresh each time
+                _CONSTRUCTORS[key] = constructor
+        return constructor(**constructor_kwargs)
+
+    @classmethod
     def get_value_from_registry(cls, name: str):
         """The class registered as ``name`` ('_' and '-' are interchangeable);
         an unknown name is an ``UnknownObserverError`` (a KeyError, as the
@@ -132,32 +149,52 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
         check_base_name(base_name)
         if not isinstance(args, QuantizationArgs):
             raise TypeError(f"args must be a QuantizationArgs, got {type(args).__name__}")
-        self.base_name = base_name
-        self.args = args
-        self.args.observer_kwargs = self.args.observer_kwargs or {}
-        self.args.observer_kwargs.update(observer_kwargs)
-        nonfinite = self.args.observer_kwargs.get("nonfinite", NONFINITE_POLICIES[0])
+        if observer_kwargs or not isinstance(args.observer_kwargs, dict):
+            args.observer_kwargs = args.observer_kwargs or {}
+            args.observer_kwargs.update(observer_kwargs)
+        nonfinite = args.observer_kwargs.get("nonfinite", NONFINITE_POLICIES[0])
         if nonfinite not in NONFINITE_POLICIES:
             raise ValueError(
                 f"observer kwarg 'nonfinite' must be one of {NONFINITE_POLICIES}, got {nonfinite!r}"
             )
-        self.nonfinite: str = nonfinite
-
-        self._num_observed_tokens = 0
-        self._init_fusion()
-        # the device record (spec.record), made on the device of the first
-        # observation that needs one, and, per observation since it was last
-        # read, (shape, dtype, tokens) to word an error with
-        self._status: Optional[torch.Tensor] = None
-        self._observations: List[Tuple[tuple, torch.dtype, int]] = []
-        # set when get_qparams dropped the statistics, for the error of a second call
-        self._consumed_by_get_qparams = False
+        # plain attributes, set in one go (nn.Module.__setattr__ costs a call each)
+        self.__dict__.update(
+            base_name=base_name,
+            args=args,
+            nonfinite=nonfinite,
+            _num_observed_tokens=0,
+            # the device record (spec.record), made on the device of the first
+            # observation that needs one, and, per observation since it was
+            # last read, (shape, dtype, tokens) to word an error with
+            _status=None,
+            _observations=[],
+            # set when get_qparams dropped the statistics, for the error of a second call
+            _consumed_by_get_qparams=False,
+            # fusion (observers.fusion): the observers sharing a global scale
+            _fused_with=[],
+            _fused_module=None,
+            _qparams_taken=False,
+        )
 
     # ------------------------------------------------------------------ state
 
+    def __setattr__(self, name: str, value) -> None:
+        # The observer's state (statistics, record, settings) is plain
+        # attributes; rebinding one skips nn.Module's parameter / buffer /
+        # submodule bookkeeping, which costs more than an observation's own
+        # work on the host. A new attribute goes through nn.Module.
+        if name in self.__dict__:
+            self.__dict__[name] = value
+        else:
+            super().__setattr__(name, value)
+
     @property
     def has_statistics(self) -> bool:
-        return all(getattr(self, a, None) is not None for a in self._stats_attrs)
+        held = self.__dict__  # plain attributes (what observing sets)
+        for a in self._stats_attrs:
+            if held.get(a) is None:
+                return False
+        return True
 
     @property
     def is_weight_obs(self) -> bool:
@@ -193,7 +230,6 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
 
     # -------------------------------------------------------------- observing
 
-    @torch.no_grad()
     def forward(self, value: torch.Tensor, g_idx: Optional[torch.Tensor] = None) -> "Observer":
         """Update the statistics from ``value``; returns the observer itself.
 
@@ -203,39 +239,51 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
         gathered loads; the search observers search the columns in that
         order (their importance follows the same order).
 
-        A value whose statistics cannot merge with those held (another hidden
-        size or device) is a ValueError naming both shapes, raised here; the
-        held statistics are kept. A value holding NaN or +-inf is refused
-        under ``nonfinite="error"`` (the default) when ``get_qparams`` reads
-        the record (see ``observers.report``); ``nonfinite="propagate"``
-        lets NaN / inf flow into the statistics and the qparams, as in
-        llm-compressor (docs/spec.md §2).
+        Held statistics are updated in place (the same tensors, so a forward
+        captured in a CUDA graph accumulates on every replay). A value whose
+        statistics cannot merge with those held (another hidden size or
+        device) is a ValueError naming both shapes, raised here; the held
+        statistics are kept. A value holding NaN or +-inf is refused under
+        ``nonfinite="error"`` (the default) when ``get_qparams`` reads the
+        record (see ``observers.report``); ``nonfinite="propagate"`` lets NaN /
+        inf flow into the statistics and the qparams, as in llm-compressor
+        (docs/spec.md §2).
         """
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"value must be a torch.Tensor, got {type(value).__name__}")
         if value.numel() == 0:
             return self
         # a weight does not change during calibration: observe it once
-        if self.is_weight_obs and self.has_statistics:
+        if self.base_name == WEIGHT and self.has_statistics:
             return self
-        self._observe(value, g_idx)
-        self._consumed_by_get_qparams = False
-        self._num_observed_tokens += self._tokens_of(value)
-        self._observe_fused_modules()
+        tokens = 0 if self.base_name == WEIGHT else self._tokens_of(value)
+        grad = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)  # torch.no_grad() without its Python frames
+        try:
+            self._observe(value, g_idx, tokens)
+        finally:
+            torch._C._set_grad_enabled(grad)
+        state = self.__dict__
+        state["_consumed_by_get_qparams"] = False
+        state["_num_observed_tokens"] += tokens
+        if self._fused_with:
+            self._observe_fused_modules()
         return self
 
-    def _observe(self, value: torch.Tensor, g_idx: Optional[torch.Tensor]) -> None:
+    def _observe(self, value: torch.Tensor, g_idx: Optional[torch.Tensor], tokens: int) -> None:
         """One observation: measure, combine with the held statistics
-        (``_combine_rule``) and, under nonfinite="error", record the value's
-        non-finite elements; the operations do all three. Shape and device
-        mismatches with the held statistics raise here (host metadata only),
-        statistics kept."""
+        (``_combine_rule``, in place) and, under nonfinite="error", record the
+        value's non-finite elements; the operations do all three. Shape and
+        device mismatches with the held statistics raise here (host metadata
+        only), statistics kept."""
         held, c = self._combine_rule()
         if held is not None and held[0].device != value.device:
             self._raise_other_device(value, held[0])
         status = None
         if self.nonfinite == "error" and value.device.type != "meta":
-            status = self._record(value.device)
+            status = self._status
+            if status is None or status.device != value.device:
+                status = self._record(value.device)
         observation = len(self._observations)
         try:
             min_vals, max_vals = self._measure_combined(value, g_idx, held, c, status, observation)
@@ -245,8 +293,8 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
             min_vals, max_vals = self._merge_token_positions(
                 value, g_idx, held, c, status, observation, exc.new_shape)
         if status is not None:
-            self._observations.append((tuple(value.shape), value.dtype, self._tokens_of(value)))
-        self.min_vals, self.max_vals = min_vals, max_vals
+            self._observations.append((value.shape, value.dtype, tokens))
+        self.__dict__["min_vals"], self.__dict__["max_vals"] = min_vals, max_vals
 
     def _combine_rule(self):
         """(held, averaging_constant): the held (min_vals, max_vals) to combine
@@ -261,13 +309,15 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
 
     def _measure_combined(self, value, g_idx, held, c, status, observation) -> MinMaxTuple:
         """``_measure``, then ``ops.combine_statistics`` for the combination
-        and the record (skipped when there is neither)."""
+        (into the held statistics) and the record (into the new ones when
+        nothing is held; skipped when there is neither)."""
         min_vals, max_vals = self._measure(value, g_idx)
         if held is None and status is None:
             return min_vals, max_vals
         return ops.combine_statistics(
             value, self.base_name, self.args, min_vals, max_vals, held=held,
             averaging_constant=c, status=status, observation=observation,
+            out=held if held is not None else (min_vals, max_vals),
         )
 
     def _merge_token_positions(self, value, g_idx, held, c, status, observation, new_shape):
@@ -303,7 +353,6 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
 
     # -------------------------------------------------------------- qparams
 
-    @torch.no_grad()
     def get_qparams(self) -> QParamsDict:
         """Scale, zero point and global scale from the statistics, which are then dropped.
 
@@ -321,11 +370,17 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
         self._require_statistics()
         fused = None
         if self.args.strategy == QuantizationStrategy.TENSOR_GROUP:
-            fused = [(st["min_vals"], st["max_vals"]) for st in self._fused_statistics()]
-        carry = self._record(self.min_vals.device) if self._record_pending() else None
-        scale, zero_point, global_scale, status = ops.calculate_qparams(
-            self.min_vals, self.max_vals, self.args, fused=fused, widen=True, carry=carry
-        )
+            fused = tuple((st["min_vals"], st["max_vals"]) for st in self._fused_statistics())
+        min_vals, max_vals = self.__dict__["min_vals"], self.__dict__["max_vals"]
+        carry = self._record(min_vals.device) if self._record_pending() else None
+        grad = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)  # torch.no_grad() without its Python frames
+        try:
+            scale, zero_point, global_scale, status = ops.calculate_qparams(
+                min_vals, max_vals, self.args, fused=fused, widen=True, carry=carry
+            )
+        finally:
+            torch._C._set_grad_enabled(grad)
         self._check_qparams(scale, status)
         self.delete_statistics()
         self._consumed_by_get_qparams = not self.has_statistics
@@ -341,8 +396,7 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
 
     def _drop_statistics(self) -> None:
         for a in self._stats_attrs:
-            if hasattr(self, a):
-                delattr(self, a)
+            self.__dict__.pop(a, None)
         if self._observations:
             # what was recorded belongs to the statistics dropped
             self._observations = []

@@ -24,14 +24,11 @@ __all__ = ["Fusion"]
 class Fusion:
     """The fusion half of ``Observer`` (a mixin: ``Observer`` inherits it)."""
 
+    # set by Observer.__init__: the observers fused with this one, its
+    # module (weak reference), whether it has taken its qparams this round
     _fused_with: List
     _fused_module: Optional[weakref.ref]
     _qparams_taken: bool
-
-    def _init_fusion(self) -> None:
-        self._fused_with = []
-        self._fused_module = None
-        self._qparams_taken = False
 
     @property
     def is_fused(self) -> bool:

@@ -21,9 +21,10 @@ class MemorylessMinMaxObserver(Observer):
         return ops.min_max(value, self.base_name, self.args, g_idx=g_idx)
 
     def _measure_combined(self, value, g_idx, held, c, status, observation) -> MinMaxTuple:
-        # one operation: min_max's epilogue combines and records
+        # one operation: min_max's epilogue combines (into the held statistics) and records
         return ops.min_max(value, self.base_name, self.args, g_idx=g_idx, held=held,
-                           averaging_constant=c, status=status, observation=observation)
+                           averaging_constant=c, status=status, observation=observation,
+                           out=held)
 
 
 @Observer.register("static_minmax")

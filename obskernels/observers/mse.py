@@ -39,14 +39,29 @@ class SearchKwargsMixin:
     _search_defaults: Dict[str, Any] = {}
 
     def _init_search(self) -> None:
-        kw = {**self._search_defaults, **self.args.observer_kwargs}
-        self.maxshrink = _number("maxshrink", kw["maxshrink"])
-        self.patience = _number("patience", kw["patience"], integer=True)
-        self.grid = _number("grid", kw["grid"])
-        self.norm = _number("norm", kw["norm"])
-        self.expand = _number("expand", kw["expand"])
-        check_search_params(self.maxshrink, self.patience, self.grid, self.norm, self.expand,
-                            "mse")
+        kwargs = self.args.observer_kwargs
+        try:
+            key = (type(self), tuple(sorted(kwargs.items())))
+            settings = _SETTINGS.get(key)
+        except TypeError:  # an unhashable kwarg value: checked every time
+            key, settings = None, None
+        if settings is None:
+            settings = self._search_settings({**self._search_defaults, **kwargs})
+            if key is not None:
+                _SETTINGS[key] = settings
+        self.__dict__.update(settings)  # plain attributes
+
+    def _search_settings(self, kw) -> Dict[str, Any]:
+        """The checked search settings of ``kw`` (defaults merged in)."""
+        out = dict(
+            maxshrink=_number("maxshrink", kw["maxshrink"]),
+            patience=_number("patience", kw["patience"], integer=True),
+            grid=_number("grid", kw["grid"]),
+            norm=_number("norm", kw["norm"]),
+            expand=_number("expand", kw["expand"]),
+        )
+        check_search_params(out["maxshrink"], out["patience"], out["grid"], out["norm"],
+                            out["expand"], "mse")
         buffer = kw.get("triton_error_buffer")
         if buffer is not None:
             _number("triton_error_buffer", buffer)
@@ -55,13 +70,14 @@ class SearchKwargsMixin:
                     f"observer kwarg 'triton_error_buffer' must be a finite number >= 0, "
                     f"got {buffer!r}"
                 )
-        self.triton_error_buffer = buffer
+        out["triton_error_buffer"] = buffer
         if "chunk_size" in self._search_defaults:
-            self.chunk_size = _number("chunk_size", kw["chunk_size"], integer=True)
-            if self.chunk_size <= 0:
+            out["chunk_size"] = _number("chunk_size", kw["chunk_size"], integer=True)
+            if out["chunk_size"] <= 0:
                 raise ValueError(
-                    f"observer kwarg 'chunk_size' must be > 0, got {self.chunk_size!r}"
+                    f"observer kwarg 'chunk_size' must be > 0, got {out['chunk_size']!r}"
                 )
+        return out
 
     def _search(self, value: torch.Tensor, flavour: str, g_idx=None, importance=None,
                 importance_status=None) -> MinMaxTuple:
@@ -110,6 +126,8 @@ def gather_columns(value, base_name, args, g_idx, importance=None):
 
 
 _MSE_DEFAULTS = dict(MSE_DEFAULTS)
+# (observer class, its kwargs) -> the checked search settings (SearchKwargsMixin)
+_SETTINGS: Dict[tuple, Dict[str, Any]] = {}
 
 
 @Observer.register("memoryless_mse")

@@ -121,6 +121,7 @@ class Report:
         statistics (and the tokens) of the observations since the last
         get_qparams are dropped: the observer starts afresh."""
         shape, dtype, _ = observations[min(record[STATUS_FIRST_BAD], len(observations) - 1)]
+        shape = tuple(shape)
         self._num_observed_tokens -= sum(t for _, _, t in observations)
         nan, pos, neg = record[STATUS_NAN:STATUS_NAN + 3]
         counts = describe_nonfinite(nan, pos, neg, math.prod(shape)) if nan + pos + neg else None
