@@ -249,8 +249,12 @@ def prepare(call: MinMaxCall):
             if not (held_min.is_contiguous() and held_max.is_contiguous()):
                 held_min, held_max = held_min.contiguous(), held_max.contiguous()
         omin, omax = mins, maxs
-        if bits16:
-            omin, omax, held_min, held_max = bits(mins), bits(maxs), bits(held_min), bits(held_max)
+        if bits16:  # (held and out are often the same tensors: viewed once)
+            held_min, held_max = bits(held_min), bits(held_max)
+            if out is held:
+                omin, omax = held_min, held_max
+            else:
+                omin, omax = bits(mins), bits(maxs)
         if split == 1:
             pmin, pmax = omin, omax
         else:

@@ -350,6 +350,7 @@ def prepare(call: SearchCall):
     path = _register_path if prepared.group_numel <= config.max_reg_group else _split_path
     run = path(prepared, config)
     qshape, G = layout.qshape, layout.num_groups
+    fixed = prepared[:_Search._fields.index("tab")]  # the fields before the call's own
 
     def launch(call: SearchCall):
         if config_token() is not token:  # a launch_config block changed the policy
@@ -358,12 +359,12 @@ def prepare(call: SearchCall):
         w = importance.to(torch.float32).contiguous() if has_w else value
         wmean = w.mean() if norm_w else w
         wcode = call.importance_status[STATUS_IMPORTANCE:] if norm_w else w
-        search = prepared._replace(
-            value=value, weights=(w, wmean, wcode, _TINY),
-            tab=value if tab is None else tab,  # unread without the fast general pow
-            out_min=torch.empty(qshape, dtype=dtype, device=dev),
-            out_max=torch.empty(qshape, dtype=dtype, device=dev),
-            base=torch.empty((2, G), dtype=torch.float32, device=dev),
+        search = _Search(
+            *fixed, value if tab is None else tab,  # the table is unread without the fast pow
+            dev, value, (w, wmean, wcode, _TINY),
+            torch.empty(qshape, dtype=dtype, device=dev),
+            torch.empty(qshape, dtype=dtype, device=dev),
+            torch.empty((2, G), dtype=torch.float32, device=dev),
         )
         with on_device(value):
             run(search)

@@ -206,10 +206,18 @@ def prepare(call: CombineCall):
             out_min, out_max = out
         if Q == 0:
             return out_min, out_max
-        held_min, held_max = held if held is not None else (new_min, new_max)
+        # each tensor made ready once (held or out may be the new statistics themselves)
+        nmin, nmax = v(new_min), v(new_max)
+        hmin, hmax = (nmin, nmax) if held is None else (v(held[0]), v(held[1]))
+        if out_min is new_min and out_max is new_max:
+            omin, omax = nmin, nmax
+        elif held is not None and out_min is held[0] and out_max is held[1]:
+            omin, omax = hmin, hmax
+        else:
+            omin, omax = v(out_min), v(out_max)
         with on_device(value):
             _combine_kernel[grid](
-                value, v(new_min), v(new_max), v(held_min), v(held_max), v(out_min), v(out_max),
+                value, nmin, nmax, hmin, hmax, omin, omax,
                 status if status is not None else out_min, a, c, call.observation,
                 *layout_args, **switches,
             )

@@ -52,7 +52,8 @@ _fallbacks_logged: set[str] = set()
 # Operations whose kernels have nothing to launch for an empty value: the
 # reference computes those (its empty result, or its error), whichever backend
 # was chosen -- not a fallback, the same answer.
-_EMPTY_ON_REFERENCE = frozenset(("flatten_for_calibration", "min_max", "mse_search", "accumulate_sq"))
+_EMPTY_ON_REFERENCE = frozenset(
+    ("flatten_for_calibration", "min_max", "mse_search", "accumulate_sq"))
 
 #: signature -> _Plan; at most _MAX_PLANS (then it starts afresh)
 _PLANS: dict = {}
@@ -106,10 +107,6 @@ def _opt(t):
 def _scalar(x):
     kind = type(x)
     return (kind, x.hex() if kind is float else x)
-
-
-def _args(args):
-    return (type(args), args_key(args))
 
 
 def _out(out, *same):
@@ -171,10 +168,11 @@ def _keep(key, plan: _Plan) -> None:
 
 
 def flatten_for_calibration(value, base_name, args, g_idx=None):
-    """(num_observations, *qparam_shape, group_size) view or copy of ``value`` (docs/spec.md §2)."""
+    """(num_observations, *qparam_shape, group_size) view or copy of ``value``
+    (docs/spec.md §2)."""
     try:
         key = None if g_idx is not None else (get_backend(), "flatten", _t(value), base_name,
-                                              _args(args))
+                                              type(args), args_key(args))
         plan = _PLANS.get(key)
     except _UNKEYED:  # not keyed (the check will say what is wrong), or unhashable
         key = plan = None
@@ -197,9 +195,10 @@ def min_max(value, base_name, args, g_idx=None, *, held=None, averaging_constant
     """
     try:
         key = None if g_idx is not None else (
-            get_backend(), "min_max", _t(value), base_name, _args(args),
-            None if held is None else _pair(held), _scalar(averaging_constant), _opt(status),
-            _out(out, held))
+            get_backend(), "min_max", _t(value), base_name, type(args), args_key(args),
+            None if held is None else _pair(held),
+            None if averaging_constant is None else _scalar(averaging_constant),
+            None if status is None else _t(status), _out(out, held))
         plan = _PLANS.get(key)
     except _UNKEYED:  # not keyed (the check will say what is wrong), or unhashable
         key = plan = None
@@ -232,7 +231,8 @@ def mse_search(
     key = plan = None
     if importance is None or importance_status is not None:  # no importance values to check
         try:
-            key = (get_backend(), "mse_search", _t(value), base_name, _args(args),
+            key = (get_backend(), "mse_search", _t(value), base_name, type(args),
+                   args_key(args),
                    _scalar(maxshrink), _scalar(patience), _scalar(grid), _scalar(norm),
                    _scalar(expand), flavour, _opt(importance), _opt(importance_status))
             plan = _PLANS.get(key)
@@ -280,9 +280,10 @@ def calculate_qparams(min_vals, max_vals, args, global_scale=None, *, fused=None
     if fused is not None and type(fused) is not tuple:
         fused = tuple(fused)  # read once, even from an iterator
     try:
-        key = (get_backend(), "calculate_qparams", _t(min_vals), _t(max_vals), _args(args),
+        key = (get_backend(), "calculate_qparams", _t(min_vals), _t(max_vals), type(args),
+               args_key(args),
                _opt(global_scale), None if fused is None else tuple(_pair(p) for p in fused),
-               _scalar(widen), _opt(carry))
+               _scalar(widen), None if carry is None else _t(carry))
         plan = _PLANS.get(key)
     except _UNKEYED:  # not keyed (the check will say what is wrong), or unhashable
         key = plan = None
@@ -301,9 +302,10 @@ def combine_statistics(value, base_name, args, new_min, new_max, *, held=None,
     ``value`` (the MSE search): combine with ``held``, record non-finite input,
     write into ``out`` (which may be the new or the held statistics)."""
     try:
-        key = (get_backend(), "combine_statistics", _t(value), base_name, _args(args),
-               _t(new_min), _t(new_max), None if held is None else _pair(held),
-               _scalar(averaging_constant), _opt(status), _out(out, held, (new_min, new_max)))
+        key = (get_backend(), "combine_statistics", _t(value), base_name, type(args),
+               args_key(args), _t(new_min), _t(new_max), None if held is None else _pair(held),
+               None if averaging_constant is None else _scalar(averaging_constant),
+               None if status is None else _t(status), _out(out, held, (new_min, new_max)))
         plan = _PLANS.get(key)
     except _UNKEYED:  # not keyed (the check will say what is wrong), or unhashable
         key = plan = None

@@ -36,7 +36,13 @@ from obskernels import ops
 from obskernels.observers.fusion import Fusion
 from obskernels.observers.report import Report
 from obskernels.observers.sync import SNAPSHOTS, SyncHandle, sync_statistics
-from obskernels.spec.checks import ACTIVATIONS, ATTENTION, WEIGHT, HeldStatisticsError, check_base_name
+from obskernels.spec.checks import (
+    ACTIVATIONS,
+    ATTENTION,
+    WEIGHT,
+    HeldStatisticsError,
+    check_base_name,
+)
 from obskernels.spec.record import new_record
 
 __all__ = ["Observer", "QParamsDict", "MinMaxTuple", "NONFINITE_POLICIES", "UnknownObserverError",
@@ -225,7 +231,7 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
             status = new_record(device)
         elif status.device != device:
             status = status.to(device)
-        self._status = status
+        self.__dict__["_status"] = status
         return status
 
     # -------------------------------------------------------------- observing
