@@ -28,9 +28,11 @@ Budgets (triton backend, kernels in the interpreter on the CPU):
 - g_idx: its value checks (range, group sizes) are one sort -- which also
   gives the column order -- one comparison and ONE read.
 - observers on the triton backend: forward is kernels only (no aten op, no
-  read; imatrix adds the importance's mean); get_qparams is kernels only with
-  ONE read (the non-finite record, the importance's verdict and the scale
-  flags). See OBSERVER_FORWARD.
+  read; imatrix adds the importance's mean; an observer's first observation
+  under nonfinite="error" makes its record, one device-to-device copy);
+  get_qparams is kernels only with ONE read (the non-finite record, the
+  importance's verdict and the scale flags), none under "propagate". See
+  OBSERVER_FORWARD and test_forward_and_get_qparams_read_and_copy_nothing.
 """
 
 from __future__ import annotations
