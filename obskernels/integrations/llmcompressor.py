@@ -134,10 +134,20 @@ def _build_adapters(lc_obs) -> list[tuple[type, tuple[type, ...]]]:
 
     class _StaticUpdate:
         def _update_from_value(self, value):
+            held = (self.min_vals, self.max_vals) if hasattr(self, "min_vals") else None
+            if held is not None and self._measure_value.__func__ is _OpsForward._measure_value:
+                # the running min / max in min_max's epilogue: one launch, the
+                # same values as torch.min / torch.max (a min is one of its inputs)
+                try:
+                    self.min_vals, self.max_vals = ops.min_max(
+                        value, self.base_name, self.args, held=held)
+                    return
+                except ValueError:
+                    pass  # held statistics of another shape or dtype: torch merges them
             min_vals, max_vals = self._measure_value(value)
-            if hasattr(self, "min_vals"):
-                min_vals = torch.min(min_vals, self.min_vals)
-                max_vals = torch.max(max_vals, self.max_vals)
+            if held is not None:
+                min_vals = torch.min(min_vals, held[0])
+                max_vals = torch.max(max_vals, held[1])
             self.min_vals, self.max_vals = min_vals, max_vals
 
     class _MovingAverageUpdate:
