@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+
 from obskernels.backends import (
     KernelUnsupportedError,
     backend_module,
@@ -113,6 +114,8 @@ def _out(out, *same):
     """``out`` as one of the pairs already described (its index), else its signature."""
     if out is None:
         return None
+    if type(out) is not tuple or len(out) != 2:
+        raise TypeError  # the check says what out must be
     for i, pair in enumerate(same):
         if pair is not None and out[0] is pair[0] and out[1] is pair[1]:
             return (i, out[0].data_ptr() == out[1].data_ptr())

@@ -240,3 +240,16 @@ def test_registry_lookups_are_kept_but_unknown_names_still_fail():
             Observer.load_from_registry("no_such_observer", base_name="input",
                                         args=QuantizationArgs(num_bits=8))
     assert obskernels.get_backend() in ("auto", "reference", "triton")
+
+
+def test_out_given_as_a_list_is_refused_after_a_kept_plan():
+    """An out pair that is the held statistics in a list, not a tuple, is the
+    check's TypeError on every call, also once the tuple's plan is kept."""
+    args = QuantizationArgs(num_bits=8, strategy="tensor")
+    value = torch.randn(4, 32)
+    held = (torch.zeros(1), torch.ones(1))
+    with use_backend("triton"):
+        ops.min_max(value, "input", args, held=held, out=held)
+        for _ in range(2):
+            with pytest.raises(TypeError, match="out must be"):
+                ops.min_max(value, "input", args, held=held, out=list(held))
