@@ -11,7 +11,10 @@ way on every device (the fp32 sums' order depends on the split).
 ``launch_config(...)`` is how a caller (a test, the compile check, the
 benchmark) passes another configuration in, for the calling thread / task,
 without rewriting anything global; ``current_config(op)`` is what a
-launcher reads at each call.
+launcher reads at each call. A launch prepared once for a call's signature
+(a launcher's ``prepare``) keeps the choices of the configuration it was
+prepared under; ``config_token()`` tells it whether that is still the one in
+force (the same object while no ``launch_config`` block is entered or left).
 """
 
 from __future__ import annotations
@@ -21,14 +24,14 @@ import contextvars
 import dataclasses
 from types import MappingProxyType
 
-import triton
-
 __all__ = [
     "LaunchConfig",
     "DEFAULTS",
     "CUDA_LAUNCH",
     "launch_config",
     "current_config",
+    "config_token",
+    "cdiv",
     "pow2_at_most",
     "choose_blocks",
     "num_warps_for",
@@ -124,6 +127,11 @@ def launch_config(*, ops=None, **fields):
         _OVERRIDES.reset(token)
 
 
+#: () -> the ``launch_config`` blocks in force in this thread / task: the
+#: same object as long as none is entered or left (``()`` outside any)
+config_token = _OVERRIDES.get
+
+
 def current_config(op: str) -> LaunchConfig:
     """Operation ``op``'s configuration for this call: its default with the
     fields of the enclosing ``launch_config`` blocks applied."""
@@ -137,9 +145,15 @@ def current_config(op: str) -> LaunchConfig:
 MAX_GRID_1 = 65535  # CUDA's limit on grid axes 1 and 2
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) of integers (``triton.cdiv`` without its jit wrapper:
+    host arithmetic, called on every launch)."""
+    return -(-a // b)
+
+
 def pow2_at_most(n: int, cap: int) -> int:
     """The smallest power of two >= n, capped at ``cap`` (a power of two)."""
-    return min(triton.next_power_of_2(max(int(n), 1)), cap)
+    return min(1 << (max(int(n), 1) - 1).bit_length(), cap)
 
 
 def choose_blocks(
@@ -187,8 +201,8 @@ def choose_split(work_rows: int, row_block: int, work_per_row: int, other_progra
         worth = max(1, (work_rows * work_per_row) // config.min_elems_per_program)
         split = max(1, min(row_tiles, want, worth))
     split = min(split, MAX_GRID_1)
-    per_split = triton.cdiv(triton.cdiv(work_rows, split), row_block) * row_block
-    return triton.cdiv(work_rows, per_split), per_split
+    per_split = cdiv(cdiv(work_rows, split), row_block) * row_block
+    return cdiv(work_rows, per_split), per_split
 
 
 def finish_blocks(n: int, split: int, config: LaunchConfig) -> tuple[int, int]:

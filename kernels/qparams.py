@@ -41,6 +41,8 @@ from obskernels.kernels._layout import on_device
 from obskernels.kernels.launch import (
     QPARAMS_BLOCK,
     QPARAMS_MAX_PARTS,
+    cdiv,
+    config_token,
     current_config,
     pow2_at_most,
 )
@@ -50,7 +52,7 @@ from obskernels.spec.checks import FLOAT_DTYPES
 from obskernels.spec.record import STATUS_FIRST_BAD, STATUS_INIT
 from obskernels.spec.errors import KernelUnsupportedError
 
-__all__ = ["calculate_qparams"]
+__all__ = ["calculate_qparams", "prepare"]
 
 # scale_dtype switch (SD)
 SD_NONE: tl.constexpr = tl.constexpr(0)
@@ -338,17 +340,25 @@ def _format(args, dtype, sdtype):
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
-    """1-D contiguous statistics; bf16 as its uint16 bits (see stats.load_stat)."""
-    t = t.reshape(-1) if t.is_contiguous() else t.contiguous().reshape(-1)
+    """Contiguous statistics (read at the flat index, whatever their shape);
+    bf16 as its uint16 bits (see stats.load_stat)."""
+    if not t.is_contiguous():
+        t = t.contiguous()
     return t.view(torch.uint16) if t.dtype == torch.bfloat16 else t
 
 
 def calculate_qparams(call: QParamsCall):
     """Triton twin of ``reference.qparams.calculate_qparams``: returns
     (scale, zero_point, global_scale, status), bit-identical."""
-    min_vals, max_vals, args, global_scale, fused, widen, carry = (
-        call.min_vals, call.max_vals, call.args, call.global_scale, call.fused, call.widen,
-        call.carry)
+    return prepare(call)(call)
+
+
+def prepare(call: QParamsCall):
+    """The launch of ``call``'s signature (see kernels/min_max.py ``prepare``):
+    the format's constants and switches, the fused pairs' split, the outputs'
+    shapes; the returned function launches any call of that signature."""
+    min_vals, args, global_scale, fused, widen, carry = (
+        call.min_vals, call.args, call.global_scale, call.fused, call.widen, call.carry)
     dtype, dev = min_vals.dtype, min_vals.device
     if dtype not in FLOAT_DTYPES:
         raise KernelUnsupportedError(
@@ -378,50 +388,62 @@ def calculate_qparams(call: QParamsCall):
 
     shape = min_vals.shape if min_vals.dim() > 0 else (1,)
     N = min_vals.numel()
-    scale = torch.empty(shape, dtype=sdtype, device=dev)
-    zero_point = torch.empty(shape, dtype=zp_dtype, device=dev)
-    programs = max(triton.cdiv(N, QPARAMS_BLOCK), 1)
-    status = torch.empty(len(STATUS_INIT) + programs, dtype=torch.int64, device=dev)
+    programs = max(cdiv(N, QPARAMS_BLOCK), 1)
+    n_status = len(STATUS_INIT) + programs
+    # the split of each fused pair follows the work (and the configured fill), never the device
+    token = config_token()
+    fill = current_config("calculate_qparams").fill_programs
+    counts = [max(1, min(cdiv(mn.numel(), 8 * QPARAMS_BLOCK), QPARAMS_MAX_PARTS, fill))
+              for mn, _ in pairs]
+    n_parts = sum(counts)
+    constants = (
+        N, n_parts, fmt["rng"], fmt["half"], fmt["qmin"], fmt["qmax"], fmt["eps"],
+        fmt["zlo"], fmt["zhi"], fmt["mx_offset"], float(torch.finfo(a_dtype).tiny),
+        fmt["sd_max"], fmt["wrng"], fmt["whalf"], fmt["sd_max64"], fmt["weps"],
+    )
+    switches = dict(
+        DTYPE=quant.DTYPE_CODE[dtype], SDTYPE=quant.DTYPE_CODE[sdtype],
+        ADTYPE=quant.DTYPE_CODE[a_dtype], SYM=fmt["SYM"], MX=fmt["MX"], SD=fmt["SD"],
+        ZP=fmt["ZP"], GS=gs_mode, WIDEN=bool(widen), CARRY=carry is not None,
+        BLOCK=QPARAMS_BLOCK, BLOCK_P=pow2_at_most(max(n_parts, 1), 128), enable_fp_fusion=False,
+    )
+    scale_bits, zp_bits = sdtype == torch.bfloat16, zp_dtype == torch.float8_e4m3fn
 
-    parts = gs_out = status  # unread placeholders
-    n_parts = 0
-    with on_device(min_vals):
-        if gs_mode == GS_FUSED.value:
-            counts = []
-            for mn, _ in pairs:
-                want = -(-mn.numel() // (8 * QPARAMS_BLOCK))
-                # the split follows the work (and the configured fill), never the device
-                counts.append(max(1, min(want, QPARAMS_MAX_PARTS,
-                                          current_config("calculate_qparams").fill_programs)))
-            parts = torch.empty(sum(counts), dtype=torch.float32, device=dev)
-            gs_out = torch.empty(1, dtype=torch.float32, device=dev)
-            for (mn, mx), p in zip(pairs, counts):
-                n = mn.numel()
-                if mn.dtype != mx.dtype:
-                    mn, mx = mn.to(a_dtype), mx.to(a_dtype)
-                _absmax_kernel[(p,)](_flat(mn), _flat(mx), parts, n, -(-n // p), n_parts,
-                                     BITS16=mn.dtype == torch.bfloat16, BLOCK=QPARAMS_BLOCK)
-                n_parts += p
-            global_scale = gs_out
-        if N:
-            _qparams_kernel[(programs,)](
-                _flat(min_vals), _flat(max_vals),
-                scale.view(torch.uint16) if sdtype == torch.bfloat16 else scale,
-                zero_point.view(torch.uint8) if zp_dtype == torch.float8_e4m3fn else zero_point,
-                global_scale if gs_mode == GS_GIVEN.value else status, parts, gs_out,
-                carry if carry is not None else status, status,
-                N, n_parts, fmt["rng"], fmt["half"], fmt["qmin"], fmt["qmax"], fmt["eps"],
-                fmt["zlo"], fmt["zhi"], fmt["mx_offset"],
-                float(torch.finfo(a_dtype).tiny),
-                fmt["sd_max"], fmt["wrng"], fmt["whalf"], fmt["sd_max64"], fmt["weps"],
-                DTYPE=quant.DTYPE_CODE[dtype], SDTYPE=quant.DTYPE_CODE[sdtype], ADTYPE=quant.DTYPE_CODE[a_dtype],
-                SYM=fmt["SYM"], MX=fmt["MX"], SD=fmt["SD"], ZP=fmt["ZP"], GS=gs_mode,
-                WIDEN=bool(widen), CARRY=carry is not None, BLOCK=QPARAMS_BLOCK,
-                BLOCK_P=pow2_at_most(max(n_parts, 1), 128),
-                enable_fp_fusion=False,
-            )
-        else:  # no groups: nothing to launch, only the record to move
-            status[: len(STATUS_INIT)] = carry if carry is not None else torch.tensor(STATUS_INIT, device=dev)
-            if carry is not None:
-                carry.copy_(torch.tensor(STATUS_INIT, device=dev))
-    return scale, zero_point, global_scale, status
+    def launch(call: QParamsCall):
+        if config_token() is not token:  # a launch_config block changed the policy
+            return calculate_qparams(call)
+        min_vals, max_vals, global_scale, carry = (
+            call.min_vals, call.max_vals, call.global_scale, call.carry)
+        scale = torch.empty(shape, dtype=sdtype, device=dev)
+        zero_point = torch.empty(shape, dtype=zp_dtype, device=dev)
+        status = torch.empty(n_status, dtype=torch.int64, device=dev)
+        parts = gs_out = status  # unread placeholders
+        with on_device(min_vals):
+            if gs_mode == GS_FUSED.value:
+                parts = torch.empty(n_parts, dtype=torch.float32, device=dev)
+                gs_out = torch.empty(1, dtype=torch.float32, device=dev)
+                part0 = 0
+                for (mn, mx), p in zip(call.fused, counts):
+                    n = mn.numel()
+                    if mn.dtype != mx.dtype:
+                        mn, mx = mn.to(a_dtype), mx.to(a_dtype)
+                    _absmax_kernel[(p,)](_flat(mn), _flat(mx), parts, n, cdiv(n, p), part0,
+                                         BITS16=mn.dtype == torch.bfloat16, BLOCK=QPARAMS_BLOCK)
+                    part0 += p
+                global_scale = gs_out
+            if N:
+                _qparams_kernel[(programs,)](
+                    _flat(min_vals), _flat(max_vals),
+                    scale.view(torch.uint16) if scale_bits else scale,
+                    zero_point.view(torch.uint8) if zp_bits else zero_point,
+                    global_scale if gs_mode == GS_GIVEN.value else status, parts, gs_out,
+                    carry if carry is not None else status, status, *constants, **switches,
+                )
+            else:  # no groups: nothing to launch, only the record to move
+                fresh = torch.tensor(STATUS_INIT, device=dev)
+                status[: len(STATUS_INIT)] = carry if carry is not None else fresh
+                if carry is not None:
+                    carry.copy_(fresh)
+        return scale, zero_point, global_scale, status
+
+    return launch

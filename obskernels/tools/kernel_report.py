@@ -319,9 +319,13 @@ def cpu_tensors_recorded():
     kernels were built for the compiler: for a caller that records a front
     call (an observer's, through obskernels.ops) inside ``recording()``, so
     that nothing runs. The backend takes CPU tensors where TRITON_INTERPRET
-    is set, which it reads at each call; the kernels keep what triton built
-    when they were imported (``kernels._layout.INTERPRETED`` stays False)."""
+    is set, which it reads for each call signature it has not seen (the
+    plans made in the block are dropped at its end); the kernels keep what
+    triton built when they were imported (``kernels._layout.INTERPRETED``
+    stays False)."""
     import obskernels.kernels  # noqa: F401 - built for the compiler before the switch
+
+    from obskernels import ops
 
     saved = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
@@ -332,6 +336,9 @@ def cpu_tensors_recorded():
             del os.environ["TRITON_INTERPRET"]
         else:
             os.environ["TRITON_INTERPRET"] = saved
+        # the plans kept for CPU tensors in the block took the triton backend,
+        # which CPU tensors cannot take outside it
+        ops._PLANS.clear()
 
 
 def record(calls, kernels=None) -> List[Launch]:
