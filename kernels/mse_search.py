@@ -79,11 +79,8 @@ import struct
 
 import torch
 import triton
-from compressed_tensors.quantization import QuantizationType
-from compressed_tensors.quantization.quant_args import FP4_E2M1_DATA, FP8_E4M3_DATA
-from compressed_tensors.quantization.utils.mxfp_utils import should_generate_mx_scales
 
-from obskernels.kernels import quant
+from obskernels.kernels import quant, quant_pow
 from obskernels.kernels._layout import (
     INTERPRETED,
     GroupLayout,
@@ -126,9 +123,9 @@ _TINY = float(torch.finfo(torch.float32).tiny)
 # host side
 # --------------------------------------------------------------------------- #
 def _norm_mode(norm: float) -> int:
-    """The NORM_MODE switch: the exponents torch.pow special-cases (quant.abs_pow)."""
-    special = {2.0: quant.P_SQUARE, 3.0: quant.P_CUBE, 0.5: quant.P_SQRT, 1.0: quant.P_ONE}
-    return special.get(float(norm), quant.P_GENERAL).value
+    """The NORM_MODE switch: the exponents torch.pow special-cases (quant_pow.abs_pow)."""
+    special = {2.0: quant_pow.P_SQUARE, 3.0: quant_pow.P_CUBE, 0.5: quant_pow.P_SQRT, 1.0: quant_pow.P_ONE}
+    return special.get(float(norm), quant_pow.P_GENERAL).value
 
 
 @functools.lru_cache(maxsize=64)
@@ -156,75 +153,12 @@ def _fp32_steps_exact(grid, n_steps: int) -> bool:
 def _pow_table(device: torch.device, dtype: torch.dtype, norm: float) -> torch.Tensor:
     """torch's own ``pow(norm)`` of every 16-bit pattern of ``dtype`` (bf16 or
     fp16), computed by torch on ``device``: the values the GPU's fast pow
-    falls back to near a rounding boundary (quant.pow16_hw), so the search
+    falls back to near a rounding boundary (quant_pow.pow16_hw), so the search
     rounds |d| ** norm exactly as the reference does on that device. Built
     once per (device, dtype, norm) and kept, widened to fp32 (exact) so the
     kernel reads it without a conversion: 128 KiB."""
     bits = torch.arange(1 << 15, dtype=torch.int32, device=device).to(torch.int16)
     return bits.view(dtype).pow(norm).float().contiguous()
-
-
-def _format(args, dtype):
-    """Constexpr switches and runtime constants of the quantization format, or
-    KernelUnsupportedError naming what is not covered."""
-    qtype = QuantizationType(args.type)
-    bits = args.num_bits
-    if qtype == QuantizationType.INT:
-        if not 1 <= bits <= 8:
-            raise KernelUnsupportedError(f"mse_search: int num_bits={bits} (kernel covers 1..8)")
-        q = 0
-    elif bits == 8:
-        q = 1
-    elif bits == 4:
-        q = 2
-        if not args.symmetric:
-            raise KernelUnsupportedError(
-                "mse_search: asymmetric fp4 (compressed-tensors does not support it either)"
-            )
-    else:
-        raise KernelUnsupportedError(f"mse_search: float num_bits={bits} (kernel covers 4 and 8)")
-
-    scale_kind, mx_offset = 0, 0
-    if should_generate_mx_scales(args):
-        if not args.symmetric:
-            raise KernelUnsupportedError("mse_search: asymmetric MX scales")
-        scale_kind = 2
-        mx_offset = int(math.floor(math.log2(448.0 if bits == 8 else 6.0)))
-        eps = 1.0
-    elif args.scale_dtype is None:
-        eps = torch.finfo(dtype).eps
-    elif args.scale_dtype == torch.float8_e4m3fn:
-        scale_kind = 1
-        eps = 0.125
-    else:
-        raise KernelUnsupportedError(f"mse_search: scale_dtype {args.scale_dtype}")
-
-    zp_dtype = args.zp_dtype
-    if zp_dtype == torch.float8_e4m3fn:
-        zp_kind, zlo, zhi = 1, -448.0, 448.0
-    elif zp_dtype is not None and not zp_dtype.is_floating_point and zp_dtype != torch.bool:
-        info = torch.iinfo(zp_dtype)
-        zp_kind, zlo, zhi = 0, float(info.min), float(info.max)
-    else:
-        raise KernelUnsupportedError(f"mse_search: zp_dtype {zp_dtype}")
-
-    # compressed-tensors' calculate_range, as Python floats: it makes fp32
-    # scalars of these values, and calculate_qparams takes (q_max - q_min) in
-    # the observed dtype, halves it there and rounds eps into it. All of them
-    # are small integers, halves or powers of two, exact in every dtype: the
-    # roundings are kept so that the constants are what torch would compute.
-    if qtype == QuantizationType.INT:
-        q_min, q_max = -(2.0**bits) / 2, (2.0**bits) / 2 - 1
-    else:
-        data = FP8_E4M3_DATA if bits == 8 else FP4_E2M1_DATA
-        q_min, q_max = float(data.min), float(data.max)
-    q_min, q_max = quant.round_host(q_min, torch.float32), quant.round_host(q_max, torch.float32)
-    rng = quant.round_host(q_max - q_min, dtype)
-    return dict(
-        QTYPE=q, SCALE=scale_kind, ZP=zp_kind, SYM=bool(args.symmetric),
-        rng=rng, half=quant.round_host(rng / 2, dtype), qmin=q_min, qmax=q_max,
-        eps=quant.round_host(eps, dtype), zlo=zlo, zhi=zhi, mx_offset=mx_offset,
-    )
 
 
 def mse_search(call: SearchCall):
@@ -280,7 +214,9 @@ def _mse_search(call: SearchCall):
     # elements in the reference's flattened order
     layout = group_layout(flat, storage_order=False)
     qparam_args, _ = search_args(flat.args)
-    fmt = _format(qparam_args, dtype)
+    fmt = quant.qformat(qparam_args, dtype, "mse_search")
+    if fmt.scale not in (quant.S_NONE.value, quant.S_FP8.value, quant.S_MX.value):
+        raise KernelUnsupportedError(f"mse_search: scale_dtype {qparam_args.scale_dtype}")
     imatrix = params.flavour == "imatrix"
     has_w = imatrix and importance is not None
     w = importance.to(torch.float32).contiguous() if has_w else value
@@ -306,8 +242,8 @@ def _mse_search(call: SearchCall):
         patience = max(params.patience, 1)  # patience 0 stops at the first stale step too
         norm_run = quant.round_host(norm, dtype)
     switches = dict(
-        DTYPE=quant.DTYPE_CODE[dtype], SYM=fmt["SYM"], QTYPE=fmt["QTYPE"], SCALE=fmt["SCALE"],
-        ZP=fmt["ZP"], NORM_MODE=_norm_mode(float(norm)), IMATRIX=imatrix, HAS_W=has_w,
+        DTYPE=quant.DTYPE_CODE[dtype], SYM=fmt.sym, QTYPE=fmt.qtype, SCALE=fmt.scale,
+        ZP=fmt.zp, NORM_MODE=_norm_mode(float(norm)), IMATRIX=imatrix, HAS_W=has_w,
         PAD=layout.pad, NORM_W=norm_w,
     )
 
@@ -324,8 +260,8 @@ def _mse_search(call: SearchCall):
             "interpreter's casts are not the hardware's"
         )
     tab, pw0 = value, 0.0
-    if fast and not imatrix and dtype != torch.float32 and switches["NORM_MODE"] == quant.P_GENERAL.value:
-        tab, pw0 = _pow_table(dev, dtype, float(norm)), quant.pow_window(norm_run)
+    if fast and not imatrix and dtype != torch.float32 and switches["NORM_MODE"] == quant_pow.P_GENERAL.value:
+        tab, pw0 = _pow_table(dev, dtype, float(norm)), quant_pow.pow_window(norm_run)
     steps_block = config.steps_per_iter
     if steps_block is None:
         steps_block = 1 if value.is_cuda else 32
@@ -336,8 +272,8 @@ def _mse_search(call: SearchCall):
         layout=layout, n_steps=n_steps,
         n_words=-(-n_steps // 32), patience=patience, expand=float(params.expand),
         best_init=float(torch.finfo(torch.float32 if imatrix else dtype).max),
-        consts=StepConstants(fmt["rng"], fmt["half"], fmt["qmin"], fmt["qmax"], fmt["eps"],
-                             fmt["zlo"], fmt["zhi"], fmt["mx_offset"], norm_run, pw0),
+        consts=StepConstants(fmt.rng, fmt.half, fmt.qmin, fmt.qmax, fmt.eps, fmt.zlo, fmt.zhi,
+                             fmt.mx_offset, norm_run, pw0),
         switches=switches, fast=fast, steps_block=steps_block,
         out_min=torch.empty(layout.qshape, dtype=dtype, device=dev),
         out_max=torch.empty(layout.qshape, dtype=dtype, device=dev),
@@ -360,7 +296,7 @@ def _register_path(s: _Search, config: LaunchConfig) -> None:
     G, group_numel, dev = s.num_groups, s.group_numel, s.value.device
     block_e = max(triton.next_power_of_2(group_numel), 2)
     tile = config.tile
-    if s.fast and s.switches["NORM_MODE"] == quant.P_SQRT.value:
+    if s.fast and s.switches["NORM_MODE"] == quant_pow.P_SQRT.value:
         # sqrt_rn's slow path is a call: at 4096 elements per program sm_90a
         # saves a predicate register on the stack around it (8 bytes); half
         # the tile keeps it in registers

@@ -36,7 +36,7 @@ DEFAULT_REGISTER_BUDGET = 128
 # Approximate instructions (PTX) and libdevice functions (LLVM IR) a kernel
 # may use, and why the result stays exact in the sense of docs/spec.md §5.
 #
-# |d|**norm for a general norm (quant.pow_pos) runs exp2(norm * log2(d)):
+# |d|**norm for a general norm (quant_pow.pow_pos) runs exp2(norm * log2(d)):
 # libdevice log2f (accurate to ~1 ulp), ex2.approx.ftz.f32 (<= 2 ulp, on the
 # reduced argument f in [0, 1), so the flush-to-zero never applies) and an
 # exact split of norm * e by fmaf_rn. The per-element error is a few fp32 ulp
@@ -58,7 +58,7 @@ ALLOWED = {
 }
 # The search's GPU arithmetic (FAST: what a CUDA tensor runs, never the
 # interpreter). bf16 / fp16 errors: |d|**norm by MUFU lg2 / ex2 (approximate,
-# error bound stated in quant.pow_window); an element whose fast result lies
+# error bound stated in quant_pow.pow_window); an element whose fast result lies
 # within that bound of a rounding boundary of its dtype takes torch's own pow
 # from a table built by torch on the device, so the rounded result is torch's
 # (docs/spec.md §6). fp32 errors: libdevice powf, the CUDA math library

@@ -1,4 +1,4 @@
-"""The Triton rounding helpers of kernels/quant.py against torch / compressed-tensors.
+"""The Triton rounding helpers of kernels/quant.py and quant_pow.py against torch / compressed-tensors.
 
 Each helper is applied elementwise by a tiny kernel under TRITON_INTERPRET=1 and
 compared bitwise with what torch computes on the CPU (the reference's
@@ -23,6 +23,7 @@ from compressed_tensors.quantization import QuantizationArgs
 triton = pytest.importorskip("triton", reason="the Triton kernels need triton")
 tl = triton.language
 Q = importlib.import_module("obskernels.kernels.quant")
+QP = importlib.import_module("obskernels.kernels.quant_pow")
 
 pytestmark = pytest.mark.kernel
 
@@ -42,7 +43,7 @@ def _apply(x_ptr, out_ptr, n, norm, mx_offset,
     elif OP == 2:
         r = Q.round_fp4e2m1(x)
     elif OP == 3:
-        r = Q.abs_pow(x, norm, MODE, DTYPE)
+        r = QP.abs_pow(x, norm, MODE, DTYPE)
     elif OP == 4:
         r = Q.rne_int(x)
     else:
@@ -104,8 +105,8 @@ def test_round_half_even():
     assert_bitwise(apply(x, OP_RNE), torch.round(x))
 
 
-NORMS = [(2.4, Q.P_GENERAL), (2.0, Q.P_SQUARE), (3.0, Q.P_CUBE), (0.5, Q.P_SQRT),
-         (1.0, Q.P_ONE), (1.7, Q.P_GENERAL), (7.3, Q.P_GENERAL)]
+NORMS = [(2.4, QP.P_GENERAL), (2.0, QP.P_SQUARE), (3.0, QP.P_CUBE), (0.5, QP.P_SQRT),
+         (1.0, QP.P_ONE), (1.7, QP.P_GENERAL), (7.3, QP.P_GENERAL)]
 
 
 @pytest.mark.parametrize("norm,mode", NORMS, ids=lambda v: str(v))
@@ -148,7 +149,7 @@ def test_mx_scale(dtype, num_bits):
 
 
 # --------------------------------------------------------------------------- #
-# The GPU's fast pow (quant.pow16_hw) cannot run here: its argument is checked
+# The GPU's fast pow (quant_pow.pow16_hw) cannot run here: its argument is checked
 # by emulation. The MUFU result is modelled as the exact d**n (fp64) off by
 # the largest relative error pow_window assumes for it, in either direction
 # (the worst cases for the boundary test); the device's pow is torch's.
@@ -171,7 +172,7 @@ def _fast_pow_decision(d, n, dtype, sign):
     else:
         off = (bits & 0x1FFF) - 0x1000
         inside = (t32 > -13.9) & (t32 < 15.9)
-    near = off.abs().float() <= Q.pow_window(n) + 2.25 * t32.abs()
+    near = off.abs().float() <= QP.pow_window(n) + 2.25 * t32.abs()
     slow = near | ~inside | torch.isnan(t32)
     if dtype == torch.bfloat16:
         # pow16_hw's bf16 rounding of the fast value: half an ulp added to the
