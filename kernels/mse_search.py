@@ -14,7 +14,15 @@ i when err_i is strictly below its best so far. The reference stops after
 step S at which it stops follows from the OR over groups of the improvement
 bits, and each group's answer is its LAST improving step <= S (the unshrunk
 base when there is none). So the kernels store one bit per (group, step) and
-never store errors per element.
+never store errors per element. With patience >= the number of steps the
+reference can stop only at its last step, and a group's answer is simply its
+last improving step: the kernel keeps it in a register and stores no bits.
+
+Memory besides the outputs, which hold each group's unshrunk base range (a
+value of their dtype) until its choice replaces it: one int32 word per group
+and 32 steps when the search can stop early, nothing per group when it
+cannot; the split path adds, per (group, split), its min/max and its partial
+error of every step.
 
 The jit kernels live in ``kernels/mse_search_details/``, a module per
 algorithm (``_step``: the shared step math; ``_register``: the register
@@ -30,15 +38,16 @@ Two layouts of the work:
   per-step "any of my groups improved" words (every word, so nothing is
   cleared beforehand); ``_choose_kernel`` ORs the programs' words, derives S
   and writes each group's range (at most block_g / 4 choose programs, each
-  reading every search program's words).
-  Launches: 2; the input is read once.
+  reading every search program's words). When the search cannot stop early
+  the search kernel writes the ranges itself.
+  Launches: 2 (1 when the search cannot stop early); the input is read once.
 - large groups (TENSOR over a big weight, wide channels, activations with
   many observations): ``_minmax_part_kernel`` takes each split's min/max
   (and clears the counters the next launch uses), ``_search_part_kernel``
   has each (group, split) program evaluate every step over its chunks and
   write the per-(group, split, step) partial errors (with importance, a
-  program takes one column block of 16 rows, so each chunk's importance is
-  read once for 16 rows); the last of a group's
+  program takes one column block of a few rows, so each chunk's importance
+  is read once for those rows); the last of a group's
   programs to arrive (a ticket: an atomic counter) sums that group's
   partials in a fixed order and writes its improvement bits and flags, and
   the last group to finish derives S and writes every group's range.
@@ -46,9 +55,9 @@ Two layouts of the work:
 Both are deterministic: sums run in a fixed order, only the OR and the
 tickets are atomic (which program arrives last changes nothing it computes).
 GPU arithmetic: on a CUDA tensor the step loop uses the hardware's
-conversions (``FAST``, quant.py's GPU section: bf16/fp16/fp8 roundings,
-round-half-even, a MUFU pow checked against rounding boundaries with torch's
-own pow as the fallback table); the interpreter keeps the exact emulation,
+conversions (``FAST``: bf16/fp16/fp8 roundings, round-half-even, a MUFU pow
+checked against rounding boundaries with torch's own pow as the fallback
+table, kernels/quant_pow.py); the interpreter keeps the exact emulation,
 and the tests compile both. One step per iteration on a GPU, 2-D tiles.
 
 Importance: given normalised (a user's per-column weights), its values were
@@ -90,14 +99,16 @@ from obskernels.kernels._layout import (
     on_device,
 )
 from obskernels.kernels.launch import (
+    CHOOSE_BLOCK,
     MAX_SPLIT_STEPS,
     SPLIT_W_ROWS,
-    SPLIT_WARPS_W,
     LaunchConfig,
     choose_split,
     current_config,
     pow2_at_most,
+    minmax_part_warps,
     search_warps,
+    split_blocks,
 )
 from obskernels.kernels.mse_search_details._choose import _choose_kernel
 from obskernels.kernels.mse_search_details._register import _search_kernel
@@ -188,9 +199,8 @@ class _Search:
     switches: dict  # the constexpr mode switches
     fast: bool  # the GPU's arithmetic
     steps_block: int  # grid steps per iteration of the step loop
-    out_min: torch.Tensor
+    out_min: torch.Tensor  # each group's unshrunk base range until its choice replaces it
     out_max: torch.Tensor
-    base: torch.Tensor  # [2, G] fp32: each group's unshrunk range
 
     @property
     def num_groups(self) -> int:
@@ -277,7 +287,6 @@ def _mse_search(call: SearchCall):
         switches=switches, fast=fast, steps_block=steps_block,
         out_min=torch.empty(layout.qshape, dtype=dtype, device=dev),
         out_max=torch.empty(layout.qshape, dtype=dtype, device=dev),
-        base=torch.empty((2, layout.num_groups), dtype=torch.float32, device=dev),
     )
     if search.group_numel <= config.max_reg_group:
         _register_path(search, config)
@@ -292,7 +301,8 @@ _NO_FMA = dict(enable_fp_fusion=False)
 
 
 def _register_path(s: _Search, config: LaunchConfig) -> None:
-    """Groups held whole in registers: _search_kernel, then _choose_kernel."""
+    """Groups held whole in registers: _search_kernel, then (unless the
+    search cannot stop early) _choose_kernel."""
     G, group_numel, dev = s.num_groups, s.group_numel, s.value.device
     block_e = max(triton.next_power_of_2(group_numel), 2)
     tile = config.tile
@@ -302,33 +312,44 @@ def _register_path(s: _Search, config: LaunchConfig) -> None:
         # the tile keeps it in registers
         tile = max(tile // 2, 1)
     block_g = pow2_at_most(G, max(tile // block_e, 1))
-    bits = torch.empty((G, max(s.n_words, 1)), dtype=torch.int32, device=dev)
-    warps = search_warps(block_g, block_e, s.fast)
+    # patience >= n_steps: the reference stops at the last step if at all, so
+    # each group's answer is its last improving step, kept in a register: no
+    # bits, no flags, no choose launch
+    track = s.patience >= s.n_steps
+    warps = search_warps(block_g * block_e, s.value.element_size(), s.fast)
     if s.switches["HAS_W"]:
         # two rows or more per program share each column's importance read
         # (a tile of two whole-row groups takes twice the threads)
         qa, qb = s.layout.groups
         if block_g == 1 and qa > 1:
-            block_g, warps = 2, 2 * warps
+            block_g = 2
+            warps = search_warps(block_g * block_e, s.value.element_size(), s.fast)
         block_j = min(triton.next_power_of_2(qb), max(block_g // 2, 1))
         programs = triton.cdiv(qa, block_g // block_j) * triton.cdiv(qb, block_j)
     else:
         block_j, programs = block_g, triton.cdiv(G, block_g)
-    # one word per (program, 32 steps), each stored by its program: no clearing
-    flags = torch.empty((programs, max(s.n_words, 1)), dtype=torch.int32, device=dev)
+    if track:
+        bits = flags = s.value  # unread
+    else:
+        # word-major: a program's words of one step range are contiguous
+        bits = torch.empty((max(s.n_words, 1), G), dtype=torch.int32, device=dev)
+        # one word per (program, 32 steps), each stored by its program: no clearing
+        flags = torch.empty((programs, max(s.n_words, 1)), dtype=torch.int32, device=dev)
     _search_kernel[(programs,)](
-        s.value, *s.weights, s.tab, *s.steps, bits, flags, s.base, *s.layout_args(),
-        s.n_steps, s.n_words, s.expand, s.best_init, s.consts, **s.switches,
-        FAST=s.fast, BLOCK_G=block_g, BLOCK_E=block_e, BLOCK_S=s.steps_block, BLOCK_J=block_j,
-        num_warps=warps, **_NO_FMA,
+        s.value, *s.weights, s.tab, *s.steps, bits, flags, s.out_min, s.out_max,
+        *s.layout_args(), s.n_steps, s.n_words, s.expand, s.best_init, s.consts, **s.switches,
+        FAST=s.fast, TRACK=track, BLOCK_G=block_g, BLOCK_E=block_e, BLOCK_S=s.steps_block,
+        BLOCK_J=block_j, num_warps=warps, **_NO_FMA,
     )
+    if track:
+        return
     # every choose program ORs all search programs' words: at most
     # block_g / 4 programs keep those reads within a quarter of the bits'
-    choose_g = pow2_at_most(G, 1024)
+    choose_g = pow2_at_most(G, CHOOSE_BLOCK)
     n_choose = max(1, min(triton.cdiv(G, choose_g), block_g // 4))
     per_program = triton.cdiv(triton.cdiv(G, n_choose), choose_g) * choose_g
     _choose_kernel[(triton.cdiv(G, per_program),)](
-        bits, flags, s.base, *s.steps, s.out_min, s.out_max, G, programs, per_program,
+        bits, flags, *s.steps, s.out_min, s.out_max, G, programs, per_program,
         s.n_steps, s.n_words, s.patience, DTYPE=s.switches["DTYPE"], BLOCK_G=choose_g,
         BLOCK_P=pow2_at_most(programs, 1024), **_NO_FMA,
     )
@@ -343,7 +364,8 @@ def _split_path(s: _Search, config: LaunchConfig) -> None:
             f"mse_search: {s.n_steps} grid steps over groups of {group_numel} elements "
             f"(the split path keeps at most {MAX_SPLIT_STEPS} step errors per program)"
         )
-    chunk = config.chunk
+    chunk, warps = split_blocks(config, s.value.element_size(), s.fast, bool(s.switches["PAD"]),
+                                bool(s.switches["HAS_W"]))
     if s.switches["HAS_W"]:
         # ROWS rows of one column block per program share each chunk's
         # importance load (traffic: 4 / ROWS bytes per element, not 4); the
@@ -360,18 +382,19 @@ def _split_path(s: _Search, config: LaunchConfig) -> None:
     n_words = max(s.n_words, 1)
     mm = torch.empty((2, G, K), dtype=torch.float32, device=dev)
     tickets = torch.empty(G + 1, dtype=torch.int32, device=dev)
-    bits = torch.empty((G, n_words), dtype=torch.int32, device=dev)
+    bits = torch.empty((n_words, G), dtype=torch.int32, device=dev)
     flags = torch.empty(n_words, dtype=torch.int32, device=dev)
     _minmax_part_kernel[(G, K)](s.value, mm, tickets, flags, *s.layout_args(), K, cps, s.n_words,
                                 PAD=s.switches["PAD"], BLOCK_E=chunk,
-                                BLOCK_W=triton.next_power_of_2(n_words), **_NO_FMA)
+                                BLOCK_W=triton.next_power_of_2(n_words),
+                                num_warps=minmax_part_warps(chunk), **_NO_FMA)
     block_k = triton.next_power_of_2(K)
     part = torch.empty((G, K, max(s.n_steps, 1)), dtype=torch.float32, device=dev)
     _search_part_kernel[(row_programs, K)](
-        s.value, *s.weights, s.tab, *s.steps, mm, part, s.base, tickets, bits, flags,
+        s.value, *s.weights, s.tab, *s.steps, mm, part, tickets, bits, flags,
         s.out_min, s.out_max, *s.layout_args(), K, cps * rows, s.n_steps, s.n_words, s.patience,
         s.expand, s.best_init, s.consts, **s.switches, FAST=s.fast, ROWS=rows,
         BLOCK_E=chunk // rows, BLOCK_K=block_k, BLOCK_KF=min(64, block_k),
         BLOCK_S=triton.next_power_of_2(max(s.n_steps, 1)), BLOCK_SB=s.steps_block,
-        BLOCK_C=pow2_at_most(G, 1024), num_warps=SPLIT_WARPS_W if rows > 1 else 8, **_NO_FMA,
+        BLOCK_C=pow2_at_most(G, CHOOSE_BLOCK), num_warps=warps, **_NO_FMA,
     )

@@ -447,3 +447,4 @@ def quot_bf16_hw(x, lift, r):
     and the scales of 25 binades, 0 and NaN.
     """
     return (x * lift) * r
+

@@ -129,8 +129,8 @@ def pow16_hw(d, n, w0, tab_ptr, DTYPE: tl.constexpr):
     boundaries are the fixed bit patterns tested below (subnormal or
     overflowing results, d = 0, inf, NaN, subnormal d read as 0 by the MUFU).
     Elsewhere both lie strictly inside one rounding interval and round to
-    the same value. The table is read only by those lanes (a masked load): a
-    few per mille of the elements.
+    the same value. The table is read only by those lanes (``_gather_hw``, a
+    predicated load): a few per mille of the elements.
 
     Rounding boundaries of a positive fp32 r, as bit patterns: into bf16 the
     midpoints have low 16 bits 0x8000; into fp16 (results in [2^-14, 65504])
@@ -156,7 +156,7 @@ def pow16_hw(d, n, w0, tab_ptr, DTYPE: tl.constexpr):
         idx = d.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0x7FFF
     near = tl.abs(off) <= w0 + POW_W1 * tl.abs(t)
     slow = near | (not inside)
-    exact = tl.load(tab_ptr + idx, mask=slow, other=0.0)
+    exact = _gather_hw(tab_ptr + idx, slow)
     if DTYPE == BF16:
         # where the fast value is used it is not within a window of a
         # midpoint (no tie) and is a normal number: nearest-even into bf16 is
@@ -166,6 +166,19 @@ def pow16_hw(d, n, w0, tab_ptr, DTYPE: tl.constexpr):
     else:
         fast = rd_hw(r, DTYPE)
     return tl.where(slow, exact, fast)
+
+
+@triton.jit
+def _gather_hw(ptrs, mask):
+    """fp32 ``*ptrs`` where ``mask``, else 0.0, by a predicated ``ld.global.nc``
+    (GPU only; the table is read-only for the kernel's lifetime). An
+    elementwise op keeps its operands' layout: a tl.load of these data-
+    dependent addresses takes the layout triton's coalescing pass gives it,
+    which triton 3.6 makes unlike the tile's, so every step converted three
+    tiles through shared memory (16 KB each at int4 group 128)."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b32 $0, 0; @p ld.global.nc.b32 $0, [$1]; }",
+        "=r,l,r", [ptrs.to(tl.int64), mask.to(tl.int32)], dtype=tl.float32, is_pure=True, pack=1)
 
 
 @triton.jit

@@ -289,3 +289,66 @@ def test_gpu_bf16_quotient_check_can_fail():
 
     assert _first_mismatch(scales[2000:2128], ulp_off) is not None  # a normal binade
     assert _first_mismatch(scales[:128], no_lift) is not None  # subnormal scales
+
+
+# --------------------------------------------------------------------------- #
+# The GPU's fp16 quotient (mse_search_details/_step._quot_f16_hw): a
+# correctly rounded reciprocal per group and one product per element, emulated
+# in fp32 as above. Claim: its fp16 rounding equals that of div_rn(x, s) for
+# every fp16 x (NaN, inf, subnormals) and positive fp16 scale s (inf, NaN
+# too) wherever that quotient is an fp16 normal, 0, inf or NaN; below 2^-14
+# both stay below 2^-14, within one fp16 subnormal step of each other (the
+# fake quantization then rounds both to the same value, _quot_f16_hw).
+# --------------------------------------------------------------------------- #
+_F16_ALL = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(torch.float16).float()
+
+
+def _f16_scales():
+    """Every positive fp16 subnormal scale, the binades a search meets and
+    the edges (2^-14 .. 2^-13, around 1, the largest finite binade), inf,
+    0 and NaN."""
+    bits = torch.arange(1, 0x7C01, dtype=torch.int32)  # 2^-24 .. inf
+    exp = bits >> 10
+    keep = (exp == 0) | (exp >= 0x1E) | torch.isin(exp, torch.tensor([1, 2, 8, 14, 15, 16, 20]))
+    edges = torch.tensor([0.0, float("nan")])
+    return torch.cat([bits[keep].to(torch.int16).view(torch.float16).float(), edges])
+
+
+def _f16_mismatch(s, quotient):
+    """The first (x, s, got, want) breaking the claim for scales s; None if none."""
+    x = _F16_ALL[None, :]
+    S = s[:, None]
+    q = x / S
+    got = quotient(x, S).to(torch.float16).float()
+    want = q.to(torch.float16).float()
+    same = (got == want) | (got.isnan() & want.isnan())
+    tiny = (q.abs() > 0) & (q.abs() < 2.0**-14)
+    close = (got.abs() <= 2.0**-14) & (want.abs() <= 2.0**-14) & ((got - want).abs() <= 2.0**-24)
+    bad = ~same & ~(tiny & close)
+    if not bool(bad.any()):
+        return None
+    i, j = (int(v) for v in bad.nonzero()[0])
+    return x[0, j].item(), S[i, 0].item(), got[i, j].item(), want[i, j].item()
+
+
+def test_gpu_f16_quotient_rounds_as_div_rn():
+    scales = _f16_scales()
+    for i in range(0, scales.numel(), 256):
+        bad = _f16_mismatch(scales[i:i + 256], lambda x, s: x * (1.0 / s))
+        assert bad is None, "x=%r s=%r: quotient rounds to %r, div_rn's to %r" % bad
+
+
+def test_gpu_f16_quotient_check_can_fail():
+    """The same check catches a quotient 2^-21 off (fp16's 11 bits leave
+    midpoints as close as 2^-23 to a quotient), and a reciprocal rounded to
+    fp16 (too coarse)."""
+    scales = _f16_scales()
+
+    def ulp_off(x, s):
+        return (x / s) * (1 - 2.0**-21)
+
+    def coarse(x, s):
+        return x * (1.0 / s).to(torch.float16).float()
+
+    assert _f16_mismatch(scales[1100:1356], ulp_off) is not None
+    assert _f16_mismatch(scales[1100:1356], coarse) is not None

@@ -134,6 +134,26 @@ def _round_fp8e4m3_hw(v):
 
 
 @triton.jit
+def _quot_f16_hw(x, r):
+    """x * r for fp16 x and r = div_rn(1, s), s a positive fp16 scale (or NaN,
+    inf): rd_f16 of it is rd_f16(div_rn(x, s)) wherever that quotient is an
+    fp16 normal (|x / s| >= 2^-14), NaN and inf included (GPU only).
+
+    Why (as quot_bf16_hw's, with 11-bit significands): x * r is x / s within
+    (1 + 2^-24)^2 - 1 relative (r and the product correctly rounded; s >=
+    2^-24 keeps r <= 2^24, x * r <= 2^40). A rounding boundary M = K 2^c, K
+    odd, 2^11 < K < 2^12, is at least |M| / (Y K) > |M| 2^-23 (1 + 2^-11)
+    from x / s (x = X 2^a, s = Y 2^b, |X|, Y < 2^11), more than that error.
+    Below 2^-14 fp16 is subnormal and a quotient can be a tie; there the two
+    values differ by an fp16 subnormal step at most, and the fake
+    quantization rounds both the same way: to 0 (a zero point of 0), or to
+    the zero point, whose fp16 or fp8 neighbours are 2^-11 of it or more
+    away. tests/test_kernels_quant.py checks every fp16 x against scales of
+    every binade."""
+    return x * r
+
+
+@triton.jit
 def _fake_quant_hw(x, scale, zp, qmin, qmax,
                    DTYPE: tl.constexpr, SYM: tl.constexpr, QTYPE: tl.constexpr):
     """quant.fake_quant with the GPU's conversions (FAST only), same roundings.
@@ -152,6 +172,10 @@ def _fake_quant_hw(x, scale, zp, qmin, qmax,
         # whose bf16 rounding is the quotient's (quant.quot_bf16_hw's proof)
         lift, r = quant.recip_hw(scale)
         y = _rd_bf16_pair_hw(quant.quot_bf16_hw(x, lift, r))
+    elif DTYPE == quant.F16:
+        # fp16 x and scale: a reciprocal per group, a product per element
+        # (_quot_f16_hw's argument)
+        y = quant.rd_hw(_quot_f16_hw(x, tl.math.div_rn(scale * 0.0 + 1.0, scale)), DTYPE)
     else:
         y = quant.rd_hw(tl.math.div_rn(x, scale), DTYPE)
     if not SYM:
