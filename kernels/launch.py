@@ -225,7 +225,7 @@ def search_warps(tile_elems: int, elem_size: int, fast: bool) -> int:
     more registers per element), at most 16 warps. With the search's default
     tile (2048) the register path runs 4-warp blocks on bf16 / fp16 (sm_90a,
     int4 group 128, triton 3.9 and 3.6: 64-72 registers, >= 28 warps per SM,
-    40.8 SASS per element and step at norm 2.4; 8 warps of 4096 took 64
+    40.4-40.8 SASS per element and step at norm 2.4; 8 warps of 4096 took 64
     registers and 4 bytes of stack in the asymmetric variant under 3.9's
     register allocation) and 8-warp blocks on fp32 (54-64 registers where
     16 elements per thread took 80-117 or spilled)."""
