@@ -42,8 +42,10 @@ __all__ = [
     "combine_block",
     "MAX_GRID_1",
     "SPLIT_W_ROWS",
-    "SPLIT_WARPS_W",
+    "split_blocks",
+    "minmax_part_warps",
     "MAX_SPLIT_STEPS",
+    "CHOOSE_BLOCK",
     "QPARAMS_BLOCK",
     "QPARAMS_MAX_PARTS",
     "IMPORTANCE_BLOCK",
@@ -86,11 +88,14 @@ class LaunchConfig:
     gpu_arith: bool | None = None
 
 
-#: each operation's launch configuration (read-only; ``launch_config`` overrides)
+#: each operation's launch configuration (read-only; ``launch_config`` overrides).
+#: The search holds every group of its tile in registers for all its steps:
+#: half the tile of the single-pass kernels (see ``search_warps``).
 DEFAULTS = MappingProxyType({
-    op: LaunchConfig()
-    for op in ("min_max", "flatten", "accumulate_sq", "mse_search", "calculate_qparams",
-               "combine_statistics", "importance")
+    **{op: LaunchConfig()
+       for op in ("min_max", "flatten", "accumulate_sq", "calculate_qparams",
+                  "combine_statistics", "importance")},
+    "mse_search": LaunchConfig(tile=2048),
 })
 
 # The launch configuration a GPU runs: one grid step per iteration of the
@@ -226,16 +231,20 @@ def min_max_warps(tile_elems: int, record: bool = False) -> int:
     return max(8 if record else 4, min(16, tile_elems // 256))
 
 
-def search_warps(block_g: int, block_e: int, fast: bool) -> int:
-    """Warps of the search's register path. The exact emulation (not ``fast``)
-    takes 16 for one whole 4096-element group per program (sm_90a: 8 warps
-    spill 4 bytes at norm 2.4, 16 use 57 registers); the GPU arithmetic needs
-    fewer registers and keeps 8 there (39 -> 64 registers, no spill), halving
-    the per-thread share of each step's group reduction (int8 channel: 67.5 ->
-    53.6 SASS per element and step)."""
-    if block_g == 1 and block_e >= 4096 and not fast:
-        return 16
-    return num_warps_for(block_g * block_e)
+def search_warps(tile_elems: int, elem_size: int, fast: bool) -> int:
+    """Warps of the search's register path for a tile of ``tile_elems``
+    values of ``elem_size`` bytes: 16 elements per thread with the GPU
+    arithmetic (``fast``) on 16-bit values, 8 otherwise (fp32 values, whose
+    division is correctly rounded per element, and the exact emulation need
+    more registers per element), at most 16 warps. With the search's default
+    tile (2048) the register path runs 4-warp blocks on bf16 / fp16 (sm_90a,
+    int4 group 128, triton 3.9 and 3.6: 64-72 registers, >= 28 warps per SM,
+    40.4-40.8 SASS per element and step at norm 2.4; 8 warps of 4096 took 64
+    registers and 4 bytes of stack in the asymmetric variant under 3.9's
+    register allocation) and 8-warp blocks on fp32 (54-64 registers where
+    16 elements per thread took 80-117 or spilled)."""
+    per_thread = 16 if fast and elem_size <= 2 else 8
+    return max(4, min(16, tile_elems // (32 * per_thread)))
 
 
 def combine_block(groups: int) -> int:
@@ -243,14 +252,40 @@ def combine_block(groups: int) -> int:
     return max(pow2_at_most(groups, 1024), 16)
 
 
-#: the search's split path with importance: rows of one column block per program
-SPLIT_W_ROWS = 16
-#: its warps: sm_90a, int8 channel 16384 fp16 with raw importance: 4 warps use
-#: 128 registers and no stack (36.4 SASS per element and step); 8 warps are
-#: held to 80 registers and spill 10 bytes
-SPLIT_WARPS_W = 4
+def split_blocks(config: LaunchConfig, elem_size: int, fast: bool, pad: bool,
+                 importance: bool) -> tuple[int, int]:
+    """(chunk, warps) of the search's split path: elements a program loads
+    and holds through every step at once, and its warps. As the register
+    path (``search_warps``) on ``config.chunk`` elements, except: a padded
+    layout and the rows sharing importance (``SPLIT_W_ROWS``) take half the
+    chunk, 8 elements per thread (sm_90a, triton 3.9 / 3.6: 16 per thread
+    took 118 / 96 registers padded, 127 / 126 with importance; 8 take
+    56-80)."""
+    per_thread = 16 if fast and elem_size <= 2 else 8
+    chunk = config.chunk
+    if importance or pad:
+        chunk, per_thread = max(chunk // 2, 1), 8
+    # a chunk smaller than 32 lanes' share takes one warp: more threads than
+    # elements left layout conversions in the step loop
+    return chunk, max(1, min(16, chunk // (32 * per_thread)))
+
+
+def minmax_part_warps(chunk: int) -> int:
+    """Warps of the split path's min/max: 8 elements per thread (each lane
+    keeps a running min, max and NaN flag besides its int64 offsets; sm_90a:
+    16 per thread took up to 129 registers)."""
+    return max(1, min(16, chunk // 256))
+
+
+#: the search's split path with importance: rows of one column block per
+#: program, sharing each chunk's importance load (sm_90a: 16 and 8 rows left
+#: 8-40 bytes of stack under triton 3.9 or 3.6; 4 none)
+SPLIT_W_ROWS = 4
 #: the split path keeps at most this many step errors per program
 MAX_SPLIT_STEPS = 1024
+#: the search's choose kernel: groups per iteration of its 4 warps (sm_90a:
+#: 1024 took 93-98 registers, 512 keeps it near 60)
+CHOOSE_BLOCK = 512
 #: calculate_qparams: groups per program, partial maxima per fused pair
 QPARAMS_BLOCK = 1024
 QPARAMS_MAX_PARTS = 64

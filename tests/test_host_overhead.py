@@ -227,16 +227,17 @@ OBSERVER_FORWARD = {
     "static_minmax": (1, 0, 0),
     "minmax": (1, 0, 0),
     # mse_search (search + choose), then combine_statistics (moving average,
-    # record)
+    # record); a search that cannot stop early (nvfp4_expanded: patience
+    # 1000 over 111 steps) writes its ranges itself, no choose launch
     "memoryless_mse": (3, 0, 0),
     "mse": (3, 0, 0),
-    "nvfp4_expanded_mse": (3, 0, 0),
+    "nvfp4_expanded_mse": (2, 0, 0),
     # + the importance (sum / count and its verdict: one launch, no read; the
     # fallback warning comes at get_qparams, from its one read) and torch's
     # mean of it (one aten op: the reference's own summation order on the
     # device), which the search's importance load divides by
     "imatrix_mse": (4, 1, 0),
-    "nvfp4_expanded_imatrix": (4, 1, 0),
+    "nvfp4_expanded_imatrix": (3, 1, 0),
 }
 # one observation + get_qparams, in kernel launches (the targets:
 # minmax family <= 3, MSE family <= 5, imatrix <= 6)
