@@ -62,12 +62,15 @@ __all__ = [
 ]
 
 
+_NOTHING = contextlib.nullcontext()  # reusable: it holds no state
+
+
 def _device_context(device: torch.device):
     """The context a launch runs in: the tensor's CUDA device (Triton launches
     on the current device and its current stream), nothing on the CPU."""
     if device.type == "cuda":
         return torch.cuda.device(device)
-    return contextlib.nullcontext()
+    return _NOTHING
 
 
 def on_device(value: torch.Tensor):

@@ -11,7 +11,10 @@ way on every device (the fp32 sums' order depends on the split).
 ``launch_config(...)`` is how a caller (a test, the compile check, the
 benchmark) passes another configuration in, for the calling thread / task,
 without rewriting anything global; ``current_config(op)`` is what a
-launcher reads at each call.
+launcher reads at each call. A launch prepared once for a call's signature
+(a launcher's ``prepare``) keeps the choices of the configuration it was
+prepared under; ``config_token()`` tells it whether that is still the one in
+force (the same object while no ``launch_config`` block is entered or left).
 """
 
 from __future__ import annotations
@@ -21,14 +24,14 @@ import contextvars
 import dataclasses
 from types import MappingProxyType
 
-import triton
-
 __all__ = [
     "LaunchConfig",
     "DEFAULTS",
     "CUDA_LAUNCH",
     "launch_config",
     "current_config",
+    "config_token",
+    "cdiv",
     "pow2_at_most",
     "choose_blocks",
     "num_warps_for",
@@ -47,8 +50,10 @@ __all__ = [
     "combine_block",
     "MAX_GRID_1",
     "SPLIT_W_ROWS",
-    "SPLIT_WARPS_W",
+    "split_blocks",
+    "minmax_part_warps",
     "MAX_SPLIT_STEPS",
+    "CHOOSE_BLOCK",
     "QPARAMS_BLOCK",
     "QPARAMS_MAX_PARTS",
     "IMPORTANCE_BLOCK",
@@ -91,12 +96,13 @@ class LaunchConfig:
     gpu_arith: bool | None = None
 
 
-#: each operation's launch configuration (read-only; ``launch_config`` overrides)
+#: each operation's launch configuration (read-only; ``launch_config`` overrides).
+#: The search holds every group of its tile in registers for all its steps:
+#: half the tile of the single-pass kernels (see ``search_warps``); the
+#: streaming kernels take 16 elements per thread and step (``STREAM_WARPS``).
 DEFAULTS = MappingProxyType({
-    **{op: LaunchConfig() for op in ("mse_search", "calculate_qparams", "combine_statistics",
-                                      "importance")},
-    # the streaming kernels: 16 elements per thread and step (``STREAM_WARPS``)
-    **{op: LaunchConfig(tile=2048) for op in ("min_max", "flatten", "accumulate_sq")},
+    **{op: LaunchConfig() for op in ("calculate_qparams", "combine_statistics", "importance")},
+    **{op: LaunchConfig(tile=2048) for op in ("mse_search", "min_max", "flatten", "accumulate_sq")},
 })
 
 # The launch configuration a GPU runs: one grid step per iteration of the
@@ -133,6 +139,11 @@ def launch_config(*, ops=None, **fields):
         _OVERRIDES.reset(token)
 
 
+#: () -> the ``launch_config`` blocks in force in this thread / task: the
+#: same object as long as none is entered or left (``()`` outside any)
+config_token = _OVERRIDES.get
+
+
 def current_config(op: str) -> LaunchConfig:
     """Operation ``op``'s configuration for this call: its default with the
     fields of the enclosing ``launch_config`` blocks applied."""
@@ -146,9 +157,15 @@ def current_config(op: str) -> LaunchConfig:
 MAX_GRID_1 = 65535  # CUDA's limit on grid axes 1 and 2
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) of integers (``triton.cdiv`` without its jit wrapper:
+    host arithmetic, called on every launch)."""
+    return -(-a // b)
+
+
 def pow2_at_most(n: int, cap: int) -> int:
     """The smallest power of two >= n, capped at ``cap`` (a power of two)."""
-    return min(triton.next_power_of_2(max(int(n), 1)), cap)
+    return min(1 << (max(int(n), 1) - 1).bit_length(), cap)
 
 
 def choose_blocks(
@@ -196,8 +213,8 @@ def choose_split(work_rows: int, row_block: int, work_per_row: int, other_progra
         worth = max(1, (work_rows * work_per_row) // config.min_elems_per_program)
         split = max(1, min(row_tiles, want, worth))
     split = min(split, MAX_GRID_1)
-    per_split = triton.cdiv(triton.cdiv(work_rows, split), row_block) * row_block
-    return triton.cdiv(work_rows, per_split), per_split
+    per_split = cdiv(cdiv(work_rows, split), row_block) * row_block
+    return cdiv(work_rows, per_split), per_split
 
 
 def finish_blocks(n: int, split: int, config: LaunchConfig) -> tuple[int, int]:
@@ -424,16 +441,20 @@ def accumulate_tile(H: int, channel_stride: int, NT: int, token_stride: int, ite
     return AccumulateTile(BT, BH, programs, split, per)
 
 
-def search_warps(block_g: int, block_e: int, fast: bool) -> int:
-    """Warps of the search's register path. The exact emulation (not ``fast``)
-    takes 16 for one whole 4096-element group per program (sm_90a: 8 warps
-    spill 4 bytes at norm 2.4, 16 use 57 registers); the GPU arithmetic needs
-    fewer registers and keeps 8 there (39 -> 64 registers, no spill), halving
-    the per-thread share of each step's group reduction (int8 channel: 67.5 ->
-    53.6 SASS per element and step)."""
-    if block_g == 1 and block_e >= 4096 and not fast:
-        return 16
-    return num_warps_for(block_g * block_e)
+def search_warps(tile_elems: int, elem_size: int, fast: bool) -> int:
+    """Warps of the search's register path for a tile of ``tile_elems``
+    values of ``elem_size`` bytes: 16 elements per thread with the GPU
+    arithmetic (``fast``) on 16-bit values, 8 otherwise (fp32 values, whose
+    division is correctly rounded per element, and the exact emulation need
+    more registers per element), at most 16 warps. With the search's default
+    tile (2048) the register path runs 4-warp blocks on bf16 / fp16 (sm_90a,
+    int4 group 128, triton 3.9 and 3.6: 64-72 registers, >= 28 warps per SM,
+    40.4-40.8 SASS per element and step at norm 2.4; 8 warps of 4096 took 64
+    registers and 4 bytes of stack in the asymmetric variant under 3.9's
+    register allocation) and 8-warp blocks on fp32 (54-64 registers where
+    16 elements per thread took 80-117 or spilled)."""
+    per_thread = 16 if fast and elem_size <= 2 else 8
+    return max(4, min(16, tile_elems // (32 * per_thread)))
 
 
 def combine_block(groups: int) -> int:
@@ -441,14 +462,40 @@ def combine_block(groups: int) -> int:
     return max(pow2_at_most(groups, 1024), 16)
 
 
-#: the search's split path with importance: rows of one column block per program
-SPLIT_W_ROWS = 16
-#: its warps: sm_90a, int8 channel 16384 fp16 with raw importance: 4 warps use
-#: 128 registers and no stack (36.4 SASS per element and step); 8 warps are
-#: held to 80 registers and spill 10 bytes
-SPLIT_WARPS_W = 4
+def split_blocks(config: LaunchConfig, elem_size: int, fast: bool, pad: bool,
+                 importance: bool) -> tuple[int, int]:
+    """(chunk, warps) of the search's split path: elements a program loads
+    and holds through every step at once, and its warps. As the register
+    path (``search_warps``) on ``config.chunk`` elements, except: a padded
+    layout and the rows sharing importance (``SPLIT_W_ROWS``) take half the
+    chunk, 8 elements per thread (sm_90a, triton 3.9 / 3.6: 16 per thread
+    took 118 / 96 registers padded, 127 / 126 with importance; 8 take
+    56-80)."""
+    per_thread = 16 if fast and elem_size <= 2 else 8
+    chunk = config.chunk
+    if importance or pad:
+        chunk, per_thread = max(chunk // 2, 1), 8
+    # a chunk smaller than 32 lanes' share takes one warp: more threads than
+    # elements left layout conversions in the step loop
+    return chunk, max(1, min(16, chunk // (32 * per_thread)))
+
+
+def minmax_part_warps(chunk: int) -> int:
+    """Warps of the split path's min/max: 8 elements per thread (each lane
+    keeps a running min, max and NaN flag besides its int64 offsets; sm_90a:
+    16 per thread took up to 129 registers)."""
+    return max(1, min(16, chunk // 256))
+
+
+#: the search's split path with importance: rows of one column block per
+#: program, sharing each chunk's importance load (sm_90a: 16 and 8 rows left
+#: 8-40 bytes of stack under triton 3.9 or 3.6; 4 none)
+SPLIT_W_ROWS = 4
 #: the split path keeps at most this many step errors per program
 MAX_SPLIT_STEPS = 1024
+#: the search's choose kernel: groups per iteration of its 4 warps (sm_90a:
+#: 1024 took 93-98 registers, 512 keeps it near 60)
+CHOOSE_BLOCK = 512
 #: calculate_qparams: groups per program, partial maxima per fused pair
 QPARAMS_BLOCK = 1024
 QPARAMS_MAX_PARTS = 64

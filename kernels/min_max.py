@@ -11,6 +11,8 @@ of its inputs), so they equal the reference bit for bit.
 Launches: one, or two when the rows of a group tile are split across
 programs to fill a GPU (a whole-tensor reduction): the first writes one
 partial min/max per (split, group), the second reduces the partials.
+``prepare`` makes the launch of a call's signature once (obskernels.ops
+keeps it for later calls of that signature).
 
 Streaming at memory speed (what an instruction costs here is per element):
 a program owns a block of groups (``_layout.tile_blocks``) and walks its rows
@@ -45,6 +47,8 @@ from obskernels.kernels._layout import (
     widen,
 )
 from obskernels.kernels.launch import (
+    cdiv,
+    config_token,
     current_config,
     finish_blocks,
     min_max_tile,
@@ -54,7 +58,7 @@ from obskernels.kernels import stats as ST
 from obskernels.kernels.quant import DTYPE_CODE
 from obskernels.spec.calls import MinMaxCall
 
-__all__ = ["min_max"]
+__all__ = ["min_max", "prepare"]
 
 
 @triton.jit
@@ -269,49 +273,83 @@ def min_max(call: MinMaxCall):
 
     The results of ``obskernels.reference.min_max`` for the same call;
     ``held`` / ``averaging_constant`` / ``status`` run the epilogue of
-    kernels/stats.py in the same launch.
+    kernels/stats.py in the same launch; ``out`` receives the results.
     """
-    value, held, status = call.flat.value, call.held, call.status
+    return prepare(call)(call)
+
+
+def prepare(call: MinMaxCall):
+    """The launch of ``call``, prepared from its signature: layout, blocks,
+    split and warps are chosen here once; the returned function launches any
+    call of the same signature (value, held, status and out of the same
+    shapes, strides, dtypes and devices; the same args and options), reading
+    only that call's tensors and observation index."""
+    value, held = call.flat.value, call.held
     check_kernel_dtype(value)
     check_launchable(value, "min_max")
     layout = group_layout(call.flat)
     mode, avg_a, avg_c = ST.combine_modes(held, call.averaging_constant)
     bits16 = held is not None and value.dtype == torch.bfloat16
+    token = config_token()
     config = current_config("min_max")
     tile = min_max_tile(layout, value.element_size(), config)
-    Q = layout.num_groups
-    split = tile.split
-
-    mins = torch.empty(layout.qshape, dtype=value.dtype, device=value.device)
-    maxs = torch.empty(layout.qshape, dtype=value.dtype, device=value.device)
-    if split == 1:
-        pmin, pmax = mins, maxs
-    else:
-        pmin = torch.empty((split, Q), dtype=value.dtype, device=value.device)
-        pmax = torch.empty((split, Q), dtype=value.dtype, device=value.device)
-    perm = layout.perm if layout.gather else value  # unread unless GATHER
+    Q, split = layout.num_groups, tile.split
+    qshape, dtype, dev = layout.qshape, value.dtype, value.device
+    perm, layout_args = layout.perm, (*layout.kernel_args(), tile.rows_per_split)
+    record = call.status is not None
+    epilogue = dict(MODE=mode, DTYPE=DTYPE_CODE[dtype], BITS16=bits16)
+    grid = (tile.programs, split)
+    first = dict(
+        **tile.blocks(), PAD=layout.pad, GATHER=layout.gather, RECORD=record, **tile.launch(),
+        **(epilogue if split == 1 else dict(MODE=ST.MODE_REPLACE.value, DTYPE=epilogue["DTYPE"],
+                                            BITS16=False)),
+    )
+    if split > 1:
+        FQ, FS = finish_blocks(Q, split, config)
+        finish = dict(BLOCK_Q=FQ, BLOCK_S=FS, **epilogue,
+                      num_warps=num_warps_for(FQ * FS))  # 4 warps at 4096 lanes: 155 registers
+        finish_grid = (cdiv(Q, FQ),)
 
     def bits(t):  # bf16 statistics as their bits in the epilogue (kernels/stats.py)
-        return t.view(torch.uint16) if bits16 else t
+        return t.view(torch.uint16)
 
-    held_min, held_max = held if held is not None else (mins, maxs)  # unread without held
-    epilogue = dict(MODE=mode, DTYPE=DTYPE_CODE[value.dtype], BITS16=bits16)
-    with on_device(value):
-        _min_max_kernel[(tile.programs, split)](
-            value, perm, bits(pmin) if split == 1 else pmin, bits(pmax) if split == 1 else pmax,
-            *layout.kernel_args(), tile.rows_per_split,
-            bits(held_min), bits(held_max), status if status is not None else pmin,
-            avg_a, avg_c, call.observation,
-            **tile.blocks(), PAD=layout.pad, GATHER=layout.gather, RECORD=status is not None,
-            **tile.launch(),
-            **(epilogue if split == 1 else dict(MODE=ST.MODE_REPLACE.value,
-                                                DTYPE=epilogue["DTYPE"], BITS16=False)),
-        )
-        if split > 1:
-            FQ, FS = finish_blocks(Q, split, config)
-            _min_max_finish_kernel[(triton.cdiv(Q, FQ),)](
-                pmin, pmax, bits(mins), bits(maxs), Q, split, bits(held_min), bits(held_max),
-                avg_a, avg_c, BLOCK_Q=FQ, BLOCK_S=FS, **epilogue,
-                num_warps=num_warps_for(FQ * FS),  # 4 warps at 4096 lanes: 155 registers
+    def launch(call: MinMaxCall):
+        if config_token() is not token:  # a launch_config block changed the policy
+            return min_max(call)
+        value, held, status, out = call.flat.value, call.held, call.status, call.out
+        if out is None:
+            mins = torch.empty(qshape, dtype=dtype, device=dev)
+            maxs = torch.empty(qshape, dtype=dtype, device=dev)
+        else:
+            mins, maxs = out
+        if held is None:
+            held_min, held_max = mins, maxs  # unread
+        else:
+            held_min, held_max = held  # read at the groups' flat index
+            if not (held_min.is_contiguous() and held_max.is_contiguous()):
+                held_min, held_max = held_min.contiguous(), held_max.contiguous()
+        omin, omax = mins, maxs
+        if bits16:  # (held and out are often the same tensors: viewed once)
+            held_min, held_max = bits(held_min), bits(held_max)
+            if out is held:
+                omin, omax = held_min, held_max
+            else:
+                omin, omax = bits(mins), bits(maxs)
+        if split == 1:
+            pmin, pmax = omin, omax
+        else:
+            pmin = torch.empty((split, Q), dtype=dtype, device=dev)
+            pmax = torch.empty((split, Q), dtype=dtype, device=dev)
+        with on_device(value):
+            _min_max_kernel[grid](
+                value, perm if perm is not None else value,  # perm: unread unless GATHER
+                pmin, pmax, *layout_args, held_min, held_max,
+                status if status is not None else pmin, avg_a, avg_c, call.observation, **first,
             )
-    return mins, maxs
+            if split > 1:
+                _min_max_finish_kernel[finish_grid](
+                    pmin, pmax, omin, omax, Q, split, held_min, held_max, avg_a, avg_c, **finish,
+                )
+        return mins, maxs
+
+    return launch

@@ -57,8 +57,7 @@ from obskernels.spec.checks import (
 __all__ = ["Flattening", "flattening", "Geometry", "GroupLayout", "group_layout", "coalesce"]
 
 
-@dataclasses.dataclass(frozen=True)
-class Flattening:
+class Flattening(NamedTuple):
     """A value checked for flattening (``flattening``), docs/spec.md §2.
 
     ``group_size``: GROUP and TENSOR_GROUP's; ``block``: BLOCK's (height,
@@ -66,6 +65,11 @@ class Flattening:
     g_idx (int64, what ``check_g_idx`` returns), None without g_idx.
     ``qshape``: the shape of min_vals / max_vals; ``flat_shape``: the
     flattened value's (padding of partial blocks included).
+
+    A named tuple, so that ``obskernels.ops`` can make the flattening of
+    another value of a checked signature without checking it again
+    (``flat._replace(value=other)``: nothing here but the value depends on
+    more than the value's shape, strides, dtype and device and the args).
     """
 
     value: torch.Tensor
@@ -95,7 +99,7 @@ class Flattening:
                 f"a flattening of shape {tuple(self.value.shape)} cannot take a tensor of "
                 f"shape {tuple(other.shape)}"
             )
-        return dataclasses.replace(self, value=other)
+        return self._replace(value=other)
 
 
 class Geometry(NamedTuple):

@@ -19,6 +19,19 @@ its bundled ptxas. From the cubin (``cuobjdump``):
   has no loop) divided by the elements each thread handles per iteration:
   ``sass_per_elem_step`` (per element and grid step for the search kernels,
   per element for single-pass kernels), split by the pipe that issues them;
+- shared memory in the hot loop (``loop_shared``: its LDS / STS / LDSM /
+  STSM / ATOMS instructions; a layout conversion or a reduction across warps
+  goes through shared memory, and in the search's step loop it is paid at
+  every step), its barriers (``loop_barriers``), and the layout conversions
+  triton left in that loop (``loop_conversions``: ``ttg.convert_layout`` ops
+  in the innermost loop of the TTGIR with the most operations; a tile's
+  conversion costs a round trip of the tile through shared memory, where a
+  reduction across warps exchanges one value per warp) and its reductions
+  across warps (``loop_cross_warp``: a group spread over several warps);
+- the warps resident per SM (``warps_per_sm``), from the registers, the
+  shared memory and the block size (sm_90: 64K registers allocated per warp
+  in units of 256, 228 KiB of shared memory with 1 KiB reserved per block,
+  at most 64 warps and 32 blocks);
 - for the streaming kernels (min_max, flatten, accumulate_sq and their
   finish passes), ``sass_per_elem_program``: the instructions one program
   issues per element of the value it covers, at the case's shape: its main
@@ -67,6 +80,9 @@ __all__ = [
     "compile_variant",
     "probe",
     "issue_seconds",
+    "warps_per_sm",
+    "ttgir_hot_loop",
+    "cross_warp_reductions",
     "recording",
     "cpu_tensors_recorded",
     "launch_work",
@@ -77,7 +93,7 @@ __all__ = [
 PACKAGE = "obskernels.kernels"
 # modules of kernels/ that launch no kernel of their own (mse_search_details:
 # the search's jit kernels, launched by mse_search)
-_NOT_KERNEL_MODULES = {"_layout", "launch", "quant", "mse_search_details"}
+_NOT_KERNEL_MODULES = {"_layout", "launch", "quant", "quant_pow", "mse_search_details"}
 
 PIPES = ("FP32", "INT", "MUFU", "LSU", "other")
 
@@ -103,7 +119,81 @@ _INT = ("IMAD", "IADD3", "IADD", "LOP3", "LOP", "SHF", "SHL", "SHR", "ISETP", "I
         "SEL", "PRMT", "IABS", "POPC", "FLO", "BREV", "BMSK", "IDP", "VIADD", "VIMNMX", "ISCADD",
         "UIADD3", "ULOP3", "USHF", "UIMAD", "ULEA", "USEL", "UISETP", "UPRMT", "UMOV")
 _LSU = ("LD", "LDG", "LDS", "LDL", "LDC", "ULDC", "ST", "STG", "STS", "STL", "ATOM", "ATOMG",
-        "ATOMS", "RED", "REDG", "SHFL", "LDSM", "LDGSTS", "MATCH")
+        "ATOMS", "RED", "REDG", "SHFL", "LDSM", "STSM", "LDGSTS", "MATCH")
+# the instructions that read or write shared memory
+_SHARED = ("LDS", "STS", "LDSM", "STSM", "ATOMS")
+
+# sm_90's residency limits (CUDA occupancy calculator, compute capability 9.0)
+_SM_REGISTERS = 65536
+_REG_UNIT = 256  # registers are allocated per warp in units of 256
+_SM_SHARED = 233472  # 228 KiB per SM
+_BLOCK_SHARED_RESERVED = 1024
+_SM_WARPS = 64
+_SM_BLOCKS = 32
+
+
+def ttgir_hot_loop(ttgir: str) -> List[str]:
+    """The lines of the innermost ``scf.for`` of a TTGIR listing with the most
+    lines (nested regions such as ``scf.if`` included); [] without loops."""
+    stack: List[dict] = []
+    inner: List[List[str]] = []
+    depth = 0
+    for line in ttgir.splitlines():
+        if re.search(r"\bscf\.for\b", line):
+            for loop in stack:
+                loop["leaf"] = False
+            stack.append(dict(depth=depth, lines=[], leaf=True))
+        for loop in stack:
+            loop["lines"].append(line)
+        depth += line.count("{") - line.count("}")
+        while stack and depth <= stack[-1]["depth"]:
+            loop = stack.pop()
+            if loop["leaf"]:
+                inner.append(loop["lines"])
+    return max(inner, key=len, default=[])
+
+
+_BLOCKED = re.compile(r"^(#\w+) = #ttg\.blocked<\{sizePerThread = \[([\d, ]+)\], "
+                      r"threadsPerWarp = \[([\d, ]+)\], warpsPerCTA = \[([\d, ]+)\]")
+_REDUCE = re.compile(r'"tt\.reduce"\(.*<\{axis = (\d+)')
+_REDUCE_TYPE = re.compile(r"^\s*\}\) : \(tensor<([\dx]+)x\w+, (#\w+)>")
+
+
+def cross_warp_reductions(ttgir: str, lines: List[str]) -> int:
+    """Reductions among ``lines`` (TTGIR) whose reduced axis is spread over
+    several warps (its blocked layout puts more than one warp on that axis
+    and the axis is longer than one warp covers): each exchanges one value
+    per warp through shared memory."""
+    layouts = {}
+    for line in ttgir.splitlines():
+        m = _BLOCKED.match(line)
+        if m:
+            layouts[m.group(1)] = [[int(v) for v in g.split(",")] for g in m.groups()[1:]]
+    count = 0
+    for i, line in enumerate(lines):
+        m = _REDUCE.search(line)
+        if not m:
+            continue
+        axis = int(m.group(1))
+        for close in lines[i + 1:]:
+            t = _REDUCE_TYPE.match(close)
+            if t:
+                shape = [int(v) for v in t.group(1).split("x")]
+                if t.group(2) in layouts:
+                    size, threads, warps = (v[axis] for v in layouts[t.group(2)])
+                    count += warps > 1 and shape[axis] > size * threads
+                break
+    return count
+
+
+def warps_per_sm(registers: int, shared: int, num_warps: int) -> int:
+    """Warps of a kernel resident on one sm_90 SM at once: whole blocks of
+    ``num_warps``, as many as the registers, the shared memory and the SM's
+    warp and block limits allow."""
+    per_warp = -(-max(registers, 1) * 32 // _REG_UNIT) * _REG_UNIT
+    by_regs = (_SM_REGISTERS // per_warp) // num_warps
+    by_shared = _SM_SHARED // (shared + _BLOCK_SHARED_RESERVED)
+    return min(by_regs, by_shared, _SM_WARPS // num_warps, _SM_BLOCKS) * num_warps
 
 
 def pipe_of(opcode: str) -> str:
@@ -393,9 +483,13 @@ def cpu_tensors_recorded():
     kernels were built for the compiler: for a caller that records a front
     call (an observer's, through obskernels.ops) inside ``recording()``, so
     that nothing runs. The backend takes CPU tensors where TRITON_INTERPRET
-    is set, which it reads at each call; the kernels keep what triton built
-    when they were imported (``kernels._layout.INTERPRETED`` stays False)."""
+    is set, which it reads for each call signature it has not seen (the
+    plans made in the block are dropped at its end); the kernels keep what
+    triton built when they were imported (``kernels._layout.INTERPRETED``
+    stays False)."""
     import obskernels.kernels  # noqa: F401 - built for the compiler before the switch
+
+    from obskernels import ops
 
     saved = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
@@ -406,6 +500,9 @@ def cpu_tensors_recorded():
             del os.environ["TRITON_INTERPRET"]
         else:
             os.environ["TRITON_INTERPRET"] = saved
+        # the plans kept for CPU tensors in the block took the triton backend,
+        # which CPU tensors cannot take outside it
+        ops._PLANS.clear()
 
 
 def record(calls, kernels=None) -> List[Launch]:
@@ -699,14 +796,21 @@ def compile_variant(launch: Launch) -> Dict:
         return counts
 
     spill_ops = sum(op.split(".")[0] in ("LDL", "STL") for _, op, _ in instrs)
+    shared = max(int(res.get("SHARED", 0)), int(k.metadata.shared))
+    hot_ir = ttgir_hot_loop(k.asm["ttgir"])
     rec.update(
         registers=int(res.get("REG", 0)),
         stack=int(res.get("STACK", 0)),
         local=int(res.get("LOCAL", 0)),
         spills=int(res.get("STACK", 0)) + int(res.get("LOCAL", 0)) + spill_ops,
-        shared=max(int(res.get("SHARED", 0)), int(k.metadata.shared)),
+        shared=shared,
+        warps_per_sm=warps_per_sm(int(res.get("REG", 0)), shared, rec["num_warps"]),
         sass_total=len(instrs),
         loop_sass=len(body),
+        loop_shared=sum(op.split(".")[0] in _SHARED for _, op, _ in body) if loop else 0,
+        loop_barriers=sum(op.split(".")[0] == "BAR" for _, op, _ in body) if loop else 0,
+        loop_conversions=sum("ttg.convert_layout" in line for line in hot_ir),
+        loop_cross_warp=cross_warp_reductions(k.asm["ttgir"], hot_ir),
         loop="step" if loop and launch.kernel.split(".")[-1] in _SEARCH else ("tile" if loop else "none"),
         elems_per_thread=per_thread,
         sass_per_elem_step=len(body) / per_thread,
@@ -763,7 +867,8 @@ def profile_launches(launches: List[Launch], cache: Optional[Dict] = None) -> Li
             cache[key] = compile_variant(launch)
         v = cache[key]
         rec = {k: v.get(k) for k in ("kernel", "variant", "error", "registers", "spills",
-                                     "sass_per_elem_step", "pipes", "loop")}
+                                     "sass_per_elem_step", "pipes", "loop", "loop_shared",
+                                     "loop_conversions", "loop_cross_warp", "warps_per_sm")}
         if not v["error"]:
             prog = program_profile(launch, v)
             if prog is not None:  # the whole program: value elements x per-element counts
@@ -798,7 +903,7 @@ def _elem_bytes(launch: Launch) -> Optional[int]:
 def probe(selected: Optional[str] = None) -> Dict:
     """Records every case's launches, compiles each distinct variant once.
     Returns {"triton": its version, "kernels": [...discovered], "variants": [...records],
-    "launches": [{"case", "tag", "kernel", "key", "targets", "elem_bytes",
+    "launches": [{"case", "tag", "kernel", "key", "variant", "targets", "elem_bytes",
     "sass_per_elem_program", "program_trips", "program_elems"}]}: per launch,
     what its program issues per element at that case's shape, and whether
     the case is held to the instruction targets (``Case.targets``)."""
@@ -818,6 +923,7 @@ def probe(selected: Optional[str] = None) -> Dict:
             variants[key]["case"] = f"{launch.kernel.split('.')[0]} {launch.case}"
         prog = program_profile(launch, variants[key]) or {}
         rows.append(dict(case=launch.case, tag=launch.tag, kernel=launch.kernel, key=key,
+                         variant=variants[key]["variant"],
                          targets=(launch.case, launch.kernel.split(".")[0]) in held,
                          elem_bytes=_elem_bytes(launch),
                          sass_per_elem_program=prog.get("sass_per_elem_program"),
@@ -846,23 +952,26 @@ def issue_seconds(pipes_per_elem: Dict[str, float], elem_steps: float,
 # command line
 # --------------------------------------------------------------------------- #
 def _table(variants: List[Dict]) -> str:
-    head = f"{'kernel':34} {'case':40} {'regs':>4} {'spill':>5} {'smem':>6} {'loop':>4} {'sass/el':>8} " + \
-        f"{'/prog':>6} " + " ".join(f"{p:>6}" for p in PIPES) + "  approx / libdevice"
+    head = f"{'kernel':34} {'case':40} {'regs':>4} {'warps':>5} {'spill':>5} {'smem':>6} {'loop':>4} " \
+        f"{'lds/sts':>7} {'sass/el':>8} {'/prog':>6} " + \
+        " ".join(f"{p:>6}" for p in PIPES) + "  approx / libdevice"
     lines = [head, "-" * len(head)]
     for v in variants:
         if v["error"]:
             lines.append(f"{v['kernel']:34} {v['case'][:40]:40} ERROR {v['error'][:120]}")
             continue
         lines.append(
-            f"{v['kernel']:34} {v['case'][:40]:40} {v['registers']:>4} {v['spills']:>5} {v['shared']:>6} "
-            f"{v['loop']:>4} {v['sass_per_elem_step']:8.1f} "
+            f"{v['kernel']:34} {v['case'][:40]:40} {v['registers']:>4} {v['warps_per_sm']:>5} "
+            f"{v['spills']:>5} {v['shared']:>6} {v['loop']:>4} {v['loop_shared']:>7} "
+            f"{v['sass_per_elem_step']:8.1f} "
             + (f"{v['sass_per_elem_program']:6.1f} " if v.get("sass_per_elem_program") is not None
                else f"{'-':>6} ")
             + " ".join(f"{v['pipes'][p]:6.1f}" for p in PIPES)
             + "  " + " ".join(v["approx"] + v["libdevice"])
         )
     lines.append("sass/el: SASS instructions of the hot loop per element (per element and grid "
-                 "step for the search's step loop), sm_90a, triton's bundled ptxas; by pipe after it.")
+                 "step for the search's step loop), sm_90a, triton's bundled ptxas; by pipe after it. "
+                 "warps: resident per SM; lds/sts: shared-memory instructions in the hot loop.")
     lines.append("/prog: what one program of the streaming kernels issues per element of the value "
                  "it covers at the case's shape (main loop x trips + the rest, per thread).")
     return "\n".join(lines)
