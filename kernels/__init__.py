@@ -18,6 +18,7 @@ imports it only when the triton backend is used.
 # version, and no import of obskernels in the middle of another package's
 # import.
 if __name__ == "obskernels.kernels":
+    from obskernels.kernels._layout import INTERPRETED
     from obskernels.kernels.accumulate_sq import accumulate_sq
     from obskernels.kernels.flatten import flatten_for_calibration
     from obskernels.kernels.importance import importance
@@ -26,7 +27,23 @@ if __name__ == "obskernels.kernels":
     from obskernels.kernels.qparams import calculate_qparams
     from obskernels.kernels.stats import combine_statistics
 
+    from obskernels.kernels.importance import prepare as _prepare_importance
+    from obskernels.kernels.min_max import prepare as _prepare_min_max
+    from obskernels.kernels.mse_search import prepare as _prepare_mse_search
+    from obskernels.kernels.qparams import prepare as _prepare_qparams
+    from obskernels.kernels.stats import prepare as _prepare_combine
+
+    #: operation -> ``prepare(call)``: the launch of the call's signature,
+    #: made once and kept by obskernels.ops for later calls of that signature
+    PREPARE = {
+        "min_max": _prepare_min_max,
+        "mse_search": _prepare_mse_search,
+        "calculate_qparams": _prepare_qparams,
+        "combine_statistics": _prepare_combine,
+        "importance": _prepare_importance,
+    }
+
     __all__ = ["flatten_for_calibration", "min_max", "mse_search", "accumulate_sq", "calculate_qparams", "combine_statistics",
-               "importance"]
+               "importance", "PREPARE", "INTERPRETED"]
 else:
     __all__ = []

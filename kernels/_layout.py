@@ -12,6 +12,11 @@ A kernel takes the layout as ``GroupLayout.kernel_args()``: the extents
 ``Q, NR, lim_r, lim_e`` (unspecialised: one variant for every size) and one
 ``geo`` argument, the ``Geometry`` tuple of strides and inner sizes
 (specialised field by field), which the helpers read by name.
+The streaming kernels (min_max, flatten) take their work as 4-D tiles
+[BLOCK_A, BLOCK_B, BLOCK_R, BLOCK_E] over (qa, qb, r, e) instead:
+``tile_blocks`` / ``tile_groups`` give a program its blocks of groups
+without a division per lane or block, ``tile_rows`` a row's offset with only the row levels the layout uses,
+``tile_offsets`` the element offsets and ``pad_inside`` the padding mask.
 ``widen`` and ``store_exact`` move values between the value's dtype and fp32
 exactly on both a GPU and the interpreter (bf16 through its bits); every
 kernel that loads or stores values in the value's dtype goes through them.
@@ -45,10 +50,19 @@ __all__ = [
     "layout_rows",
     "load_tile",
     "load_flat",
+    "tile_blocks",
+    "tile_groups",
+    "tile_rows",
+    "tile_lanes",
+    "tile_offsets",
+    "pad_inside",
     "widen",
     "store_exact",
     "INTERPRETED",
 ]
+
+
+_NOTHING = contextlib.nullcontext()  # reusable: it holds no state
 
 
 def _device_context(device: torch.device):
@@ -56,7 +70,7 @@ def _device_context(device: torch.device):
     on the current device and its current stream), nothing on the CPU."""
     if device.type == "cuda":
         return torch.cuda.device(device)
-    return contextlib.nullcontext()
+    return _NOTHING
 
 
 def on_device(value: torch.Tensor):
@@ -163,6 +177,101 @@ def load_flat(x_ptr, perm_ptr, q, k, in_group, geo, NR, lim_r, lim_e,
     base = gbase + layout_rows(r, geo)
     x = load_tile(x_ptr, perm_ptr, base, qa, qb, r, e, in_group, geo, NR, lim_r, lim_e, PAD, GATHER)
     return x, qb * geo.E + e
+
+
+@triton.jit
+def tile_blocks(Q, geo, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr):
+    """This program's blocks of BLOCK_A x BLOCK_B groups (qa, qb).
+
+    The grid (axis 0) holds a multiple of n_b = cdiv(QB, BLOCK_B) programs:
+    program p takes block column pb = p % n_b and block rows pa, pa + step,
+    ... below n_a (pa = p // n_b, step = programs / n_b), so a program that
+    loops over blocks needs no division per block. Returns (pa, pb, step,
+    n_a, QA)."""
+    n_b = tl.cdiv(geo.QB, BLOCK_B)
+    pid = tl.program_id(0)
+    QA = Q // geo.QB
+    return pid // n_b, pid % n_b, tl.num_programs(0) // n_b, tl.cdiv(QA, BLOCK_A), QA
+
+
+@triton.jit
+def tile_groups(pa, pb, QA, geo, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr,
+                GROUP_TAIL: tl.constexpr):
+    """Block (pa, pb)'s groups (``tile_blocks``).
+
+    Returns (qa, qb, ok): [BLOCK_A, BLOCK_B, 1, 1] int32 lanes inside the
+    layout and ``ok``, which lanes are groups of their own. GROUP_TAIL (the
+    blocks do not divide QA x QB): lanes past the last group are clamped to
+    it, so they read that group again and loads need no mask; without a tail
+    the lanes stay a plain range (contiguous groups then vectorise)."""
+    qa = pa * BLOCK_A + tl.arange(0, BLOCK_A)[:, None, None, None]
+    qb = pb * BLOCK_B + tl.arange(0, BLOCK_B)[None, :, None, None]
+    ok = (qa < QA) & (qb < geo.QB)
+    if GROUP_TAIL:
+        return tl.minimum(qa, QA - 1), tl.minimum(qb, geo.QB - 1), ok
+    else:
+        return qa, qb, ok
+
+
+@triton.jit
+def tile_rows(r, geo, ROW_LEVELS: tl.constexpr):
+    """int64 storage offset of flat rows ``r`` when only the inner
+    ROW_LEVELS of the three row levels are used (``GroupLayout.row_levels``;
+    0 for a layout of one row): no division for one level, one for two."""
+    if ROW_LEVELS == 0:  # a layout of one row
+        return r.to(tl.int64) * 0
+    elif ROW_LEVELS == 1:
+        return r.to(tl.int64) * geo.sr2
+    elif ROW_LEVELS == 2:
+        r1 = r // geo.R2
+        return r1.to(tl.int64) * geo.sr1 + (r - r1 * geo.R2).to(tl.int64) * geo.sr2
+    else:
+        return row_offsets(r, geo.R1, geo.R2, geo.sr0, geo.sr1, geo.sr2)
+
+
+@triton.jit
+def tile_lanes(r0, c, r_hi, E, BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr,
+               SHORT_E: tl.constexpr, ROW_TAIL: tl.constexpr):
+    """(r, e) lanes of rows [r0, r0 + BLOCK_R) x element chunk c of a tile,
+    every lane inside the layout: the last chunk is shifted back to end at E
+    (overlapping the one before), a chunk wider than E (SHORT_E) repeats
+    element E - 1, and rows past r_hi (ROW_TAIL: r_hi is not a multiple of
+    BLOCK_R) repeat row r_hi - 1. A repeat reads an element of the same group
+    again, so a min / max or a copy needs no mask; without a tail r0 is a
+    multiple of BLOCK_R, which lets rows that are contiguous vectorise."""
+    lane_e = tl.arange(0, BLOCK_E)[None, None, None, :]
+    if SHORT_E:
+        e = tl.minimum(lane_e, E - 1)
+    else:
+        e = tl.minimum(c * BLOCK_E, E - BLOCK_E) + lane_e
+    lane_r = tl.arange(0, BLOCK_R)[None, None, :, None]
+    if ROW_TAIL:
+        r = tl.minimum(r0 + lane_r, r_hi - 1)
+    else:
+        r = tl.multiple_of(r0 + lane_r, [1, 1, BLOCK_R, 1])
+    return r, e
+
+
+@triton.jit
+def tile_offsets(perm_ptr, qa, qb, r, e, geo, ROW_LEVELS: tl.constexpr, GATHER: tl.constexpr):
+    """int64 storage offsets of elements (qa, qb, r, e) (broadcastable int32
+    lanes, all inside the layout); under GATHER the column comes from perm."""
+    offs = qa.to(tl.int64) * geo.sqa + tile_rows(r, geo, ROW_LEVELS)
+    if GATHER:
+        col = tl.load(perm_ptr + (qb * geo.E + e))
+        return offs + col.to(tl.int64) * geo.se
+    else:
+        return offs + qb.to(tl.int64) * geo.sqb + e.to(tl.int64) * geo.se
+
+
+@triton.jit
+def pad_inside(qa, qb, r, e, geo, lim_r, lim_e):
+    """Which elements of a PAD layout lie inside the value (the rest are the
+    padding zeros of a partial block). A PAD layout's rows are one level of
+    the block's height (R2, specialised like E), so a mask along contiguous
+    rows or elements stays uniform over a vector when the limits are
+    multiples of 16."""
+    return (qa * geo.R2 + r < lim_r) & (qb * geo.E + e < lim_e)
 
 
 # The interpreter converts bf16 <-> fp32 with its own bit routine, which

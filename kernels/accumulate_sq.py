@@ -6,10 +6,11 @@
 x is read once in its own dtype (bf16 / fp16 / fp32, any leading dims, any
 strides) and squared in fp32 registers; no fp32 copy is made. Every sum runs
 in a fixed order, so repeated runs agree bit for bit: one program owns a
-block of channels and a fixed range of tokens (compensated summation per
-lane, then a fixed-shape tree over lanes). When the tokens are split across
-programs to fill a GPU, the partial sums land in a (split, hidden) buffer
-and a second launch adds them in split order.
+block of channels and a fixed range of tokens (per lane, plain sums of at
+most ``ACCUMULATE_ROUND`` steps, one fused multiply-add per element, added up
+with Kahan compensation; then a fixed-shape tree over lanes). When the tokens
+are split across programs to fill a GPU, the partial sums land in a
+(split, hidden) buffer and a second launch adds them in split order.
 """
 
 from __future__ import annotations
@@ -20,29 +21,42 @@ import triton.language as tl
 
 from obskernels.kernels._layout import check_launchable, coalesce, on_device, row_offsets, widen
 from obskernels.kernels.launch import (
-    choose_blocks,
-    choose_split,
+    ACCUMULATE_ROUND,
+    accumulate_tile,
     current_config,
     finish_blocks,
-    num_warps_for,
-    pow2_at_most,
 )
 from obskernels.spec.calls import AccumulateCall
 
 __all__ = ["accumulate_sq"]
 
 
+@triton.jit
+def _token_offsets(t, R1, R2, sr0, sr1, sr2, ROW_LEVELS: tl.constexpr):
+    """int64 storage offset of tokens t = (t0 * R1 + t1) * R2 + t2, with only
+    the inner ROW_LEVELS of the three levels in use (no division for one)."""
+    if ROW_LEVELS == 1:
+        return t.to(tl.int64) * sr2
+    else:
+        return row_offsets(t, R1, R2, sr0, sr1, sr2)
+
+
 @triton.jit(do_not_specialize=["NT", "tokens_per_split"])
 def _sum_sq_kernel(
     x_ptr, out_ptr, count_ptr,
     H, sh, NT, R1, R2, sr0, sr1, sr2, tokens_per_split, s_out_split, s_out_h,
-    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, ADD: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, ROUND: tl.constexpr,
+    ROW_LEVELS: tl.constexpr, ADD: tl.constexpr,
 ):
     """Program (i, s): channels [i*BLOCK_H, (i+1)*BLOCK_H), tokens
     [s*tokens_per_split, (s+1)*tokens_per_split).
 
-    total[h] = sum over its tokens of x[t, h]**2 in fp32, Kahan-compensated
-    per (token lane, channel) so long token ranges keep full fp32 accuracy.
+    total[h] = sum over its tokens of x[t, h]**2 in fp32. Each (token lane,
+    channel) sums ROUND steps plainly (x*x + acc, one instruction), then adds
+    that round's sum to its total with Kahan compensation: a plain chain is at
+    most ROUND terms long (relative error <= ROUND * 2^-24 for these positive
+    terms), however many tokens a program has. The lanes' totals are then
+    summed in a fixed-shape tree.
     ADD: out is sum_buf, out[h] += total[h], and program (0, 0) adds NT to
     the count. Otherwise out[s, h] = total[h] (a partial for the finish pass).
     """
@@ -53,29 +67,32 @@ def _sum_sq_kernel(
     h_off = h.to(tl.int64) * sh
     t_lo = pid_s * tokens_per_split
     t_hi = tl.minimum(t_lo + tokens_per_split, NT)
-    acc = tl.zeros([BLOCK_T, BLOCK_H], tl.float32)
+    total = tl.zeros([BLOCK_T, BLOCK_H], tl.float32)
     comp = tl.zeros([BLOCK_T, BLOCK_H], tl.float32)
-    for t0 in range(t_lo, t_hi, BLOCK_T):
-        t = t0 + tl.arange(0, BLOCK_T)[:, None]
-        ok = (t < t_hi) & h_ok
-        x = widen(tl.load(x_ptr + row_offsets(t, R1, R2, sr0, sr1, sr2) + h_off, mask=ok, other=0.0))
-        y = x * x - comp
-        s = acc + y
-        comp = (s - acc) - y
+    for r0 in range(t_lo, t_hi, BLOCK_T * ROUND):
+        acc = tl.zeros([BLOCK_T, BLOCK_H], tl.float32)
+        for t0 in range(r0, tl.minimum(r0 + BLOCK_T * ROUND, t_hi), BLOCK_T):
+            t = t0 + tl.arange(0, BLOCK_T)[:, None]
+            offs = _token_offsets(t, R1, R2, sr0, sr1, sr2, ROW_LEVELS) + h_off
+            x = widen(tl.load(x_ptr + offs, mask=(t < t_hi) & h_ok, other=0.0))
+            acc += x * x
+        y = acc - comp
+        s = total + y
+        comp = (s - total) - y
         # Once a lane holds inf or NaN, inf - inf would poison the compensation
         # (the reference's plain sum stays inf): drop it there.
         comp = tl.where(comp == comp, comp, 0.0)
-        acc = s
-    total = tl.sum(acc - comp, axis=0)
+        total = s
+    result = tl.sum(total - comp, axis=0)
     hh = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     if ADD:
         ptrs = out_ptr + hh.to(tl.int64) * s_out_h
-        tl.store(ptrs, tl.load(ptrs, mask=hh < H, other=0.0) + total, mask=hh < H)
+        tl.store(ptrs, tl.load(ptrs, mask=hh < H, other=0.0) + result, mask=hh < H)
         if (pid_h == 0) & (pid_s == 0):
             tl.store(count_ptr, tl.load(count_ptr) + NT)
     else:
         ptrs = out_ptr + pid_s.to(tl.int64) * s_out_split + hh.to(tl.int64) * s_out_h
-        tl.store(ptrs, total, mask=hh < H)
+        tl.store(ptrs, result, mask=hh < H)
 
 
 @triton.jit(do_not_specialize=["SPLIT", "NT"])
@@ -83,17 +100,22 @@ def _sum_sq_finish_kernel(
     part_ptr, sum_ptr, count_ptr, H, s_sum, SPLIT, NT,
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
-    """sum_buf[h] += sum over s of part[s, h] (fixed order); program 0 adds NT
-    to the count. One program per BLOCK_H channels."""
+    """sum_buf[h] += sum over s of part[s, h] (fixed order, Kahan-compensated
+    per lane); program 0 adds NT to the count. One program per BLOCK_H channels."""
     pid = tl.program_id(0)
     h = pid * BLOCK_H + tl.arange(0, BLOCK_H)[None, :]
     acc = tl.zeros([BLOCK_S, BLOCK_H], tl.float32)
+    comp = tl.zeros([BLOCK_S, BLOCK_H], tl.float32)
     for s0 in range(0, SPLIT, BLOCK_S):
         s = s0 + tl.arange(0, BLOCK_S)[:, None]
-        acc += tl.load(part_ptr + s.to(tl.int64) * H + h, mask=(s < SPLIT) & (h < H), other=0.0)
+        y = tl.load(part_ptr + s.to(tl.int64) * H + h, mask=(s < SPLIT) & (h < H), other=0.0) - comp
+        t = acc + y
+        comp = (t - acc) - y
+        comp = tl.where(comp == comp, comp, 0.0)
+        acc = t
     hh = pid * BLOCK_H + tl.arange(0, BLOCK_H)
     ptrs = sum_ptr + hh.to(tl.int64) * s_sum
-    tl.store(ptrs, tl.load(ptrs, mask=hh < H, other=0.0) + tl.sum(acc, axis=0), mask=hh < H)
+    tl.store(ptrs, tl.load(ptrs, mask=hh < H, other=0.0) + tl.sum(acc - comp, axis=0), mask=hh < H)
     if pid == 0:
         tl.store(count_ptr, tl.load(count_ptr) + NT)
 
@@ -118,38 +140,31 @@ def accumulate_sq(call: AccumulateCall):
     NT = x.numel() // H
     config = current_config("accumulate_sq")
 
-    # Channels are the group axis, tokens the row axis (E = 1).
-    BH, BT, _ = choose_blocks((H, NT, 1), (abs(sh), abs(sr2) if R2 > 1 else 1 << 62, 1 << 62),
-                              min(config.tile, 2048))
-    # Keep enough channel blocks to spread over programs, and some token lanes
-    # so each lane's compensated sum runs over fewer tokens.
-    while BH > 128 and BT < min(8, pow2_at_most(NT, 8)):
-        BH, BT = BH // 2, BT * 2
-    n_h = triton.cdiv(H, BH)
-    split, tokens_per_split = choose_split(NT, BT, BH, n_h, config)
-
-    rows = (H, sh, NT, R1, R2, sr0, sr1, sr2, tokens_per_split)
+    tile = accumulate_tile(H, abs(sh), NT, abs(sr2) if R2 > 1 else 1 << 62,
+                           x.element_size(), config)
+    levels = 1 if R1 == 1 and NT == R2 else 3  # one token level: no division
+    rows = (H, sh, NT, R1, R2, sr0, sr1, sr2, tile.tokens_per_split)
     with on_device(x):
-        _launch(x, sum_buf, count_buf, rows, n_h, split, BT, BH, config)
+        _launch(x, sum_buf, count_buf, rows, tile, levels, config)
     return None
 
 
-def _launch(x, sum_buf, count_buf, rows, n_h, split, BT, BH, config):
+def _launch(x, sum_buf, count_buf, rows, tile, levels, config):
     H, NT = rows[0], rows[2]
-    if split == 1:
-        _sum_sq_kernel[(n_h, 1)](
-            x, sum_buf, count_buf, *rows, 0, sum_buf.stride(0),
-            BLOCK_T=BT, BLOCK_H=BH, ADD=True, num_warps=num_warps_for(BT * BH),
+    blocks = dict(BLOCK_T=tile.t, BLOCK_H=tile.h, ROUND=ACCUMULATE_ROUND, ROW_LEVELS=levels,
+                  **tile.launch())
+    if tile.split == 1:
+        _sum_sq_kernel[(tile.programs, 1)](
+            x, sum_buf, count_buf, *rows, 0, sum_buf.stride(0), ADD=True, **blocks,
         )
         return None
-    part = torch.empty((split, H), dtype=torch.float32, device=x.device)
-    _sum_sq_kernel[(n_h, split)](
-        x, part, count_buf, *rows, H, 1, BLOCK_T=BT, BLOCK_H=BH, ADD=False,
-        num_warps=num_warps_for(BT * BH),
+    part = torch.empty((tile.split, H), dtype=torch.float32, device=x.device)
+    _sum_sq_kernel[(tile.programs, tile.split)](
+        x, part, count_buf, *rows, H, 1, ADD=False, **blocks,
     )
-    FH, FS = finish_blocks(H, split, config)
+    FH, FS = finish_blocks(H, tile.split, config)
     _sum_sq_finish_kernel[(triton.cdiv(H, FH),)](
-        part, sum_buf, count_buf, H, sum_buf.stride(0), split, NT,
+        part, sum_buf, count_buf, H, sum_buf.stride(0), tile.split, NT,
         BLOCK_S=FS, BLOCK_H=FH,
     )
     return None

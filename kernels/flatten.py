@@ -17,15 +17,17 @@ import triton
 import triton.language as tl
 from compressed_tensors.quantization import QuantizationStrategy
 
-from obskernels.kernels.launch import choose_blocks, current_config, num_warps_for
+from obskernels.kernels.launch import current_config, flatten_tile
 from obskernels.kernels._layout import (
     check_kernel_dtype,
     check_launchable,
-    group_base,
     group_layout,
-    layout_rows,
-    load_tile,
     on_device,
+    pad_inside,
+    tile_blocks,
+    tile_groups,
+    tile_lanes,
+    tile_offsets,
 )
 from obskernels.spec.checks import ATTENTION
 from obskernels.spec.layout import Flattening
@@ -33,31 +35,59 @@ from obskernels.spec.layout import Flattening
 __all__ = ["flatten_for_calibration"]
 
 
-@triton.jit(do_not_specialize=["Q", "NR", "lim_r", "lim_e"])
+@triton.jit
+def _copy_step(x_ptr, perm_ptr, out_ptr, qa, qb, r0, c, r_hi, geo, NR, lim_r, lim_e,
+               BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr, ROW_LEVELS: tl.constexpr,
+               SHORT_E: tl.constexpr, ROW_TAIL: tl.constexpr, PAD: tl.constexpr,
+               GATHER: tl.constexpr):
+    """Copy rows [r0, r0 + BLOCK_R) x element chunk c of groups (qa, qb)."""
+    r, e = tile_lanes(r0, c, r_hi, geo.E, BLOCK_R, BLOCK_E, SHORT_E, ROW_TAIL)
+    ptrs = x_ptr + tile_offsets(perm_ptr, qa, qb, r, e, geo, ROW_LEVELS, GATHER)
+    if PAD:
+        x = tl.load(ptrs, mask=pad_inside(qa, qb, r, e, geo, lim_r, lim_e), other=0.0)
+    else:
+        x = tl.load(ptrs)
+    q = qa * geo.QB + qb
+    tl.store(out_ptr + ((q.to(tl.int64) * NR + r) * geo.E + e), x)
+
+
+@triton.jit(do_not_specialize=["Q", "NR", "rows_per_program"])
 def _flatten_kernel(
     x_ptr, perm_ptr, out_ptr,
-    Q, NR, lim_r, lim_e, geo,
-    BLOCK_Q: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr,
-    PAD: tl.constexpr, GATHER: tl.constexpr,
+    Q, NR, lim_r, lim_e, geo, rows_per_program,
+    BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr,
+    ROW_LEVELS: tl.constexpr, SHORT_E: tl.constexpr, ROW_TAIL: tl.constexpr,
+    GROUP_TAIL: tl.constexpr, GROUP_LOOP: tl.constexpr, PAD: tl.constexpr, GATHER: tl.constexpr,
 ):
     """out[(q*NR + r)*E + e] = flat[q, r, e] (padding zeros included).
 
-    Program (i, j) copies groups [i*BLOCK_Q, (i+1)*BLOCK_Q) x rows
-    [j*BLOCK_R, (j+1)*BLOCK_R), looping over the elements in BLOCK_E chunks.
+    Program (i, s) copies the BLOCK_A x BLOCK_B groups of block i
+    (``tile_blocks``) x rows [s*rows_per_program, (s+1)*rows_per_program),
+    BLOCK_R rows x BLOCK_E elements per step (GROUP_LOOP, a block is one
+    step: a program takes several blocks of a block column). No mask but the padding zeros':
+    lanes past the end repeat an element of their group (``tile_lanes``) and
+    store it again where it belongs, the same bits to the same place.
     """
-    q = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)[:, None, None]
-    r = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)[None, :, None]
-    qa, qb, gbase = group_base(q, geo)
-    base = gbase + layout_rows(r, geo)
-    E = geo.E
-    qr_ok = (q < Q) & (r < NR)
-    out_base = (q.to(tl.int64) * NR + r) * E
-    for e0 in range(0, E, BLOCK_E):
-        e = e0 + tl.arange(0, BLOCK_E)[None, None, :]
-        in_group = qr_ok & (e < E)
-        x = load_tile(x_ptr, perm_ptr, base, qa, qb, r, e, in_group,
-                      geo, NR, lim_r, lim_e, PAD, GATHER)
-        tl.store(out_ptr + out_base + e, x, mask=in_group)
+    r_lo = tl.program_id(1) * rows_per_program
+    r_hi = tl.minimum(r_lo + rows_per_program, NR)
+    pa, pb, step, n_a, QA = tile_blocks(Q, geo, BLOCK_A, BLOCK_B)
+    if GROUP_LOOP:  # a block is one step: a program copies several of a block column
+        for blk in range(pa, n_a, step):
+            qa, qb, _ = tile_groups(blk, pb, QA, geo, BLOCK_A, BLOCK_B, GROUP_TAIL)
+            _copy_step(x_ptr, perm_ptr, out_ptr, qa, qb, r_lo, 0, r_hi, geo, NR, lim_r, lim_e,
+                       BLOCK_R, BLOCK_E, ROW_LEVELS, SHORT_E, ROW_TAIL, PAD, GATHER)
+    else:
+        qa, qb, _ = tile_groups(pa, pb, QA, geo, BLOCK_A, BLOCK_B, GROUP_TAIL)
+        n_e = tl.cdiv(geo.E, BLOCK_E)
+        r0 = r_lo
+        c = 0
+        for _ in tl.range(0, tl.cdiv(r_hi - r_lo, BLOCK_R) * n_e, loop_unroll_factor=1):
+            _copy_step(x_ptr, perm_ptr, out_ptr, qa, qb, r0, c, r_hi, geo, NR, lim_r, lim_e,
+                       BLOCK_R, BLOCK_E, ROW_LEVELS, SHORT_E, ROW_TAIL, PAD, GATHER)
+            c += 1
+            wrap = c == n_e
+            c = tl.where(wrap, 0, c)
+            r0 = tl.where(wrap, r0 + BLOCK_R, r0)
 
 
 def flatten_for_calibration(flat: Flattening):
@@ -78,13 +108,11 @@ def flatten_for_calibration(flat: Flattening):
         src = value.transpose(1, 2) if flat.base_name in ATTENTION else value
         return src.reshape(layout.flat_shape)
     out = torch.empty(layout.flat_shape, dtype=value.dtype, device=value.device)
-    Q, NR, E = layout.num_groups, layout.num_rows, layout.elems
-    BQ, BR, BE = choose_blocks((Q, NR, E), layout.axis_strides(), current_config("flatten").tile)
+    tile = flatten_tile(layout, value.element_size(), current_config("flatten"))
     perm = layout.perm if layout.gather else value  # unread unless GATHER
     with on_device(value):
-        _flatten_kernel[(triton.cdiv(Q, BQ), triton.cdiv(NR, BR))](
-            value, perm, out, *layout.kernel_args(),
-            BLOCK_Q=BQ, BLOCK_R=BR, BLOCK_E=BE, PAD=layout.pad, GATHER=layout.gather,
-            num_warps=num_warps_for(BQ * BR * BE),
+        _flatten_kernel[(tile.programs, tile.split)](
+            value, perm, out, *layout.kernel_args(), tile.rows_per_split,
+            **tile.blocks(), PAD=layout.pad, GATHER=layout.gather, **tile.launch(),
         )
     return out

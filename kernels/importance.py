@@ -30,7 +30,7 @@ from obskernels.spec.record import (
     STATUS_IMPORTANCE,
 )
 
-__all__ = ["importance"]
+__all__ = ["importance", "prepare"]
 
 _SLOT: tl.constexpr = tl.constexpr(STATUS_IMPORTANCE)
 _OK: tl.constexpr = tl.constexpr(IMPORTANCE_OK)
@@ -69,9 +69,20 @@ def _importance_kernel(sum_ptr, count_ptr, imp_ptr, status_ptr, H, sh, BLOCK: tl
 def importance(call: ImportanceCall):
     """Triton twin of ``reference.importance``: (imp, with the verdict written
     into ``status``)."""
-    sum_buf, count_buf, status = call.sum_buf, call.count_buf, call.status
-    imp = torch.empty(sum_buf.shape, dtype=torch.float32, device=sum_buf.device)
-    with on_device(sum_buf):
-        _importance_kernel[(1,)](sum_buf, count_buf, imp, status, sum_buf.numel(),
-                                 sum_buf.stride(0), BLOCK=IMPORTANCE_BLOCK)
-    return imp
+    return prepare(call)(call)
+
+
+def prepare(call: ImportanceCall):
+    """The launch of ``call``'s signature (see kernels/min_max.py ``prepare``)."""
+    shape, dev = call.sum_buf.shape, call.sum_buf.device
+    H, stride = call.sum_buf.numel(), call.sum_buf.stride(0)
+
+    def launch(call: ImportanceCall):
+        sum_buf = call.sum_buf
+        imp = torch.empty(shape, dtype=torch.float32, device=dev)
+        with on_device(sum_buf):
+            _importance_kernel[(1,)](sum_buf, call.count_buf, imp, call.status, H, stride,
+                                     BLOCK=IMPORTANCE_BLOCK)
+        return imp
+
+    return launch

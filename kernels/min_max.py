@@ -11,6 +11,20 @@ of its inputs), so they equal the reference bit for bit.
 Launches: one, or two when the rows of a group tile are split across
 programs to fill a GPU (a whole-tensor reduction): the first writes one
 partial min/max per (split, group), the second reduces the partials.
+``prepare`` makes the launch of a call's signature once (obskernels.ops
+keeps it for later calls of that signature).
+
+Streaming at memory speed (what an instruction costs here is per element):
+a program owns a block of groups (``_layout.tile_blocks``) and walks its rows
+and element chunks with running min/max lanes, so the reduction across lanes
+runs once per program, not once per tile. No load is masked except a padding
+zero: lanes past the last group, row or element repeat one of their group's
+elements (a repeat cannot change a min or a max) - the last element chunk of
+a group is shifted back to end at the group's end, and a chunk wider than
+the group repeats its last element. The running lanes propagate NaN
+(``propagate_nan=ALL``: one instruction on the GPU, numpy's minimum in the
+interpreter); the cross-lane reductions ignore NaN on both, so one flag per
+group, from the lanes, puts it back.
 """
 
 from __future__ import annotations
@@ -22,32 +36,31 @@ import triton.language as tl
 from obskernels.kernels._layout import (
     check_kernel_dtype,
     check_launchable,
-    group_base,
     group_layout,
-    layout_rows,
-    load_tile,
     on_device,
+    pad_inside,
     store_exact,
+    tile_blocks,
+    tile_groups,
+    tile_lanes,
+    tile_offsets,
     widen,
 )
 from obskernels.kernels.launch import (
-    choose_blocks,
-    choose_split,
+    cdiv,
+    config_token,
     current_config,
     finish_blocks,
-    min_max_warps,
+    min_max_tile,
     num_warps_for,
 )
 from obskernels.kernels import stats as ST
 from obskernels.kernels.quant import DTYPE_CODE
 from obskernels.spec.calls import MinMaxCall
 
-__all__ = ["min_max"]
+__all__ = ["min_max", "prepare"]
 
 
-# Sizes that vary per call are not specialised on (one compiled variant per
-# block shape and mode, not per tensor size); strides stay specialised so a
-# unit stride is known at compile time and loads vectorise.
 @triton.jit
 def _epilogue(min_ptr, max_ptr, offs, lo_q, hi_q, qq, mask, held_min_ptr, held_max_ptr,
               avg_a, avg_c, MODE: tl.constexpr, DTYPE: tl.constexpr, BITS16: tl.constexpr):
@@ -63,92 +76,167 @@ def _epilogue(min_ptr, max_ptr, offs, lo_q, hi_q, qq, mask, held_min_ptr, held_m
         store_exact(max_ptr + offs, hi_q, mask)
 
 
-@triton.jit(do_not_specialize=["Q", "NR", "lim_r", "lim_e", "rows_per_split", "observation"])
+@triton.jit
+def _tile(x_ptr, perm_ptr, qa, qb, r0, c, r_hi, geo, NR, lim_r, lim_e,
+          BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr, ROW_LEVELS: tl.constexpr,
+          SHORT_E: tl.constexpr, ROW_TAIL: tl.constexpr, PAD: tl.constexpr, GATHER: tl.constexpr):
+    """Rows [r0, r0 + BLOCK_R) x element chunk c of the groups (qa, qb), as
+    fp32, every lane an element of its own group (``tile_lanes``)."""
+    r, e = tile_lanes(r0, c, r_hi, geo.E, BLOCK_R, BLOCK_E, SHORT_E, ROW_TAIL)
+    ptrs = x_ptr + tile_offsets(perm_ptr, qa, qb, r, e, geo, ROW_LEVELS, GATHER)
+    if PAD:
+        x = tl.load(ptrs, mask=pad_inside(qa, qb, r, e, geo, lim_r, lim_e), other=0.0)
+    else:
+        x = tl.load(ptrs)
+    return widen(x)
+
+
+@triton.jit
+def _count_slice(x_ptr, perm_ptr, qa, qb, q_ok, r_lo, r_hi, geo, lim_r, lim_e,
+                 BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr, ROW_LEVELS: tl.constexpr,
+                 PAD: tl.constexpr, GATHER: tl.constexpr):
+    """(NaN, +inf, -inf) counts of the program's slice (the rarely taken error
+    path), each element once: the steps of the tile, masked instead of
+    repeating lanes."""
+    c_nan = r_lo.to(tl.int64) * 0
+    c_pos = c_nan
+    c_neg = c_nan
+    E = geo.E
+    for r0 in range(r_lo, r_hi, BLOCK_R):
+        r = r0 + tl.arange(0, BLOCK_R)[None, None, :, None]
+        for e0 in range(0, E, BLOCK_E):
+            e = e0 + tl.arange(0, BLOCK_E)[None, None, None, :]
+            ok = q_ok & (r < r_hi) & (e < E)
+            inside = ok
+            if PAD:
+                inside = ok & pad_inside(qa, qb, r, e, geo, lim_r, lim_e)
+            offs = tile_offsets(perm_ptr, qa, qb, r, tl.minimum(e, E - 1), geo, ROW_LEVELS, GATHER)
+            # counts only NaN / +-inf: the plain widening is exact for those
+            x = tl.load(x_ptr + offs, mask=inside, other=0.0).to(tl.float32)
+            n1, p1, m1 = ST.count_nonfinite(x, ok)
+            c_nan += n1
+            c_pos += p1
+            c_neg += m1
+    return c_nan, c_pos, c_neg
+
+
+@triton.jit
+def _reduce_store(lo, hi, qa, qb, q_ok, out_base, geo, min_ptr, max_ptr, held_min_ptr,
+                  held_max_ptr, avg_a, avg_c, MODE: tl.constexpr, DTYPE: tl.constexpr,
+                  BITS16: tl.constexpr, RECORD: tl.constexpr):
+    """Reduce the running lanes to each group's (min, max) and store them
+    through the epilogue at out_base + q. Returns, per group (RECORD; else
+    0), 1 where a real group's result is not finite (a NaN, +inf or -inf was
+    read)."""
+    # [BLOCK_A, BLOCK_B, 1, 1]: a NaN lane sets the flag (min and max hold it alike)
+    has_nan = tl.max(tl.max((lo != lo).to(tl.int32), axis=3, keep_dims=True),
+                     axis=2, keep_dims=True) > 0
+    lo_q = tl.min(tl.min(lo, axis=3, keep_dims=True), axis=2, keep_dims=True)
+    hi_q = tl.max(tl.max(hi, axis=3, keep_dims=True), axis=2, keep_dims=True)
+    lo_q = tl.where(has_nan, float("nan"), lo_q)
+    hi_q = tl.where(has_nan, float("nan"), hi_q)
+    qq = qa * geo.QB + qb
+    _epilogue(min_ptr, max_ptr, out_base + qq, lo_q, hi_q, qq, q_ok, held_min_ptr, held_max_ptr,
+              avg_a, avg_c, MODE, DTYPE, BITS16)
+    if RECORD:
+        return (q_ok & (has_nan | (hi_q == float("inf")) | (lo_q == float("-inf")))).to(tl.int32)
+    else:
+        return 0
+
+
+@triton.jit
+def _any(bad):
+    """Whether any lane of a [BLOCK_A, BLOCK_B, 1, 1] flag tensor is set (a scalar)."""
+    return tl.max(tl.max(tl.max(tl.max(bad, axis=3), axis=2), axis=1), axis=0) > 0
+
+
+# Sizes that vary per call are not specialised on (one compiled variant per
+# block shape and mode, not per tensor size); strides and the padding limits
+# stay specialised, so a unit stride is known at compile time and loads (and
+# the padding masks of a width divisible by 16) vectorise.
+@triton.jit(do_not_specialize=["Q", "NR", "rows_per_split", "observation"])
 def _min_max_kernel(
     x_ptr, perm_ptr, min_ptr, max_ptr,
     Q, NR, lim_r, lim_e, geo,
     rows_per_split, held_min_ptr, held_max_ptr, status_ptr, avg_a, avg_c, observation,
-    BLOCK_Q: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr,
-    PAD: tl.constexpr, GATHER: tl.constexpr,
+    BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr,
+    ROW_LEVELS: tl.constexpr, SHORT_E: tl.constexpr, ROW_TAIL: tl.constexpr,
+    GROUP_TAIL: tl.constexpr, GROUP_LOOP: tl.constexpr, PAD: tl.constexpr, GATHER: tl.constexpr,
     MODE: tl.constexpr, DTYPE: tl.constexpr, BITS16: tl.constexpr, RECORD: tl.constexpr,
 ):
-    """Program (i, s): groups [i*BLOCK_Q, (i+1)*BLOCK_Q), rows
-    [s*rows_per_split, (s+1)*rows_per_split), every element of those rows.
+    """Program (i, s): the BLOCK_A x BLOCK_B groups of block i
+    (``tile_groups``), rows [s*rows_per_split, (s+1)*rows_per_split), every
+    element of those rows, BLOCK_R rows x BLOCK_E elements per step.
+    GROUP_LOOP (a block is one step: one row, one chunk): a program takes
+    several blocks of a block column instead (``tile_blocks``), one step each.
 
     Writes min/max of that slice to min_ptr[s*Q + q] / max_ptr[s*Q + q]
     (s is 0 without a split, then these are the results), in their dtype.
-    Lanes keep running min/max in fp32 (exact for fp16/bf16/fp32 values) and
-    reduce once at the end; NaN is tracked as a flag because min/max on a GPU
-    drop NaN operands.
+    Lanes keep running min/max in fp32 (exact for fp16/bf16/fp32 values),
+    NaN propagating, and reduce once at the end.
 
     Epilogue (kernels/stats.py), without a split only: MODE combines the
     results with the held statistics before they are stored (BITS16: bf16
     statistics addressed as their bits); RECORD adds this slice's NaN / +-inf
     counts to the observer's non-finite record.
     """
-    pid_q = tl.program_id(0)
     pid_s = tl.program_id(1)
-    q = pid_q * BLOCK_Q + tl.arange(0, BLOCK_Q)[:, None, None]
-    q_ok = q < Q
-    qa, qb, gbase = group_base(q, geo)
-    E = geo.E
     r_lo = pid_s * rows_per_split
     r_hi = tl.minimum(r_lo + rows_per_split, NR)
-
-    lo = tl.full([BLOCK_Q, BLOCK_R, BLOCK_E], float("inf"), tl.float32)
-    hi = tl.full([BLOCK_Q, BLOCK_R, BLOCK_E], float("-inf"), tl.float32)
-    nan = tl.zeros([BLOCK_Q, BLOCK_R, BLOCK_E], tl.int1)
-    for r0 in range(r_lo, r_hi, BLOCK_R):
-        r = r0 + tl.arange(0, BLOCK_R)[None, :, None]
-        base = gbase + layout_rows(r, geo)
-        qr_ok = q_ok & (r < r_hi)
-        for e0 in range(0, E, BLOCK_E):
-            e = e0 + tl.arange(0, BLOCK_E)[None, None, :]
-            in_group = qr_ok & (e < E)
-            x = load_tile(x_ptr, perm_ptr, base, qa, qb, r, e, in_group,
-                          geo, NR, lim_r, lim_e, PAD, GATHER)
-            x = widen(x)
-            # Lanes outside the group must not win: +-inf are neutral.
-            lo = tl.minimum(lo, tl.where(in_group, x, float("inf")))
-            hi = tl.maximum(hi, tl.where(in_group, x, float("-inf")))
-            nan = nan | (x != x)
-
-    lo_q = tl.min(tl.min(lo, axis=2), axis=1)
-    hi_q = tl.max(tl.max(hi, axis=2), axis=1)
-    has_nan = tl.max(tl.max(nan.to(tl.int32), axis=2), axis=1) > 0
-    lo_q = tl.where(has_nan, float("nan"), lo_q)
-    hi_q = tl.where(has_nan, float("nan"), hi_q)
-    qq = pid_q * BLOCK_Q + tl.arange(0, BLOCK_Q)
-    out = pid_s.to(tl.int64) * Q + qq
-    if RECORD:
-        # nothing extra in the hot loop: a NaN sets its lane's flag, +-inf
-        # shows as a lane's max / min; counting re-reads this program's slice
-        # only when it held a non-finite element (the error path)
-        bad_lane = nan | (hi == float("inf")) | (lo == float("-inf"))
-        any_bad = tl.max(tl.max(tl.max(bad_lane.to(tl.int32), axis=2), axis=1), axis=0)
-        c_nan = any_bad.to(tl.int64) * 0
-        c_pos = any_bad.to(tl.int64) * 0
-        c_neg = any_bad.to(tl.int64) * 0
-        if any_bad > 0:
-            # one row and 16 elements at a time: a small tile keeps this
-            # rarely taken branch from raising the kernel's register count
-            for r0 in range(r_lo, r_hi):
-                r = r0 + tl.arange(0, 1)[None, :, None]
-                base = gbase + layout_rows(r, geo)
-                qr_ok = q_ok & (r < r_hi)
-                for e0 in range(0, E, 16):
-                    e = e0 + tl.arange(0, 16)[None, None, :]
-                    in_group = qr_ok & (e < E)
-                    # counts only NaN / +-inf: the plain widening is exact for those
-                    x = load_tile(x_ptr, perm_ptr, base, qa, qb, r, e, in_group,
-                                  geo, NR, lim_r, lim_e, PAD, GATHER).to(tl.float32)
-                    n1, p1, m1 = ST.count_nonfinite(x, in_group)
+    out_base = pid_s.to(tl.int64) * Q
+    epi = (geo, min_ptr, max_ptr, held_min_ptr, held_max_ptr, avg_a, avg_c)
+    pa, pb, step, n_a, QA = tile_blocks(Q, geo, BLOCK_A, BLOCK_B)
+    if GROUP_LOOP:
+        bad = tl.zeros([BLOCK_A, BLOCK_B, 1, 1], tl.int32)
+        for blk in range(pa, n_a, step):
+            qa, qb, q_ok = tile_groups(blk, pb, QA, geo, BLOCK_A, BLOCK_B, GROUP_TAIL)
+            x = _tile(x_ptr, perm_ptr, qa, qb, r_lo, 0, r_hi, geo, NR, lim_r, lim_e,
+                      BLOCK_R, BLOCK_E, ROW_LEVELS, SHORT_E, ROW_TAIL, PAD, GATHER)
+            bad = bad | _reduce_store(x, x, qa, qb, q_ok, out_base, *epi, MODE, DTYPE, BITS16, RECORD)
+        if RECORD:
+            any_bad = _any(bad)
+            c_nan = any_bad.to(tl.int64) * 0
+            c_pos = c_nan
+            c_neg = c_nan
+            if any_bad:  # the error path: count, re-reading this program's blocks
+                for blk in range(pa, n_a, step):
+                    qa, qb, q_ok = tile_groups(blk, pb, QA, geo, BLOCK_A, BLOCK_B, GROUP_TAIL)
+                    n1, p1, m1 = _count_slice(x_ptr, perm_ptr, qa, qb, q_ok, r_lo, r_hi, geo, lim_r,
+                                              lim_e, BLOCK_R, BLOCK_E, ROW_LEVELS, PAD, GATHER)
                     c_nan += n1
                     c_pos += p1
                     c_neg += m1
-        ST.record(status_ptr, c_nan, c_pos, c_neg, any_bad > 0, observation)
-    _epilogue(min_ptr, max_ptr, out, lo_q, hi_q, qq, qq < Q, held_min_ptr, held_max_ptr,
-              avg_a, avg_c, MODE, DTYPE, BITS16)
+            ST.record(status_ptr, c_nan, c_pos, c_neg, any_bad, observation)
+    else:
+        qa, qb, q_ok = tile_groups(pa, pb, QA, geo, BLOCK_A, BLOCK_B, GROUP_TAIL)
+        n_e = tl.cdiv(geo.E, BLOCK_E)
+        lo = tl.full([BLOCK_A, BLOCK_B, BLOCK_R, BLOCK_E], float("inf"), tl.float32)
+        hi = tl.full([BLOCK_A, BLOCK_B, BLOCK_R, BLOCK_E], float("-inf"), tl.float32)
+        # steps over (row block, element chunk), chunks inner
+        r0 = r_lo
+        c = 0
+        for _ in range(0, tl.cdiv(r_hi - r_lo, BLOCK_R) * n_e):
+            x = _tile(x_ptr, perm_ptr, qa, qb, r0, c, r_hi, geo, NR, lim_r, lim_e,
+                      BLOCK_R, BLOCK_E, ROW_LEVELS, SHORT_E, ROW_TAIL, PAD, GATHER)
+            lo = tl.minimum(lo, x, propagate_nan=tl.PropagateNan.ALL)
+            hi = tl.maximum(hi, x, propagate_nan=tl.PropagateNan.ALL)
+            c += 1
+            wrap = c == n_e
+            c = tl.where(wrap, 0, c)
+            r0 = tl.where(wrap, r0 + BLOCK_R, r0)
+        bad = _reduce_store(lo, hi, qa, qb, q_ok, out_base, *epi, MODE, DTYPE, BITS16, RECORD)
+        if RECORD:
+            # nothing extra in the hot loop: a NaN, +inf or -inf shows in the
+            # results; counting re-reads this program's slice only when one did
+            any_bad = _any(bad)
+            c_nan = any_bad.to(tl.int64) * 0
+            c_pos = c_nan
+            c_neg = c_nan
+            if any_bad:
+                c_nan, c_pos, c_neg = _count_slice(x_ptr, perm_ptr, qa, qb, q_ok, r_lo, r_hi, geo,
+                                                   lim_r, lim_e, BLOCK_R, BLOCK_E, ROW_LEVELS, PAD,
+                                                   GATHER)
+            ST.record(status_ptr, c_nan, c_pos, c_neg, any_bad, observation)
 
 
 @triton.jit(do_not_specialize=["Q", "SPLIT"])
@@ -164,17 +252,15 @@ def _min_max_finish_kernel(
     q = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)[None, :]
     lo = tl.full([BLOCK_S, BLOCK_Q], float("inf"), tl.float32)
     hi = tl.full([BLOCK_S, BLOCK_Q], float("-inf"), tl.float32)
-    nan = tl.zeros([BLOCK_S, BLOCK_Q], tl.int1)
     for s0 in range(0, SPLIT, BLOCK_S):
         s = s0 + tl.arange(0, BLOCK_S)[:, None]
         ok = (s < SPLIT) & (q < Q)
         offs = s.to(tl.int64) * Q + q
-        a = widen(tl.load(pmin_ptr + offs, mask=ok, other=float("inf")))
-        b = widen(tl.load(pmax_ptr + offs, mask=ok, other=float("-inf")))
-        lo = tl.minimum(lo, a)
-        hi = tl.maximum(hi, b)
-        nan = nan | (a != a) | (b != b)
-    has_nan = tl.max(nan.to(tl.int32), axis=0) > 0
+        lo = tl.minimum(lo, widen(tl.load(pmin_ptr + offs, mask=ok, other=float("inf"))),
+                        propagate_nan=tl.PropagateNan.ALL)
+        hi = tl.maximum(hi, widen(tl.load(pmax_ptr + offs, mask=ok, other=float("-inf"))),
+                        propagate_nan=tl.PropagateNan.ALL)
+    has_nan = tl.max((lo != lo).to(tl.int32), axis=0) > 0
     lo_q = tl.where(has_nan, float("nan"), tl.min(lo, axis=0))
     hi_q = tl.where(has_nan, float("nan"), tl.max(hi, axis=0))
     qq = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
@@ -187,50 +273,83 @@ def min_max(call: MinMaxCall):
 
     The results of ``obskernels.reference.min_max`` for the same call;
     ``held`` / ``averaging_constant`` / ``status`` run the epilogue of
-    kernels/stats.py in the same launch.
+    kernels/stats.py in the same launch; ``out`` receives the results.
     """
-    value, held, status = call.flat.value, call.held, call.status
+    return prepare(call)(call)
+
+
+def prepare(call: MinMaxCall):
+    """The launch of ``call``, prepared from its signature: layout, blocks,
+    split and warps are chosen here once; the returned function launches any
+    call of the same signature (value, held, status and out of the same
+    shapes, strides, dtypes and devices; the same args and options), reading
+    only that call's tensors and observation index."""
+    value, held = call.flat.value, call.held
     check_kernel_dtype(value)
     check_launchable(value, "min_max")
     layout = group_layout(call.flat)
     mode, avg_a, avg_c = ST.combine_modes(held, call.averaging_constant)
     bits16 = held is not None and value.dtype == torch.bfloat16
+    token = config_token()
     config = current_config("min_max")
-    Q, NR, E = layout.num_groups, layout.num_rows, layout.elems
-    BQ, BR, BE = choose_blocks((Q, NR, E), layout.axis_strides(), config.tile)
-    n_q = triton.cdiv(Q, BQ)
-    split, rows_per_split = choose_split(NR, BR, BQ * E, n_q, config)
-
-    mins = torch.empty(layout.qshape, dtype=value.dtype, device=value.device)
-    maxs = torch.empty(layout.qshape, dtype=value.dtype, device=value.device)
-    if split == 1:
-        pmin, pmax = mins, maxs
-    else:
-        pmin = torch.empty((split, Q), dtype=value.dtype, device=value.device)
-        pmax = torch.empty((split, Q), dtype=value.dtype, device=value.device)
-    perm = layout.perm if layout.gather else value  # unread unless GATHER
+    tile = min_max_tile(layout, value.element_size(), config)
+    Q, split = layout.num_groups, tile.split
+    qshape, dtype, dev = layout.qshape, value.dtype, value.device
+    perm, layout_args = layout.perm, (*layout.kernel_args(), tile.rows_per_split)
+    record = call.status is not None
+    epilogue = dict(MODE=mode, DTYPE=DTYPE_CODE[dtype], BITS16=bits16)
+    grid = (tile.programs, split)
+    first = dict(
+        **tile.blocks(), PAD=layout.pad, GATHER=layout.gather, RECORD=record, **tile.launch(),
+        **(epilogue if split == 1 else dict(MODE=ST.MODE_REPLACE.value, DTYPE=epilogue["DTYPE"],
+                                            BITS16=False)),
+    )
+    if split > 1:
+        FQ, FS = finish_blocks(Q, split, config)
+        finish = dict(BLOCK_Q=FQ, BLOCK_S=FS, **epilogue,
+                      num_warps=num_warps_for(FQ * FS))  # 4 warps at 4096 lanes: 155 registers
+        finish_grid = (cdiv(Q, FQ),)
 
     def bits(t):  # bf16 statistics as their bits in the epilogue (kernels/stats.py)
-        return t.view(torch.uint16) if bits16 else t
+        return t.view(torch.uint16)
 
-    held_min, held_max = held if held is not None else (mins, maxs)  # unread without held
-    epilogue = dict(MODE=mode, DTYPE=DTYPE_CODE[value.dtype], BITS16=bits16)
-    with on_device(value):
-        _min_max_kernel[(n_q, split)](
-            value, perm, bits(pmin) if split == 1 else pmin, bits(pmax) if split == 1 else pmax,
-            *layout.kernel_args(), rows_per_split,
-            bits(held_min), bits(held_max), status if status is not None else pmin,
-            avg_a, avg_c, call.observation,
-            BLOCK_Q=BQ, BLOCK_R=BR, BLOCK_E=BE, PAD=layout.pad, GATHER=layout.gather,
-            RECORD=status is not None, num_warps=min_max_warps(BQ * BR * BE, status is not None),
-            **(epilogue if split == 1 else dict(MODE=ST.MODE_REPLACE.value,
-                                                DTYPE=epilogue["DTYPE"], BITS16=False)),
-        )
-        if split > 1:
-            FQ, FS = finish_blocks(Q, split, config)
-            _min_max_finish_kernel[(triton.cdiv(Q, FQ),)](
-                pmin, pmax, bits(mins), bits(maxs), Q, split, bits(held_min), bits(held_max),
-                avg_a, avg_c, BLOCK_Q=FQ, BLOCK_S=FS, **epilogue,
-                num_warps=num_warps_for(FQ * FS),  # 4 warps at 4096 lanes: 155 registers
+    def launch(call: MinMaxCall):
+        if config_token() is not token:  # a launch_config block changed the policy
+            return min_max(call)
+        value, held, status, out = call.flat.value, call.held, call.status, call.out
+        if out is None:
+            mins = torch.empty(qshape, dtype=dtype, device=dev)
+            maxs = torch.empty(qshape, dtype=dtype, device=dev)
+        else:
+            mins, maxs = out
+        if held is None:
+            held_min, held_max = mins, maxs  # unread
+        else:
+            held_min, held_max = held  # read at the groups' flat index
+            if not (held_min.is_contiguous() and held_max.is_contiguous()):
+                held_min, held_max = held_min.contiguous(), held_max.contiguous()
+        omin, omax = mins, maxs
+        if bits16:  # (held and out are often the same tensors: viewed once)
+            held_min, held_max = bits(held_min), bits(held_max)
+            if out is held:
+                omin, omax = held_min, held_max
+            else:
+                omin, omax = bits(mins), bits(maxs)
+        if split == 1:
+            pmin, pmax = omin, omax
+        else:
+            pmin = torch.empty((split, Q), dtype=dtype, device=dev)
+            pmax = torch.empty((split, Q), dtype=dtype, device=dev)
+        with on_device(value):
+            _min_max_kernel[grid](
+                value, perm if perm is not None else value,  # perm: unread unless GATHER
+                pmin, pmax, *layout_args, held_min, held_max,
+                status if status is not None else pmin, avg_a, avg_c, call.observation, **first,
             )
-    return mins, maxs
+            if split > 1:
+                _min_max_finish_kernel[finish_grid](
+                    pmin, pmax, omin, omax, Q, split, held_min, held_max, avg_a, avg_c, **finish,
+                )
+        return mins, maxs
+
+    return launch

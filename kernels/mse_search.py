@@ -14,7 +14,15 @@ i when err_i is strictly below its best so far. The reference stops after
 step S at which it stops follows from the OR over groups of the improvement
 bits, and each group's answer is its LAST improving step <= S (the unshrunk
 base when there is none). So the kernels store one bit per (group, step) and
-never store errors per element.
+never store errors per element. With patience >= the number of steps the
+reference can stop only at its last step, and a group's answer is simply its
+last improving step: the kernel keeps it in a register and stores no bits.
+
+Memory besides the outputs, which hold each group's unshrunk base range (a
+value of their dtype) until its choice replaces it: one int32 word per group
+and 32 steps when the search can stop early, nothing per group when it
+cannot; the split path adds, per (group, split), its min/max and its partial
+error of every step.
 
 The jit kernels live in ``kernels/mse_search_details/``, a module per
 algorithm (``_step``: the shared step math; ``_register``: the register
@@ -30,15 +38,16 @@ Two layouts of the work:
   per-step "any of my groups improved" words (every word, so nothing is
   cleared beforehand); ``_choose_kernel`` ORs the programs' words, derives S
   and writes each group's range (at most block_g / 4 choose programs, each
-  reading every search program's words).
-  Launches: 2; the input is read once.
+  reading every search program's words). When the search cannot stop early
+  the search kernel writes the ranges itself.
+  Launches: 2 (1 when the search cannot stop early); the input is read once.
 - large groups (TENSOR over a big weight, wide channels, activations with
   many observations): ``_minmax_part_kernel`` takes each split's min/max
   (and clears the counters the next launch uses), ``_search_part_kernel``
   has each (group, split) program evaluate every step over its chunks and
   write the per-(group, split, step) partial errors (with importance, a
-  program takes one column block of 16 rows, so each chunk's importance is
-  read once for 16 rows); the last of a group's
+  program takes one column block of a few rows, so each chunk's importance
+  is read once for those rows); the last of a group's
   programs to arrive (a ticket: an atomic counter) sums that group's
   partials in a fixed order and writes its improvement bits and flags, and
   the last group to finish derives S and writes every group's range.
@@ -46,9 +55,9 @@ Two layouts of the work:
 Both are deterministic: sums run in a fixed order, only the OR and the
 tickets are atomic (which program arrives last changes nothing it computes).
 GPU arithmetic: on a CUDA tensor the step loop uses the hardware's
-conversions (``FAST``, quant.py's GPU section: bf16/fp16/fp8 roundings,
-round-half-even, a MUFU pow checked against rounding boundaries with torch's
-own pow as the fallback table); the interpreter keeps the exact emulation,
+conversions (``FAST``: bf16/fp16/fp8 roundings, round-half-even, a MUFU pow
+checked against rounding boundaries with torch's own pow as the fallback
+table, kernels/quant_pow.py); the interpreter keeps the exact emulation,
 and the tests compile both. One step per iteration on a GPU, 2-D tiles.
 
 Importance: given normalised (a user's per-column weights), its values were
@@ -72,18 +81,14 @@ shrink factor is computed by the kernels (``_shrink``).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import struct
+from typing import NamedTuple
 
 import torch
-import triton
-from compressed_tensors.quantization import QuantizationType
-from compressed_tensors.quantization.quant_args import FP4_E2M1_DATA, FP8_E4M3_DATA
-from compressed_tensors.quantization.utils.mxfp_utils import should_generate_mx_scales
 
-from obskernels.kernels import quant
+from obskernels.kernels import quant, quant_pow
 from obskernels.kernels._layout import (
     INTERPRETED,
     GroupLayout,
@@ -93,14 +98,18 @@ from obskernels.kernels._layout import (
     on_device,
 )
 from obskernels.kernels.launch import (
+    CHOOSE_BLOCK,
     MAX_SPLIT_STEPS,
     SPLIT_W_ROWS,
-    SPLIT_WARPS_W,
     LaunchConfig,
+    cdiv,
     choose_split,
+    config_token,
     current_config,
+    minmax_part_warps,
     pow2_at_most,
     search_warps,
+    split_blocks,
 )
 from obskernels.kernels.mse_search_details._choose import _choose_kernel
 from obskernels.kernels.mse_search_details._register import _search_kernel
@@ -112,7 +121,7 @@ from obskernels.spec.record import STATUS_IMPORTANCE
 from obskernels.spec.errors import KernelUnsupportedError
 from obskernels.spec.search import search_args
 
-__all__ = ["mse_search"]
+__all__ = ["mse_search", "prepare"]
 
 # Block sizes and work split: kernels/launch.py (tests pin smaller ones with
 # launch_config to reach the split path with tiny shapes). Only the work split
@@ -125,10 +134,15 @@ _TINY = float(torch.finfo(torch.float32).tiny)
 # --------------------------------------------------------------------------- #
 # host side
 # --------------------------------------------------------------------------- #
+def _next_pow2(n: int) -> int:
+    """The smallest power of two >= n (n >= 1), in host arithmetic."""
+    return pow2_at_most(n, 1 << 62)
+
+
 def _norm_mode(norm: float) -> int:
-    """The NORM_MODE switch: the exponents torch.pow special-cases (quant.abs_pow)."""
-    special = {2.0: quant.P_SQUARE, 3.0: quant.P_CUBE, 0.5: quant.P_SQRT, 1.0: quant.P_ONE}
-    return special.get(float(norm), quant.P_GENERAL).value
+    """The NORM_MODE switch: the exponents torch.pow special-cases (quant_pow.abs_pow)."""
+    special = {2.0: quant_pow.P_SQUARE, 3.0: quant_pow.P_CUBE, 0.5: quant_pow.P_SQRT, 1.0: quant_pow.P_ONE}
+    return special.get(float(norm), quant_pow.P_GENERAL).value
 
 
 @functools.lru_cache(maxsize=64)
@@ -156,7 +170,7 @@ def _fp32_steps_exact(grid, n_steps: int) -> bool:
 def _pow_table(device: torch.device, dtype: torch.dtype, norm: float) -> torch.Tensor:
     """torch's own ``pow(norm)`` of every 16-bit pattern of ``dtype`` (bf16 or
     fp16), computed by torch on ``device``: the values the GPU's fast pow
-    falls back to near a rounding boundary (quant.pow16_hw), so the search
+    falls back to near a rounding boundary (quant_pow.pow16_hw), so the search
     rounds |d| ** norm exactly as the reference does on that device. Built
     once per (device, dtype, norm) and kept, widened to fp32 (exact) so the
     kernel reads it without a conversion: 128 KiB."""
@@ -164,87 +178,18 @@ def _pow_table(device: torch.device, dtype: torch.dtype, norm: float) -> torch.T
     return bits.view(dtype).pow(norm).float().contiguous()
 
 
-def _format(args, dtype):
-    """Constexpr switches and runtime constants of the quantization format, or
-    KernelUnsupportedError naming what is not covered."""
-    qtype = QuantizationType(args.type)
-    bits = args.num_bits
-    if qtype == QuantizationType.INT:
-        if not 1 <= bits <= 8:
-            raise KernelUnsupportedError(f"mse_search: int num_bits={bits} (kernel covers 1..8)")
-        q = 0
-    elif bits == 8:
-        q = 1
-    elif bits == 4:
-        q = 2
-        if not args.symmetric:
-            raise KernelUnsupportedError(
-                "mse_search: asymmetric fp4 (compressed-tensors does not support it either)"
-            )
-    else:
-        raise KernelUnsupportedError(f"mse_search: float num_bits={bits} (kernel covers 4 and 8)")
-
-    scale_kind, mx_offset = 0, 0
-    if should_generate_mx_scales(args):
-        if not args.symmetric:
-            raise KernelUnsupportedError("mse_search: asymmetric MX scales")
-        scale_kind = 2
-        mx_offset = int(math.floor(math.log2(448.0 if bits == 8 else 6.0)))
-        eps = 1.0
-    elif args.scale_dtype is None:
-        eps = torch.finfo(dtype).eps
-    elif args.scale_dtype == torch.float8_e4m3fn:
-        scale_kind = 1
-        eps = 0.125
-    else:
-        raise KernelUnsupportedError(f"mse_search: scale_dtype {args.scale_dtype}")
-
-    zp_dtype = args.zp_dtype
-    if zp_dtype == torch.float8_e4m3fn:
-        zp_kind, zlo, zhi = 1, -448.0, 448.0
-    elif zp_dtype is not None and not zp_dtype.is_floating_point and zp_dtype != torch.bool:
-        info = torch.iinfo(zp_dtype)
-        zp_kind, zlo, zhi = 0, float(info.min), float(info.max)
-    else:
-        raise KernelUnsupportedError(f"mse_search: zp_dtype {zp_dtype}")
-
-    # compressed-tensors' calculate_range, as Python floats: it makes fp32
-    # scalars of these values, and calculate_qparams takes (q_max - q_min) in
-    # the observed dtype, halves it there and rounds eps into it. All of them
-    # are small integers, halves or powers of two, exact in every dtype: the
-    # roundings are kept so that the constants are what torch would compute.
-    if qtype == QuantizationType.INT:
-        q_min, q_max = -(2.0**bits) / 2, (2.0**bits) / 2 - 1
-    else:
-        data = FP8_E4M3_DATA if bits == 8 else FP4_E2M1_DATA
-        q_min, q_max = float(data.min), float(data.max)
-    q_min, q_max = quant.round_host(q_min, torch.float32), quant.round_host(q_max, torch.float32)
-    rng = quant.round_host(q_max - q_min, dtype)
-    return dict(
-        QTYPE=q, SCALE=scale_kind, ZP=zp_kind, SYM=bool(args.symmetric),
-        rng=rng, half=quant.round_host(rng / 2, dtype), qmin=q_min, qmax=q_max,
-        eps=quant.round_host(eps, dtype), zlo=zlo, zhi=zhi, mx_offset=mx_offset,
-    )
-
-
 def mse_search(call: SearchCall):
     """Triton twin of ``reference.mse_search`` (docs/spec.md §4); returns (min_vals, max_vals)."""
-    value = call.flat.value
-    check_kernel_dtype(value)
-    check_launchable(value, "mse_search")
-    with on_device(value):
-        return _mse_search(call)
+    return prepare(call)(call)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Search:
-    """One search's launch arguments, shared by both paths."""
+class _Search(NamedTuple):
+    """One search's launch arguments, shared by both paths: what ``prepare``
+    derives from the call's signature, and (``None`` there) the tensors of
+    the call being launched."""
 
-    value: torch.Tensor
-    weights: tuple  # (w, wmean, wcode, tiny): the importance and its normalisation
-    tab: torch.Tensor  # torch's pow of every 16-bit pattern (fast general pow), else unread
-    steps: tuple  # (grid32, grid_bits, exact32): how the kernels compute step i's shrink
     layout: GroupLayout  # the value's, elements in the reference's flattened order
+    steps: tuple  # (grid32, grid_bits, exact32): how the kernels compute step i's shrink
     n_steps: int
     n_words: int
     patience: int  # the stale steps that stop the search, 0 made explicit
@@ -254,9 +199,13 @@ class _Search:
     switches: dict  # the constexpr mode switches
     fast: bool  # the GPU's arithmetic
     steps_block: int  # grid steps per iteration of the step loop
-    out_min: torch.Tensor
-    out_max: torch.Tensor
-    base: torch.Tensor  # [2, G] fp32: each group's unshrunk range
+    itemsize: int  # bytes per element of the value
+    tab: torch.Tensor | None  # torch's pow of every 16-bit pattern (fast general pow), else None
+    layout_device: torch.device  # the value's device
+    value: torch.Tensor | None = None
+    weights: tuple | None = None  # (w, wmean, wcode, tiny): the importance and its normalisation
+    out_min: torch.Tensor | None = None  # each group's unshrunk base range until its choice replaces it
+    out_max: torch.Tensor | None = None
 
     @property
     def num_groups(self) -> int:
@@ -272,24 +221,29 @@ class _Search:
         return (*self.layout.kernel_args(), self.group_numel)
 
 
-def _mse_search(call: SearchCall):
-    flat, params, importance, importance_status = (
-        call.flat, call.params, call.importance, call.importance_status)
-    value, dtype, dev = flat.value, flat.value.dtype, flat.value.device
+def prepare(call: SearchCall):
+    """The launch of ``call``'s signature (see kernels/min_max.py ``prepare``):
+    the layout, the format's constants, the step rule and the launch
+    configuration are derived here once; the returned function launches any
+    call of that signature."""
+    flat, params = call.flat, call.params
+    value = flat.value
+    check_kernel_dtype(value)
+    check_launchable(value, "mse_search")
+    dtype, dev = value.dtype, value.device
     norm, grid = params.norm, params.grid
     # elements in the reference's flattened order
     layout = group_layout(flat, storage_order=False)
     qparam_args, _ = search_args(flat.args)
-    fmt = _format(qparam_args, dtype)
+    fmt = quant.qformat(qparam_args, dtype, "mse_search")
+    if fmt.scale not in (quant.S_NONE.value, quant.S_FP8.value, quant.S_MX.value):
+        raise KernelUnsupportedError(f"mse_search: scale_dtype {qparam_args.scale_dtype}")
     imatrix = params.flavour == "imatrix"
-    has_w = imatrix and importance is not None
-    w = importance.to(torch.float32).contiguous() if has_w else value
+    has_w = imatrix and call.importance is not None
     # raw importance: the kernels normalise it as they load it, by torch's own
     # mean (one reduction: its summation order is torch's, on this device),
     # and take uniform weights where the verdict says it is unusable
-    norm_w = has_w and importance_status is not None
-    wmean = w.mean() if norm_w else w
-    wcode = importance_status[STATUS_IMPORTANCE:] if norm_w else w
+    norm_w = has_w and call.importance_status is not None
 
     n_steps = params.steps
     # the kernels compute step i's p = fp32(1 - i / grid) themselves (_shrink):
@@ -306,11 +260,12 @@ def _mse_search(call: SearchCall):
         patience = max(params.patience, 1)  # patience 0 stops at the first stale step too
         norm_run = quant.round_host(norm, dtype)
     switches = dict(
-        DTYPE=quant.DTYPE_CODE[dtype], SYM=fmt["SYM"], QTYPE=fmt["QTYPE"], SCALE=fmt["SCALE"],
-        ZP=fmt["ZP"], NORM_MODE=_norm_mode(float(norm)), IMATRIX=imatrix, HAS_W=has_w,
+        DTYPE=quant.DTYPE_CODE[dtype], SYM=fmt.sym, QTYPE=fmt.qtype, SCALE=fmt.scale,
+        ZP=fmt.zp, NORM_MODE=_norm_mode(float(norm)), IMATRIX=imatrix, HAS_W=has_w,
         PAD=layout.pad, NORM_W=norm_w,
     )
 
+    token = config_token()
     config = current_config("mse_search")
     # The GPU's own conversions where they are exact by definition (FAST):
     # a CUDA tensor outside the interpreter, or a compile check pinning it.
@@ -323,31 +278,46 @@ def _mse_search(call: SearchCall):
             "mse_search: the GPU arithmetic (gpu_arith=True) needs a GPU build; the "
             "interpreter's casts are not the hardware's"
         )
-    tab, pw0 = value, 0.0
-    if fast and not imatrix and dtype != torch.float32 and switches["NORM_MODE"] == quant.P_GENERAL.value:
-        tab, pw0 = _pow_table(dev, dtype, float(norm)), quant.pow_window(norm_run)
+    tab, pw0 = None, 0.0
+    if fast and not imatrix and dtype != torch.float32 and switches["NORM_MODE"] == quant_pow.P_GENERAL.value:
+        tab, pw0 = _pow_table(dev, dtype, float(norm)), quant_pow.pow_window(norm_run)
     steps_block = config.steps_per_iter
     if steps_block is None:
         steps_block = 1 if value.is_cuda else 32
-    steps_block = max(1, min(steps_block, 32, triton.next_power_of_2(max(n_steps, 1))))
+    steps_block = max(1, min(steps_block, 32, pow2_at_most(n_steps, 1 << 30)))
 
-    search = _Search(
-        value=value, weights=(w, wmean, wcode, _TINY), tab=tab, steps=steps,
-        layout=layout, n_steps=n_steps,
+    prepared = _Search(
+        layout=layout, steps=steps, n_steps=n_steps,
         n_words=-(-n_steps // 32), patience=patience, expand=float(params.expand),
         best_init=float(torch.finfo(torch.float32 if imatrix else dtype).max),
-        consts=StepConstants(fmt["rng"], fmt["half"], fmt["qmin"], fmt["qmax"], fmt["eps"],
-                             fmt["zlo"], fmt["zhi"], fmt["mx_offset"], norm_run, pw0),
-        switches=switches, fast=fast, steps_block=steps_block,
-        out_min=torch.empty(layout.qshape, dtype=dtype, device=dev),
-        out_max=torch.empty(layout.qshape, dtype=dtype, device=dev),
-        base=torch.empty((2, layout.num_groups), dtype=torch.float32, device=dev),
+        consts=StepConstants(fmt.rng, fmt.half, fmt.qmin, fmt.qmax, fmt.eps, fmt.zlo, fmt.zhi,
+                             fmt.mx_offset, norm_run, pw0),
+        switches=switches, fast=fast, steps_block=steps_block, itemsize=dtype.itemsize,
+        tab=tab, layout_device=dev,
     )
-    if search.group_numel <= config.max_reg_group:
-        _register_path(search, config)
-    else:
-        _split_path(search, config)
-    return search.out_min, search.out_max
+    path = _register_path if prepared.group_numel <= config.max_reg_group else _split_path
+    run = path(prepared, config)
+    qshape = layout.qshape
+    fixed = prepared[:_Search._fields.index("tab")]  # the fields before the call's own
+
+    def launch(call: SearchCall):
+        if config_token() is not token:  # a launch_config block changed the policy
+            return mse_search(call)
+        value, importance = call.flat.value, call.importance
+        w = importance.to(torch.float32).contiguous() if has_w else value
+        wmean = w.mean() if norm_w else w
+        wcode = call.importance_status[STATUS_IMPORTANCE:] if norm_w else w
+        search = _Search(
+            *fixed, value if tab is None else tab,  # the table is unread without the fast pow
+            dev, value, (w, wmean, wcode, _TINY),
+            torch.empty(qshape, dtype=dtype, device=dev),
+            torch.empty(qshape, dtype=dtype, device=dev),
+        )
+        with on_device(value):
+            run(search)
+        return search.out_min, search.out_max
+
+    return launch
 
 
 # A GPU build fuses a * b + c into one FMA by default (the interpreter never
@@ -355,87 +325,118 @@ def _mse_search(call: SearchCall):
 _NO_FMA = dict(enable_fp_fusion=False)
 
 
-def _register_path(s: _Search, config: LaunchConfig) -> None:
-    """Groups held whole in registers: _search_kernel, then _choose_kernel."""
-    G, group_numel, dev = s.num_groups, s.group_numel, s.value.device
-    block_e = max(triton.next_power_of_2(group_numel), 2)
+def _register_path(s: _Search, config: LaunchConfig):
+    """Groups held whole in registers: _search_kernel, then (unless the
+    search cannot stop early) _choose_kernel. Returns the launch of a call
+    (``run(search)``), its sizes chosen here."""
+    G, group_numel, dev = s.num_groups, s.group_numel, s.layout_device
+    block_e = max(_next_pow2(group_numel), 2)
     tile = config.tile
-    if s.fast and s.switches["NORM_MODE"] == quant.P_SQRT.value:
+    if s.fast and s.switches["NORM_MODE"] == quant_pow.P_SQRT.value:
         # sqrt_rn's slow path is a call: at 4096 elements per program sm_90a
         # saves a predicate register on the stack around it (8 bytes); half
         # the tile keeps it in registers
         tile = max(tile // 2, 1)
     block_g = pow2_at_most(G, max(tile // block_e, 1))
-    bits = torch.empty((G, max(s.n_words, 1)), dtype=torch.int32, device=dev)
-    warps = search_warps(block_g, block_e, s.fast)
+    # patience >= n_steps: the reference stops at the last step if at all, so
+    # each group's answer is its last improving step, kept in a register: no
+    # bits, no flags, no choose launch
+    track = s.patience >= s.n_steps
+    warps = search_warps(block_g * block_e, s.itemsize, s.fast)
     if s.switches["HAS_W"]:
         # two rows or more per program share each column's importance read
         # (a tile of two whole-row groups takes twice the threads)
         qa, qb = s.layout.groups
         if block_g == 1 and qa > 1:
-            block_g, warps = 2, 2 * warps
-        block_j = min(triton.next_power_of_2(qb), max(block_g // 2, 1))
-        programs = triton.cdiv(qa, block_g // block_j) * triton.cdiv(qb, block_j)
+            block_g = 2
+            warps = search_warps(block_g * block_e, s.itemsize, s.fast)
+        block_j = min(_next_pow2(qb), max(block_g // 2, 1))
+        programs = cdiv(qa, block_g // block_j) * cdiv(qb, block_j)
     else:
-        block_j, programs = block_g, triton.cdiv(G, block_g)
-    # one word per (program, 32 steps), each stored by its program: no clearing
-    flags = torch.empty((programs, max(s.n_words, 1)), dtype=torch.int32, device=dev)
-    _search_kernel[(programs,)](
-        s.value, *s.weights, s.tab, *s.steps, bits, flags, s.base, *s.layout_args(),
-        s.n_steps, s.n_words, s.expand, s.best_init, s.consts, **s.switches,
-        FAST=s.fast, BLOCK_G=block_g, BLOCK_E=block_e, BLOCK_S=s.steps_block, BLOCK_J=block_j,
-        num_warps=warps, **_NO_FMA,
+        block_j, programs = block_g, cdiv(G, block_g)
+    n_words = max(s.n_words, 1)
+    layout_args = s.layout_args()
+    search_tail = (s.n_steps, s.n_words, s.expand, s.best_init, s.consts)
+    search_switches = dict(
+        **s.switches, FAST=s.fast, TRACK=track, BLOCK_G=block_g, BLOCK_E=block_e,
+        BLOCK_S=s.steps_block, BLOCK_J=block_j, num_warps=warps, **_NO_FMA,
     )
     # every choose program ORs all search programs' words: at most
     # block_g / 4 programs keep those reads within a quarter of the bits'
-    choose_g = pow2_at_most(G, 1024)
-    n_choose = max(1, min(triton.cdiv(G, choose_g), block_g // 4))
-    per_program = triton.cdiv(triton.cdiv(G, n_choose), choose_g) * choose_g
-    _choose_kernel[(triton.cdiv(G, per_program),)](
-        bits, flags, s.base, *s.steps, s.out_min, s.out_max, G, programs, per_program,
-        s.n_steps, s.n_words, s.patience, DTYPE=s.switches["DTYPE"], BLOCK_G=choose_g,
-        BLOCK_P=pow2_at_most(programs, 1024), **_NO_FMA,
-    )
+    choose_g = pow2_at_most(G, CHOOSE_BLOCK)
+    n_choose = max(1, min(cdiv(G, choose_g), block_g // 4))
+    per_program = cdiv(cdiv(G, n_choose), choose_g) * choose_g
+    choose_grid = (cdiv(G, per_program),)
+    choose_tail = (G, programs, per_program, s.n_steps, s.n_words, s.patience)
+    choose_switches = dict(DTYPE=s.switches["DTYPE"], BLOCK_G=choose_g,
+                           BLOCK_P=pow2_at_most(programs, 1024), **_NO_FMA)
+
+    def run(s: _Search) -> None:
+        if track:
+            bits = flags = s.value  # unread
+        else:
+            # word-major: a program's words of one step range are contiguous
+            bits = torch.empty((n_words, G), dtype=torch.int32, device=dev)
+            # one word per (program, 32 steps), each stored by its program: no clearing
+            flags = torch.empty((programs, n_words), dtype=torch.int32, device=dev)
+        _search_kernel[(programs,)](
+            s.value, *s.weights, s.tab, *s.steps, bits, flags, s.out_min, s.out_max,
+            *layout_args, *search_tail, **search_switches,
+        )
+        if not track:
+            _choose_kernel[choose_grid](
+                bits, flags, *s.steps, s.out_min, s.out_max, *choose_tail, **choose_switches,
+            )
+
+    return run
 
 
-def _split_path(s: _Search, config: LaunchConfig) -> None:
+def _split_path(s: _Search, config: LaunchConfig):
     """Groups split over programs: _minmax_part_kernel, then _search_part_kernel,
-    whose last programs (tickets) finish each group and the choice."""
-    G, group_numel, dev = s.num_groups, s.group_numel, s.value.device
+    whose last programs (tickets) finish each group and the choice. Returns
+    the launch of a call (``run(search)``), its sizes chosen here."""
+    G, group_numel, dev = s.num_groups, s.group_numel, s.layout_device
     if s.n_steps > MAX_SPLIT_STEPS:
         raise KernelUnsupportedError(
             f"mse_search: {s.n_steps} grid steps over groups of {group_numel} elements "
             f"(the split path keeps at most {MAX_SPLIT_STEPS} step errors per program)"
         )
-    chunk = config.chunk
+    chunk, warps = split_blocks(config, s.itemsize, s.fast, bool(s.switches["PAD"]),
+                                bool(s.switches["HAS_W"]))
     if s.switches["HAS_W"]:
         # ROWS rows of one column block per program share each chunk's
         # importance load (traffic: 4 / ROWS bytes per element, not 4); the
         # search takes a chunk as ROWS x (chunk / ROWS) elements, so its split
         # k covers the columns of the min/max's split k
         qa, qb = s.layout.groups
-        rows = max(1, min(SPLIT_W_ROWS, triton.next_power_of_2(qa), chunk // 16))
-        row_programs = triton.cdiv(qa, rows) * qb
+        rows = max(1, min(SPLIT_W_ROWS, _next_pow2(qa), chunk // 16))
+        row_programs = cdiv(qa, rows) * qb
     else:
         rows, row_programs = 1, G
     # K programs per group (or row block), cps chunks each; an element costs every grid step
-    K, cps = choose_split(triton.cdiv(group_numel, chunk), 1, chunk * max(s.n_steps, 1),
+    K, cps = choose_split(cdiv(group_numel, chunk), 1, chunk * max(s.n_steps, 1),
                           row_programs, config)
     n_words = max(s.n_words, 1)
-    mm = torch.empty((2, G, K), dtype=torch.float32, device=dev)
-    tickets = torch.empty(G + 1, dtype=torch.int32, device=dev)
-    bits = torch.empty((G, n_words), dtype=torch.int32, device=dev)
-    flags = torch.empty(n_words, dtype=torch.int32, device=dev)
-    _minmax_part_kernel[(G, K)](s.value, mm, tickets, flags, *s.layout_args(), K, cps, s.n_words,
-                                PAD=s.switches["PAD"], BLOCK_E=chunk,
-                                BLOCK_W=triton.next_power_of_2(n_words), **_NO_FMA)
-    block_k = triton.next_power_of_2(K)
-    part = torch.empty((G, K, max(s.n_steps, 1)), dtype=torch.float32, device=dev)
-    _search_part_kernel[(row_programs, K)](
-        s.value, *s.weights, s.tab, *s.steps, mm, part, s.base, tickets, bits, flags,
-        s.out_min, s.out_max, *s.layout_args(), K, cps * rows, s.n_steps, s.n_words, s.patience,
-        s.expand, s.best_init, s.consts, **s.switches, FAST=s.fast, ROWS=rows,
-        BLOCK_E=chunk // rows, BLOCK_K=block_k, BLOCK_KF=min(64, block_k),
-        BLOCK_S=triton.next_power_of_2(max(s.n_steps, 1)), BLOCK_SB=s.steps_block,
-        BLOCK_C=pow2_at_most(G, 1024), num_warps=SPLIT_WARPS_W if rows > 1 else 8, **_NO_FMA,
-    )
+    block_k = _next_pow2(K)
+    layout_args = s.layout_args()
+
+    def run(s: _Search) -> None:
+        mm = torch.empty((2, G, K), dtype=torch.float32, device=dev)
+        tickets = torch.empty(G + 1, dtype=torch.int32, device=dev)
+        bits = torch.empty((n_words, G), dtype=torch.int32, device=dev)
+        flags = torch.empty(n_words, dtype=torch.int32, device=dev)
+        _minmax_part_kernel[(G, K)](s.value, mm, tickets, flags, *layout_args, K, cps, s.n_words,
+                                    PAD=s.switches["PAD"], BLOCK_E=chunk,
+                                    BLOCK_W=_next_pow2(n_words),
+                                    num_warps=minmax_part_warps(chunk), **_NO_FMA)
+        part = torch.empty((G, K, max(s.n_steps, 1)), dtype=torch.float32, device=dev)
+        _search_part_kernel[(row_programs, K)](
+            s.value, *s.weights, s.tab, *s.steps, mm, part, tickets, bits, flags,
+            s.out_min, s.out_max, *layout_args, K, cps * rows, s.n_steps, s.n_words, s.patience,
+            s.expand, s.best_init, s.consts, **s.switches, FAST=s.fast, ROWS=rows,
+            BLOCK_E=chunk // rows, BLOCK_K=block_k, BLOCK_KF=min(64, block_k),
+            BLOCK_S=_next_pow2(max(s.n_steps, 1)), BLOCK_SB=s.steps_block,
+            BLOCK_C=pow2_at_most(G, CHOOSE_BLOCK), num_warps=warps, **_NO_FMA,
+        )
+
+    return run

@@ -27,20 +27,20 @@ the caller reads once.
 
 from __future__ import annotations
 
-import math
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
-from compressed_tensors.quantization import QuantizationType
-from compressed_tensors.quantization.quant_args import FP4_E2M1_DATA, FP8_E4M3_DATA
-from compressed_tensors.quantization.utils.mxfp_utils import should_generate_mx_scales
 
 from obskernels.kernels import quant
+from obskernels.kernels.quant import GS_FUSED, GS_GIVEN, GS_NONE, S_BF16, S_F16, S_F32, S_FP8, S_MX, S_NONE
 from obskernels.kernels._layout import on_device
 from obskernels.kernels.launch import (
     QPARAMS_BLOCK,
     QPARAMS_MAX_PARTS,
+    cdiv,
+    config_token,
     current_config,
     pow2_at_most,
 )
@@ -50,18 +50,31 @@ from obskernels.spec.checks import FLOAT_DTYPES
 from obskernels.spec.record import STATUS_FIRST_BAD, STATUS_INIT
 from obskernels.spec.errors import KernelUnsupportedError
 
-__all__ = ["calculate_qparams"]
+__all__ = ["calculate_qparams", "prepare"]
 
-# scale_dtype switch (SD)
-SD_NONE: tl.constexpr = tl.constexpr(0)
-SD_FP8: tl.constexpr = tl.constexpr(1)
-SD_BF16: tl.constexpr = tl.constexpr(2)
-SD_F16: tl.constexpr = tl.constexpr(3)
-SD_F32: tl.constexpr = tl.constexpr(4)
-# global scale switch (GS)
-GS_NONE: tl.constexpr = tl.constexpr(0)
-GS_GIVEN: tl.constexpr = tl.constexpr(1)
-GS_FUSED: tl.constexpr = tl.constexpr(2)
+
+
+class QParamsConstants(NamedTuple):
+    """``_qparams_kernel``'s runtime constants, one argument: the format's
+    (``quant.Format``: rng, half, qmin, qmax, eps, zlo, zhi, mx_offset,
+    sd_max, and the float64 redo's wrng, whalf, sd_max64, weps) and the
+    global scale's dtype's smallest normal (``tiny``, generate_gparam's clamp)."""
+
+    rng: float
+    half: float
+    qmin: float
+    qmax: float
+    eps: float
+    zlo: float
+    zhi: float
+    mx_offset: int
+    tiny: float
+    sd_max: float
+    wrng: float
+    whalf: float
+    sd_max64: float
+    weps: float
+
 
 _RNE_MAGIC64: tl.constexpr = tl.constexpr(6755399441055744.0)  # 1.5 * 2^52
 _N_STATUS: tl.constexpr = tl.constexpr(len(STATUS_INIT))
@@ -113,15 +126,16 @@ def _gparam(a, tiny, ADTYPE: tl.constexpr):
 
 
 @triton.jit
-def _round_scale_dtype(scale, sd_max, SD: tl.constexpr, SDTYPE: tl.constexpr):
-    """round_to_quantized_type_dtype(scale, scale_dtype) back in the scale's dtype."""
-    if SD == SD_FP8:
+def _round_scale_dtype(scale, sd_max, SCALE: tl.constexpr, SDTYPE: tl.constexpr):
+    """round_to_quantized_type_dtype(scale, scale_dtype) back in the scale's
+    dtype (SCALE: the scale_dtype's code; S_NONE and S_MX leave it as it is)."""
+    if SCALE == S_FP8:
         scale = quant.round_fp8e4m3(quant.nan_clamp(scale, -448.0, 448.0))
-    elif SD == SD_BF16:
+    elif SCALE == S_BF16:
         scale = quant.rd(quant.rd(quant.nan_clamp(scale, -sd_max, sd_max), quant.BF16), SDTYPE)
-    elif SD == SD_F16:
+    elif SCALE == S_F16:
         scale = quant.rd(quant.rd(quant.nan_clamp(scale, -sd_max, sd_max), quant.F16), SDTYPE)
-    elif SD == SD_F32:
+    elif SCALE == S_F32:
         scale = quant.nan_clamp(scale, -sd_max, sd_max)
     return scale
 
@@ -145,50 +159,49 @@ def _pow2_f64(k):
 
 
 @triton.jit
-def _wide(mn, mx, g, qmin, qmax, zlo, zhi, wrng, whalf, mx_offset, sd_max64, weps,
-          SYM: tl.constexpr, MX: tl.constexpr, ZP: tl.constexpr, GS: tl.constexpr,
-          SD: tl.constexpr):
+def _wide(mn, mx, g, c, SYM: tl.constexpr, SCALE: tl.constexpr, ZP: tl.constexpr,
+          GS: tl.constexpr):
     """The same qparams from the statistics widened to float64: scale as fp32
     (torch casts a double through fp32; the caller rounds on into the scale's
     dtype) and zp (fp32 holding the zp_dtype value)."""
     mn64 = tl.where(mn > 0, 0.0, mn).to(tl.float64)
     mx64 = tl.where(mx < 0, 0.0, mx).to(tl.float64)
     zp = tl.zeros_like(mn)
-    if MX:
+    if SCALE == S_MX:
         # round_to_power_2 keeps the exponent, plus one from 0.75 of the binade
         # up; in float64 that carry no longer overflows
         amax = tl.maximum(tl.abs(mn), tl.abs(mx))
         bits = amax.to(tl.uint32, bitcast=True).to(tl.int64)
         e = ((bits + (1 << 21)) >> 23) - 127
-        u = tl.minimum(tl.maximum(127 + e - mx_offset, 0), 255)
+        u = tl.minimum(tl.maximum(127 + e - c.mx_offset, 0), 255)
         s64 = _pow2_f64(u - 127)
     elif SYM:
-        s64 = tl.maximum(tl.abs(mn64), tl.abs(mx64)) / whalf
+        s64 = tl.maximum(tl.abs(mn64), tl.abs(mx64)) / c.whalf
     else:
-        s64 = (mx64 - mn64) / wrng
-        z64 = qmin - mn64 / s64
-        z64 = tl.minimum(tl.maximum(z64, qmin), qmax)
+        s64 = (mx64 - mn64) / c.wrng
+        z64 = c.qmin - mn64 / s64
+        z64 = tl.minimum(tl.maximum(z64, c.qmin), c.qmax)
         if ZP == quant.Z_FP8:
             zp = quant.round_fp8e4m3(quant.nan_clamp(z64.to(tl.float32), -448.0, 448.0))
         else:
-            z64 = tl.minimum(tl.maximum(z64, zlo), zhi)
+            z64 = tl.minimum(tl.maximum(z64, c.zlo), c.zhi)
             zp = ((z64 + _RNE_MAGIC64) - _RNE_MAGIC64).to(tl.float32)
     if GS != GS_NONE:
         s64 = g.to(tl.float64) * s64
-    if SD != SD_NONE:
+    if (SCALE != S_NONE) and (SCALE != S_MX):
         # clamp in float64 (the bounds are exact there), then into scale_dtype
-        s64 = tl.where(s64 < -sd_max64, -sd_max64, tl.where(s64 > sd_max64, sd_max64, s64))
-        s64 = _round_scale_dtype(s64.to(tl.float32), 3.4028234663852886e38, SD, quant.F32).to(tl.float64)
-    s64 = tl.where(s64 == 0, weps, s64)
+        s64 = tl.where(s64 < -c.sd_max64, -c.sd_max64, tl.where(s64 > c.sd_max64, c.sd_max64, s64))
+        s64 = _round_scale_dtype(s64.to(tl.float32), 3.4028234663852886e38, SCALE, quant.F32).to(tl.float64)
+    s64 = tl.where(s64 == 0, c.weps, s64)
     return s64.to(tl.float32), zp
 
 
 @triton.jit(do_not_specialize=["N", "n_parts"])
 def _qparams_kernel(
     min_ptr, max_ptr, scale_ptr, zp_ptr, gs_ptr, parts_ptr, gs_out_ptr, carry_ptr, status_ptr,
-    N, n_parts, rng, half, qmin, qmax, eps, zlo, zhi, mx_offset, tiny, sd_max, wrng, whalf,
-    sd_max64, weps, DTYPE: tl.constexpr, SDTYPE: tl.constexpr, ADTYPE: tl.constexpr, SYM: tl.constexpr,
-    MX: tl.constexpr, SD: tl.constexpr, ZP: tl.constexpr, GS: tl.constexpr,
+    N, n_parts, c,
+    DTYPE: tl.constexpr, SDTYPE: tl.constexpr, ADTYPE: tl.constexpr, SYM: tl.constexpr,
+    SCALE: tl.constexpr, ZP: tl.constexpr, GS: tl.constexpr,
     WIDEN: tl.constexpr, CARRY: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
     """One program: BLOCK groups -> scale (SDTYPE), zp (zp_dtype), and its
@@ -202,9 +215,10 @@ def _qparams_kernel(
     mx = load_stat(max_ptr, offs, mask, DTYPE == quant.BF16)
     # eps 0 keeps zeros: compressed-tensors replaces them only after the
     # global scale and the scale_dtype rounding
+    # (the scale_dtype's rounding comes after the global scale)
     scale, zp = quant.qparams(
-        mn, mx, rng, half, qmin, qmax, 0.0, zlo, zhi, mx_offset,
-        DTYPE, SYM, quant.S_MX if MX else quant.S_NONE, ZP,
+        mn, mx, c.rng, c.half, c.qmin, c.qmax, 0.0, c.zlo, c.zhi, c.mx_offset,
+        DTYPE, SYM, S_MX if SCALE == S_MX else S_NONE, ZP,
     )
     g = 1.0
     if GS == GS_GIVEN:
@@ -219,18 +233,17 @@ def _qparams_kernel(
             nan = nan | (v != v)
             a = tl.maximum(a, v)
         a = tl.where(tl.max(nan.to(tl.int32), axis=0) > 0, float("nan"), tl.max(a, axis=0))
-        g = _gparam(a, tiny, ADTYPE)
+        g = _gparam(a, c.tiny, ADTYPE)
         one = tl.arange(0, 1)
         tl.store(gs_out_ptr + one, g + one * 0.0, mask=(one + pid) == 0)
     if GS != GS_NONE:
         scale = g * scale
-    scale = _round_scale_dtype(scale, sd_max, SD, SDTYPE)
-    scale = tl.where(scale == 0, eps, scale)
+    scale = _round_scale_dtype(scale, c.sd_max, SCALE, SDTYPE)
+    scale = tl.where(scale == 0, c.eps, scale)
     if WIDEN:
         finite = (mn == mn) & (mx == mx) & (tl.abs(mn) != float("inf")) & (tl.abs(mx) != float("inf"))
         redo = finite & ((scale != scale) | (tl.abs(scale) == float("inf")))
-        ws, wz = _wide(mn, mx, g, qmin, qmax, zlo, zhi, wrng, whalf, mx_offset, sd_max64, weps,
-                       SYM, MX, ZP, GS, SD)
+        ws, wz = _wide(mn, mx, g, c, SYM, SCALE, ZP, GS)
         scale = tl.where(redo, quant.rd(ws, SDTYPE), scale)
         zp = tl.where(redo, wz, zp)
     # every value stored is exact in its dtype; bf16 and fp8 go as bits (the
@@ -261,94 +274,26 @@ def _qparams_kernel(
 # --------------------------------------------------------------------------- #
 # host side
 # --------------------------------------------------------------------------- #
-def _format(args, dtype, sdtype):
-    """Mode switches and constants of the format (Python floats rounded as
-    torch rounds them), or KernelUnsupportedError naming what is not covered."""
-    qtype = QuantizationType(args.type)
-    bits = args.num_bits
-    if qtype == QuantizationType.INT:
-        if not 1 <= bits <= 8:
-            raise KernelUnsupportedError(f"calculate_qparams: int num_bits={bits} (kernel covers 1..8)")
-        q_min, q_max = -(2.0**bits) / 2, (2.0**bits) / 2 - 1
-    elif bits in (4, 8):
-        if bits == 4 and not args.symmetric:
-            raise KernelUnsupportedError(
-                "calculate_qparams: asymmetric fp4 (compressed-tensors does not support it either)"
-            )
-        data = FP8_E4M3_DATA if bits == 8 else FP4_E2M1_DATA
-        q_min, q_max = float(data.min), float(data.max)
-    else:
-        raise KernelUnsupportedError(f"calculate_qparams: float num_bits={bits} (kernel covers 4 and 8)")
-
-    mx = bool(should_generate_mx_scales(args))
-    scale_dtype = args.scale_dtype
-    sd, sd_max, sd_max64 = SD_NONE, 0.0, 0.0
-    if mx:
-        if not args.symmetric:
-            raise KernelUnsupportedError("calculate_qparams: asymmetric MX scales")
-        eps = 1.0  # the eps of an integer (uint8) scale_dtype
-    elif scale_dtype is None:
-        eps = torch.finfo(sdtype).eps
-    elif scale_dtype == torch.float8_e4m3fn:
-        sd, eps, sd_max64 = SD_FP8, 0.125, 448.0
-    elif scale_dtype in (torch.bfloat16, torch.float16, torch.float32):
-        sd = {torch.bfloat16: SD_BF16, torch.float16: SD_F16, torch.float32: SD_F32}[scale_dtype]
-        if torch.finfo(scale_dtype).max > torch.finfo(sdtype).max:
-            # compressed-tensors clamps to the scale_dtype's range in the
-            # scale's dtype: torch refuses the bound (overflow)
-            raise KernelUnsupportedError(
-                f"calculate_qparams: scale_dtype {scale_dtype} is wider than the scales ({sdtype})"
-            )
-        # clamp's bounds are rounded into the scale's dtype, as torch does
-        sd_max = quant.round_host(float(torch.finfo(scale_dtype).max), sdtype)
-        eps = torch.finfo(scale_dtype).eps
-        sd_max64 = float(torch.finfo(scale_dtype).max)
-    else:
-        raise KernelUnsupportedError(f"calculate_qparams: scale_dtype {scale_dtype}")
-
-    zp_dtype = args.zp_dtype
-    if zp_dtype == torch.float8_e4m3fn:
-        zp, zlo, zhi = quant.Z_FP8, -448.0, 448.0
-    elif zp_dtype is not None and not zp_dtype.is_floating_point and zp_dtype != torch.bool \
-            and torch.iinfo(zp_dtype).bits <= 16:
-        # (wider: NaN converts to the integer's minimum on the CPU, 0 on a GPU)
-        info = torch.iinfo(zp_dtype)
-        if info.max > torch.finfo(dtype).max:
-            # compressed-tensors clamps in the statistics' dtype: torch refuses the bound
-            raise KernelUnsupportedError(
-                f"calculate_qparams: zp_dtype {zp_dtype} is wider than the statistics ({dtype})"
-            )
-        zp, zlo, zhi = quant.Z_INT, float(info.min), float(info.max)
-    else:
-        raise KernelUnsupportedError(f"calculate_qparams: zp_dtype {zp_dtype}")
-
-    # calculate_range makes fp32 scalars; the range is taken and halved in the
-    # statistics' dtype (all small integers or halves: exact in every dtype)
-    q_min, q_max = quant.round_host(q_min, torch.float32), quant.round_host(q_max, torch.float32)
-    rng = quant.round_host(q_max - q_min, dtype)
-    return dict(
-        SYM=bool(args.symmetric), MX=mx, SD=sd.value, ZP=zp.value,
-        rng=rng, half=quant.round_host(rng / 2, dtype), qmin=q_min, qmax=q_max,
-        eps=quant.round_host(eps, sdtype), zlo=zlo, zhi=zhi, sd_max=sd_max,
-        mx_offset=int(math.floor(math.log2(q_max))) if mx else 0,
-        wrng=q_max - q_min, whalf=(q_max - q_min) / 2, sd_max64=sd_max64,
-        # the float64 redo's eps: scale_dtype's, else float64's
-        weps=eps if (mx or scale_dtype is not None) else torch.finfo(torch.float64).eps,
-    ), zp_dtype
-
-
 def _flat(t: torch.Tensor) -> torch.Tensor:
-    """1-D contiguous statistics; bf16 as its uint16 bits (see stats.load_stat)."""
-    t = t.reshape(-1) if t.is_contiguous() else t.contiguous().reshape(-1)
+    """Contiguous statistics (read at the flat index, whatever their shape);
+    bf16 as its uint16 bits (see stats.load_stat)."""
+    if not t.is_contiguous():
+        t = t.contiguous()
     return t.view(torch.uint16) if t.dtype == torch.bfloat16 else t
 
 
 def calculate_qparams(call: QParamsCall):
     """Triton twin of ``reference.qparams.calculate_qparams``: returns
     (scale, zero_point, global_scale, status), bit-identical."""
-    min_vals, max_vals, args, global_scale, fused, widen, carry = (
-        call.min_vals, call.max_vals, call.args, call.global_scale, call.fused, call.widen,
-        call.carry)
+    return prepare(call)(call)
+
+
+def prepare(call: QParamsCall):
+    """The launch of ``call``'s signature (see kernels/min_max.py ``prepare``):
+    the format's constants and switches, the fused pairs' split, the outputs'
+    shapes; the returned function launches any call of that signature."""
+    min_vals, args, global_scale, fused, widen, carry = (
+        call.min_vals, call.args, call.global_scale, call.fused, call.widen, call.carry)
     dtype, dev = min_vals.dtype, min_vals.device
     if dtype not in FLOAT_DTYPES:
         raise KernelUnsupportedError(
@@ -372,56 +317,73 @@ def calculate_qparams(call: QParamsCall):
             raise KernelUnsupportedError(f"calculate_qparams: fused statistics of dtype {a_dtype}")
         gs_mode = GS_FUSED.value
     sdtype = torch.float32 if gs_mode != GS_NONE.value else dtype
-    fmt, zp_dtype = _format(args, dtype, sdtype)
-    if fmt["MX"] and gs_mode != GS_NONE.value:
+    fmt = quant.qformat(args, dtype, "calculate_qparams", sdtype)
+    zp_dtype = fmt.zp_dtype
+    if fmt.zp == quant.Z_INT.value and torch.iinfo(zp_dtype).bits > 16:
+        # the stored integer of a NaN zero point: the integer's minimum on the CPU, 0 on a GPU
+        raise KernelUnsupportedError(f"calculate_qparams: zp_dtype {zp_dtype}")
+    if fmt.scale == S_MX.value and gs_mode != GS_NONE.value:
         raise KernelUnsupportedError("calculate_qparams: MX scales with a global scale")
 
     shape = min_vals.shape if min_vals.dim() > 0 else (1,)
     N = min_vals.numel()
-    scale = torch.empty(shape, dtype=sdtype, device=dev)
-    zero_point = torch.empty(shape, dtype=zp_dtype, device=dev)
-    programs = max(triton.cdiv(N, QPARAMS_BLOCK), 1)
-    status = torch.empty(len(STATUS_INIT) + programs, dtype=torch.int64, device=dev)
+    programs = max(cdiv(N, QPARAMS_BLOCK), 1)
+    n_status = len(STATUS_INIT) + programs
+    # the split of each fused pair follows the work (and the configured fill), never the device
+    token = config_token()
+    fill = current_config("calculate_qparams").fill_programs
+    counts = [max(1, min(cdiv(mn.numel(), 8 * QPARAMS_BLOCK), QPARAMS_MAX_PARTS, fill))
+              for mn, _ in pairs]
+    n_parts = sum(counts)
+    constants = (
+        N, n_parts,
+        QParamsConstants(fmt.rng, fmt.half, fmt.qmin, fmt.qmax, fmt.eps, fmt.zlo, fmt.zhi,
+                         fmt.mx_offset, float(torch.finfo(a_dtype).tiny), fmt.sd_max,
+                         fmt.wrng, fmt.whalf, fmt.sd_max64, fmt.weps),
+    )
+    switches = dict(
+        DTYPE=quant.DTYPE_CODE[dtype], SDTYPE=quant.DTYPE_CODE[sdtype],
+        ADTYPE=quant.DTYPE_CODE[a_dtype], SYM=fmt.sym, SCALE=fmt.scale, ZP=fmt.zp, GS=gs_mode,
+        WIDEN=bool(widen), CARRY=carry is not None,
+        BLOCK=QPARAMS_BLOCK, BLOCK_P=pow2_at_most(max(n_parts, 1), 128), enable_fp_fusion=False,
+    )
+    scale_bits, zp_bits = sdtype == torch.bfloat16, zp_dtype == torch.float8_e4m3fn
 
-    parts = gs_out = status  # unread placeholders
-    n_parts = 0
-    with on_device(min_vals):
-        if gs_mode == GS_FUSED.value:
-            counts = []
-            for mn, _ in pairs:
-                want = -(-mn.numel() // (8 * QPARAMS_BLOCK))
-                # the split follows the work (and the configured fill), never the device
-                counts.append(max(1, min(want, QPARAMS_MAX_PARTS,
-                                          current_config("calculate_qparams").fill_programs)))
-            parts = torch.empty(sum(counts), dtype=torch.float32, device=dev)
-            gs_out = torch.empty(1, dtype=torch.float32, device=dev)
-            for (mn, mx), p in zip(pairs, counts):
-                n = mn.numel()
-                if mn.dtype != mx.dtype:
-                    mn, mx = mn.to(a_dtype), mx.to(a_dtype)
-                _absmax_kernel[(p,)](_flat(mn), _flat(mx), parts, n, -(-n // p), n_parts,
-                                     BITS16=mn.dtype == torch.bfloat16, BLOCK=QPARAMS_BLOCK)
-                n_parts += p
-            global_scale = gs_out
-        if N:
-            _qparams_kernel[(programs,)](
-                _flat(min_vals), _flat(max_vals),
-                scale.view(torch.uint16) if sdtype == torch.bfloat16 else scale,
-                zero_point.view(torch.uint8) if zp_dtype == torch.float8_e4m3fn else zero_point,
-                global_scale if gs_mode == GS_GIVEN.value else status, parts, gs_out,
-                carry if carry is not None else status, status,
-                N, n_parts, fmt["rng"], fmt["half"], fmt["qmin"], fmt["qmax"], fmt["eps"],
-                fmt["zlo"], fmt["zhi"], fmt["mx_offset"],
-                float(torch.finfo(a_dtype).tiny),
-                fmt["sd_max"], fmt["wrng"], fmt["whalf"], fmt["sd_max64"], fmt["weps"],
-                DTYPE=quant.DTYPE_CODE[dtype], SDTYPE=quant.DTYPE_CODE[sdtype], ADTYPE=quant.DTYPE_CODE[a_dtype],
-                SYM=fmt["SYM"], MX=fmt["MX"], SD=fmt["SD"], ZP=fmt["ZP"], GS=gs_mode,
-                WIDEN=bool(widen), CARRY=carry is not None, BLOCK=QPARAMS_BLOCK,
-                BLOCK_P=pow2_at_most(max(n_parts, 1), 128),
-                enable_fp_fusion=False,
-            )
-        else:  # no groups: nothing to launch, only the record to move
-            status[: len(STATUS_INIT)] = carry if carry is not None else torch.tensor(STATUS_INIT, device=dev)
-            if carry is not None:
-                carry.copy_(torch.tensor(STATUS_INIT, device=dev))
-    return scale, zero_point, global_scale, status
+    def launch(call: QParamsCall):
+        if config_token() is not token:  # a launch_config block changed the policy
+            return calculate_qparams(call)
+        min_vals, max_vals, global_scale, carry = (
+            call.min_vals, call.max_vals, call.global_scale, call.carry)
+        scale = torch.empty(shape, dtype=sdtype, device=dev)
+        zero_point = torch.empty(shape, dtype=zp_dtype, device=dev)
+        status = torch.empty(n_status, dtype=torch.int64, device=dev)
+        parts = gs_out = status  # unread placeholders
+        with on_device(min_vals):
+            if gs_mode == GS_FUSED.value:
+                parts = torch.empty(n_parts, dtype=torch.float32, device=dev)
+                gs_out = torch.empty(1, dtype=torch.float32, device=dev)
+                part0 = 0
+                for (mn, mx), p in zip(call.fused, counts):
+                    n = mn.numel()
+                    if mn.dtype != mx.dtype:
+                        mn, mx = mn.to(a_dtype), mx.to(a_dtype)
+                    _absmax_kernel[(p,)](_flat(mn), _flat(mx), parts, n, cdiv(n, p), part0,
+                                         BITS16=mn.dtype == torch.bfloat16, BLOCK=QPARAMS_BLOCK)
+                    part0 += p
+                global_scale = gs_out
+            if N:
+                _qparams_kernel[(programs,)](
+                    _flat(min_vals), _flat(max_vals),
+                    scale.view(torch.uint16) if scale_bits else scale,
+                    zero_point.view(torch.uint8) if zp_bits else zero_point,
+                    global_scale if gs_mode == GS_GIVEN.value else status, parts, gs_out,
+                    carry if carry is not None else status, status, *constants, **switches,
+                )
+            else:  # no groups: nothing to launch, only the record to move
+                fresh = torch.tensor(STATUS_INIT, device=dev)
+                status[: len(STATUS_INIT)] = carry if carry is not None else fresh
+                if carry is not None:
+                    carry.copy_(fresh)
+        return scale, zero_point, global_scale, status
+
+    return launch

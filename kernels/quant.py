@@ -1,4 +1,8 @@
-"""Triton helpers that reproduce compressed-tensors' qparams and fake quantization.
+"""Formats and roundings: compressed-tensors' qparams and fake quantization in Triton.
+
+One set of codes for every kernel (observed dtype, element type, scale and
+zero-point rounding, global scale) and one decoder of QuantizationArgs into
+them and calculate_qparams' constants (``qformat``); |d| ** norm is quant_pow.py's.
 
 Every helper works on fp32 registers that hold values of the observed dtype
 (``DTYPE``: F32, F16 or BF16) and rounds after each operation exactly where
@@ -20,10 +24,16 @@ from __future__ import annotations
 
 import math
 import struct
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
+from compressed_tensors.quantization import QuantizationType
+from compressed_tensors.quantization.quant_args import FP4_E2M1_DATA, FP8_E4M3_DATA
+from compressed_tensors.quantization.utils.mxfp_utils import should_generate_mx_scales
+
+from obskernels.spec.errors import KernelUnsupportedError
 
 # dtype codes (constexpr mode switches)
 F32: tl.constexpr = tl.constexpr(0)
@@ -31,6 +41,29 @@ F16: tl.constexpr = tl.constexpr(1)
 BF16: tl.constexpr = tl.constexpr(2)
 # host side: the DTYPE switch of an observed torch dtype
 DTYPE_CODE = {torch.float32: F32.value, torch.float16: F16.value, torch.bfloat16: BF16.value}
+
+# quantized element types
+Q_INT: tl.constexpr = tl.constexpr(0)
+Q_FP8: tl.constexpr = tl.constexpr(1)
+Q_FP4: tl.constexpr = tl.constexpr(2)
+
+# the scale's rounding after calculate_qparams' division (scale_dtype)
+S_NONE: tl.constexpr = tl.constexpr(0)  # none: the scale stays in its dtype
+S_FP8: tl.constexpr = tl.constexpr(1)  # float8_e4m3fn
+S_MX: tl.constexpr = tl.constexpr(2)  # power-of-two E8M0 scales (uint8 scale_dtype)
+S_BF16: tl.constexpr = tl.constexpr(3)  # a float scale_dtype: clamped to it, rounded into it
+S_F16: tl.constexpr = tl.constexpr(4)
+S_F32: tl.constexpr = tl.constexpr(5)
+_FLOAT_SCALES = {torch.bfloat16: S_BF16, torch.float16: S_F16, torch.float32: S_F32}
+
+# zero point rounding (zp_dtype)
+Z_INT: tl.constexpr = tl.constexpr(0)
+Z_FP8: tl.constexpr = tl.constexpr(1)
+
+# global scale (calculate_qparams' global_scale)
+GS_NONE: tl.constexpr = tl.constexpr(0)
+GS_GIVEN: tl.constexpr = tl.constexpr(1)
+GS_FUSED: tl.constexpr = tl.constexpr(2)  # generate_gparam of fused statistics, in the kernel
 
 
 def round_host(x: float, dtype: torch.dtype) -> float:
@@ -58,26 +91,108 @@ def round_host(x: float, dtype: torch.dtype) -> float:
     return f
 
 
-# quantized element types
-Q_INT: tl.constexpr = tl.constexpr(0)
-Q_FP8: tl.constexpr = tl.constexpr(1)
-Q_FP4: tl.constexpr = tl.constexpr(2)
+class Format(NamedTuple):
+    """A quantization format as the kernels take it: the constexpr switches
+    (``qtype`` Q_*, ``scale`` S_*, ``zp`` Z_*, ``sym``), calculate_qparams'
+    constants as torch computes them (Python floats: calculate_range's fp32
+    q_min / q_max, the range and its half in the statistics' dtype, eps in
+    the scale's, zp_dtype's bounds, the MX exponent offset, a float
+    scale_dtype's bound in the scale's dtype), the same unrounded for the
+    float64 redo of overflowing scales (``wrng``, ``whalf``, ``sd_max64``,
+    ``weps``), and zp_dtype."""
 
-# scale rounding after calculate_qparams' step 3/4
-S_NONE: tl.constexpr = tl.constexpr(0)
-S_FP8: tl.constexpr = tl.constexpr(1)  # scale_dtype float8_e4m3fn
-S_MX: tl.constexpr = tl.constexpr(2)  # power-of-two E8M0 scales (uint8 scale_dtype)
+    qtype: int
+    scale: int
+    zp: int
+    sym: bool
+    rng: float
+    half: float
+    qmin: float
+    qmax: float
+    eps: float
+    zlo: float
+    zhi: float
+    mx_offset: int
+    sd_max: float
+    sd_max64: float
+    wrng: float
+    whalf: float
+    weps: float
+    zp_dtype: torch.dtype
 
-# zero point rounding (zp_dtype)
-Z_INT: tl.constexpr = tl.constexpr(0)
-Z_FP8: tl.constexpr = tl.constexpr(1)
 
-# |d| ** norm, chosen from the norm's value the way torch.pow special-cases it
-P_GENERAL: tl.constexpr = tl.constexpr(0)
-P_SQUARE: tl.constexpr = tl.constexpr(1)
-P_CUBE: tl.constexpr = tl.constexpr(2)
-P_SQRT: tl.constexpr = tl.constexpr(3)
-P_ONE: tl.constexpr = tl.constexpr(4)
+def qformat(args, dtype: torch.dtype, op: str, sdtype: torch.dtype | None = None) -> Format:
+    """The ``Format`` of QuantizationArgs ``args`` for statistics of ``dtype``
+    and scales of ``sdtype`` (default ``dtype``; float32 with a global scale),
+    or KernelUnsupportedError, its message led by ``op``, naming what the
+    kernels do not cover."""
+    sdtype = dtype if sdtype is None else sdtype
+    bits = args.num_bits
+    if QuantizationType(args.type) == QuantizationType.INT:
+        if not 1 <= bits <= 8:
+            raise KernelUnsupportedError(f"{op}: int num_bits={bits} (kernel covers 1..8)")
+        qtype, q_min, q_max = Q_INT, -(2.0**bits) / 2, (2.0**bits) / 2 - 1
+    elif bits in (4, 8):
+        if bits == 4 and not args.symmetric:
+            raise KernelUnsupportedError(
+                f"{op}: asymmetric fp4 (compressed-tensors does not support it either)")
+        data = FP8_E4M3_DATA if bits == 8 else FP4_E2M1_DATA
+        qtype, q_min, q_max = (Q_FP8 if bits == 8 else Q_FP4), float(data.min), float(data.max)
+    else:
+        raise KernelUnsupportedError(f"{op}: float num_bits={bits} (kernel covers 4 and 8)")
+
+    scale_dtype = args.scale_dtype
+    mx_offset, sd_max, sd_max64 = 0, 0.0, 0.0
+    if should_generate_mx_scales(args):
+        if not args.symmetric:
+            raise KernelUnsupportedError(f"{op}: asymmetric MX scales")
+        # eps of an integer (uint8) scale_dtype; the offset is floor(log2(type max))
+        scale, eps, mx_offset = S_MX, 1.0, int(math.floor(math.log2(q_max)))
+    elif scale_dtype is None:
+        scale, eps = S_NONE, torch.finfo(sdtype).eps
+    elif scale_dtype == torch.float8_e4m3fn:
+        scale, eps, sd_max64 = S_FP8, 0.125, 448.0
+    elif scale_dtype in _FLOAT_SCALES:
+        info = torch.finfo(scale_dtype)
+        if info.max > torch.finfo(sdtype).max:
+            # compressed-tensors clamps to the scale_dtype's range in the
+            # scale's dtype: torch refuses the bound (overflow)
+            raise KernelUnsupportedError(
+                f"{op}: scale_dtype {scale_dtype} is wider than the scales ({sdtype})")
+        # clamp's bounds are rounded into the scale's dtype, as torch does
+        scale, eps = _FLOAT_SCALES[scale_dtype], info.eps
+        sd_max, sd_max64 = round_host(float(info.max), sdtype), float(info.max)
+    else:
+        raise KernelUnsupportedError(f"{op}: scale_dtype {scale_dtype}")
+
+    zp_dtype = args.zp_dtype
+    if zp_dtype == torch.float8_e4m3fn:
+        zp, zlo, zhi = Z_FP8, -448.0, 448.0
+    elif zp_dtype is not None and not zp_dtype.is_floating_point and zp_dtype != torch.bool:
+        info = torch.iinfo(zp_dtype)
+        if info.max > torch.finfo(dtype).max:
+            # compressed-tensors clamps in the statistics' dtype: torch refuses the bound
+            raise KernelUnsupportedError(
+                f"{op}: zp_dtype {zp_dtype} is wider than the statistics ({dtype})")
+        zp, zlo, zhi = Z_INT, float(info.min), float(info.max)
+    else:
+        raise KernelUnsupportedError(f"{op}: zp_dtype {zp_dtype}")
+
+    # calculate_range makes fp32 scalars; calculate_qparams takes the range in
+    # the statistics' dtype and halves it there (small integers or halves:
+    # exact in every dtype, rounded anyway so the constants are torch's)
+    q_min, q_max = round_host(q_min, torch.float32), round_host(q_max, torch.float32)
+    rng = round_host(q_max - q_min, dtype)
+    return Format(
+        qtype=qtype.value, scale=scale.value, zp=zp.value, sym=bool(args.symmetric),
+        rng=rng, half=round_host(rng / 2, dtype), qmin=q_min, qmax=q_max,
+        eps=round_host(eps, sdtype), zlo=zlo, zhi=zhi, mx_offset=mx_offset,
+        sd_max=sd_max, sd_max64=sd_max64, wrng=q_max - q_min, whalf=(q_max - q_min) / 2,
+        # the float64 redo's eps: scale_dtype's, else float64's
+        weps=eps if scale.value != S_NONE.value else torch.finfo(torch.float64).eps,
+        zp_dtype=zp_dtype,
+    )
+
 
 # 1.5 * 2^23. A constexpr: the GPU compiler rejects plain module globals inside
 # @jit functions (the interpreter does not), so every global used there is one.
@@ -138,23 +253,13 @@ def round_fp4e2m1(v):
     """compressed-tensors' cast_to_fp4: nearest value of 0, .5, 1, 1.5, 2, 3, 4, 6
     (ties as its thresholds: to the even mantissa), sign kept, NaN kept."""
     a = tl.abs(v)
-    r = tl.where(
-        a <= 0.25,
-        0.0,
-        tl.where(
-            a < 0.75,
-            0.5,
-            tl.where(
-                a <= 1.25,
-                1.0,
-                tl.where(
-                    a < 1.75,
-                    1.5,
-                    tl.where(a <= 2.5, 2.0, tl.where(a < 3.5, 3.0, tl.where(a <= 5.0, 4.0, 6.0))),
-                ),
-            ),
-        ),
-    )
+    r = tl.where(a <= 5.0, 4.0, 6.0)  # from the top down: the smallest threshold passed wins
+    r = tl.where(a < 3.5, 3.0, r)
+    r = tl.where(a <= 2.5, 2.0, r)
+    r = tl.where(a < 1.75, 1.5, r)
+    r = tl.where(a <= 1.25, 1.0, r)
+    r = tl.where(a < 0.75, 0.5, r)
+    r = tl.where(a <= 0.25, 0.0, r)
     r = tl.where(v < 0, -r, r)
     return tl.where(v != v, v, r)
 
@@ -177,60 +282,6 @@ def nan_max(a, b):
 def nan_clamp(x, lo, hi):
     """torch.clamp(x, lo, hi) with NaN kept."""
     return tl.where(x < lo, lo, tl.where(x > hi, hi, x))
-
-
-@triton.jit
-def pow_pos(d, n):
-    """d ** n for d >= 0 in fp32, within a few ulp, without libdevice.
-
-    d = m * 2^e with m in [1, 2): n * log2(d) = n*e + n*log2(m). The product
-    n*e is split into its rounded value and its exact error (fma) and its
-    integer part k is taken out before exp2, so exp2 only sees [0, 1) and the
-    result is 2^f * 2^k. d = 0 gives 0, inf gives inf, NaN stays NaN.
-    """
-    tiny = d < 1.1754943508222875e-38
-    ds = tl.where(tiny, d * 16777216.0, d)
-    bits = ds.to(tl.uint32, bitcast=True)
-    e = ((bits >> 23) & 0xFF).to(tl.int32) - 127 - tl.where(tiny, 24, 0)
-    m = ((bits & 0x7FFFFF) | 0x3F800000).to(tl.float32, bitcast=True)
-    lg = tl.math.log2(m)
-    ef = e.to(tl.float32)
-    a = n * ef
-    a_err = tl.fma(n, ef, -a)
-    b = n * lg
-    k = tl.floor(a + b)
-    f = (a - k) + (a_err + b)
-    r = tl.math.exp2(f)
-    kc = tl.minimum(tl.maximum(k, -252.0), 254.0).to(tl.int32)
-    k1 = kc >> 1
-    r = (r * pow2i(k1)) * pow2i(kc - k1)
-    r = tl.where(d == 0, 0.0, r)
-    r = tl.where(d == float("inf"), d, r)
-    return tl.where(d != d, d, r)
-
-
-@triton.jit
-def abs_pow(d, n, MODE: tl.constexpr, DTYPE: tl.constexpr):
-    """torch ``d.pow(norm)`` for d >= 0 held in DTYPE, rounded into DTYPE.
-
-    torch special-cases the exponents 2 (d*d), 3 (d*d*d: bf16 rounds the inner
-    product, fp16/fp32 do not) and 0.5 (sqrt); otherwise it calls pow with the
-    exponent rounded to the dtype (``n`` is passed already rounded).
-    """
-    if MODE == P_SQUARE:
-        r = rd(d * d, DTYPE)
-    elif MODE == P_CUBE:
-        if DTYPE == BF16:
-            r = rd(rd(d * d, DTYPE) * d, DTYPE)
-        else:
-            r = rd((d * d) * d, DTYPE)
-    elif MODE == P_SQRT:
-        r = rd(tl.sqrt_rn(d), DTYPE)
-    elif MODE == P_ONE:
-        r = d
-    else:
-        r = rd(pow_pos(d, n), DTYPE)
-    return r
 
 
 @triton.jit
@@ -282,11 +333,10 @@ def qparams(
     DTYPE: tl.constexpr, SYM: tl.constexpr, SCALE: tl.constexpr, ZP: tl.constexpr,
     FAST: tl.constexpr = False,
 ):
-    """calculate_qparams(cmin, cmax, args, global_scale=None) in DTYPE.
-
-    FAST (GPU only): the GPU's arithmetic, same results: hardware roundings,
-    and bf16 quotients by quot_bf16_hw (rng and half are bf16 values: integers
-    below 256 or their halves, 448, 6).
+    """calculate_qparams(cmin, cmax, args, global_scale=None) in DTYPE; SCALE
+    is S_NONE, S_FP8 or S_MX. FAST (GPU only): the GPU's arithmetic, same
+    results: hardware roundings, and bf16 quotients by quot_bf16_hw (rng and
+    half are bf16 values: integers below 256 or their halves, 448, 6).
 
     mn = min(cmin, 0), mx = max(cmax, 0);
     symmetric: scale = max(|mn|, |mx|) / half (or the MX power of two), zp = 0;
@@ -336,17 +386,11 @@ def fake_quant(x, scale, zp, qmin, qmax, DTYPE: tl.constexpr, QTYPE: tl.constexp
 
 
 # --------------------------------------------------------------------------- #
-# GPU arithmetic (the launchers' FAST switch: a CUDA tensor, not the interpreter)
-#
-# The helpers above emulate every rounding with bit arithmetic because the
-# interpreter's casts are not correctly rounded (docs/spec.md §6). On a GPU the
-# hardware conversions ARE the roundings torch makes, by definition:
-# ``cvt.rn.bf16.f32`` / ``cvt.rn.f16.f32`` round to nearest even,
-# ``cvt.rni.f32.f32`` is round half-to-even to an integer (torch.round),
-# ``cvt.rn.satfinite.e4m3x2.f32`` rounds to nearest even e4m3 (inputs are
-# clamped to +-448 first, so saturation never acts). These helpers are only
-# ever compiled for a GPU; the interpreter keeps the exact emulation above, and
-# the tests compile both.
+# The GPU's roundings (FAST: a CUDA tensor, never the interpreter, whose casts
+# are not correctly rounded, docs/spec.md §6). On a GPU the hardware
+# conversions ARE torch's roundings: ``cvt.rn.bf16.f32`` / ``cvt.rn.f16.f32``
+# round to nearest even. The search's other GPU arithmetic is in
+# mse_search_details/_step.py (fake quantization) and quant_pow.py (the pow).
 # --------------------------------------------------------------------------- #
 @triton.jit
 def rd_hw(x, DTYPE: tl.constexpr):
@@ -357,25 +401,6 @@ def rd_hw(x, DTYPE: tl.constexpr):
         return x.to(tl.float16).to(tl.float32)
     else:
         return x
-
-
-@triton.jit
-def rd_bf16_pair_hw(x):
-    """rd(x, BF16) by ``cvt.rn.bf16x2.f32``, two elements per conversion: the
-    FP32 pipe's packing conversion (F2FP) instead of one F2F each on the
-    slow conversion pipe; same rounding (nearest even). GPU only. The
-    conversion puts its first operand in the upper half, and triton's packed
-    result holds element 0 in the lower half: hence $2 before $1."""
-    h = tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [x], dtype=tl.bfloat16,
-                                  is_pure=True, pack=2)
-    return h.to(tl.float32)
-
-
-@triton.jit
-def rint_hw(x):
-    """torch.round (half to even) by ``cvt.rni`` (GPU only)."""
-    return tl.inline_asm_elementwise("cvt.rni.f32.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
-                                     is_pure=True, pack=1)
 
 
 # quot_bf16_hw's lift: groups whose scale is below 2^-64 divide 2^64 x by
@@ -422,136 +447,4 @@ def quot_bf16_hw(x, lift, r):
     and the scales of 25 binades, 0 and NaN.
     """
     return (x * lift) * r
-
-
-@triton.jit
-def round_fp8e4m3_hw(v):
-    """round_fp8e4m3() by the hardware conversion, |v| <= 448 or NaN (GPU only)."""
-    return v.to(tl.float8e4nv).to(tl.float32)
-
-
-@triton.jit
-def lg2_approx(x):
-    """MUFU log2 (``lg2.approx.ftz.f32``): subnormal inputs read as 0 (-> -inf)."""
-    return tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
-                                     is_pure=True, pack=1)
-
-
-@triton.jit
-def ex2_approx(x):
-    """MUFU 2^x (``ex2.approx.ftz.f32``): subnormal results flush to 0."""
-    return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
-                                     is_pure=True, pack=1)
-
-
-# Window of the fast pow (pow16_hw), in fp32 ulps of the result, as
-# W0 + W1 * |t| with t = n * log2(d); ``pow_window`` gives W0 for an exponent.
-POW_W1: tl.constexpr = tl.constexpr(2.25)
-
-
-def pow_window(n: float) -> float:
-    """W0 of pow16_hw's window for exponent ``n`` (host side, a runtime scalar).
-
-    Bounds assumed (the PTX ISA documents lg2.approx.f32 to 2^-22.6 absolute
-    and ex2.approx.f32 to about 2 ulp; CUDA documents powf within a few ulp;
-    each is taken here with a margin of 2x or more):
-      |lg2(d) - log2(d)| <= 2^-21 + |log2 d| * 2^-23,
-      |ex2(t) / 2^t - 1| <= 2^-21,
-      torch's pow on the device within 8 ulp of the exact d^n.
-    With t = fp32(n * lg2(d)): |t - n log2 d| <= n 2^-21 + |t| 2^-22.4, so the
-    fast result is within ln2 (n 2^-21 + |t| 2^-22.4) + 2^-21 relative of d^n,
-    i.e. within 2^24 times that in ulps: 5.6 n + 8 + 2.15 |t|. Adding torch's
-    8 ulp and 1 for the final comparison gives W0 = 5.6 n + 17, W1 = 2.25.
-    """
-    return 5.6 * abs(float(n)) + 17.0
-
-
-@triton.jit
-def pow16_hw(d, n, w0, tab_ptr, DTYPE: tl.constexpr):
-    """torch's ``d.pow(n)`` for d >= 0 held in bf16 / fp16, rounded into it (GPU only).
-
-    Fast path: r = ex2(n * lg2(d)) on the MUFU, then rd(r). ``tab_ptr`` holds
-    torch's own pow of every 16-bit pattern, computed by torch on this device
-    and widened to fp32
-    (the launcher's ``_pow_table``): the element takes the table's value when
-    the fast r lies within the window W = w0 + POW_W1 * |t| (ulps, see
-    ``pow_window``) of a rounding boundary of the dtype (then r and torch's
-    pow might round differently), or when t is outside the range where the
-    boundaries are the fixed bit patterns tested below (subnormal or
-    overflowing results, d = 0, inf, NaN, subnormal d read as 0 by the MUFU).
-    Elsewhere both lie strictly inside one rounding interval and round to
-    the same value. The table is read only by those lanes (a masked load): a
-    few per mille of the elements.
-
-    Rounding boundaries of a positive fp32 r, as bit patterns: into bf16 the
-    midpoints have low 16 bits 0x8000; into fp16 (results in [2^-14, 65504])
-    low 13 bits 0x1000. Bit patterns of positive floats are monotone, and a
-    window of W ulps never reaches the next midpoint (2^15 or 2^12 away).
-    """
-    t = n * lg2_approx(d)
-    r = ex2_approx(t)
-    bits = r.to(tl.int32, bitcast=True)
-    # off = (low bits) - midpoint as an fp32, without an int -> float
-    # conversion (the MUFU's slow pipe): the low bits put into the mantissa of
-    # 2^23 (one byte permute) give the float 2^23 + low exactly, and
-    # subtracting 2^23 + midpoint is exact (an integer below 2^16), so off
-    # equals float(low - midpoint).
-    if DTYPE == BF16:
-        off = _low16_over_2p23(bits) - 8421376.0
-        inside = (t > -125.0) & (t < 127.0)
-        # d >= 0 with its sign bit clear (callers pass an abs()): no mask
-        idx = d.to(tl.uint32, bitcast=True) >> 16
-    else:
-        off = ((bits & 0x1FFF) | 0x4B000000).to(tl.float32, bitcast=True) - 8392704.0
-        inside = (t > -13.9) & (t < 15.9)
-        idx = d.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0x7FFF
-    near = tl.abs(off) <= w0 + POW_W1 * tl.abs(t)
-    slow = near | (not inside)
-    exact = tl.load(tab_ptr + idx, mask=slow, other=0.0)
-    if DTYPE == BF16:
-        # where the fast value is used it is not within a window of a
-        # midpoint (no tie) and is a normal number: nearest-even into bf16 is
-        # adding half a bf16 ulp to the bits and truncating (integer pipe, no
-        # conversion)
-        fast = ((bits + 0x8000) & -65536).to(tl.float32, bitcast=True)
-    else:
-        fast = rd_hw(r, DTYPE)
-    return tl.where(slow, exact, fast)
-
-
-@triton.jit
-def _low16_over_2p23(bits):
-    """The fp32 2^23 + (bits & 0xFFFF): the low half of ``bits`` under the
-    high half of 0x4B000000, by one ``prmt`` (GPU only)."""
-    return tl.inline_asm_elementwise("prmt.b32 $0, $1, 0x4B000000, 0x7610;", "=r,r", [bits],
-                                     dtype=tl.float32, is_pure=True, pack=1)
-
-
-@triton.jit
-def abs_pow_hw(d, n, w0, tab_ptr, MODE: tl.constexpr, DTYPE: tl.constexpr, ERR_DTYPE: tl.constexpr):
-    """abs_pow() as torch computes it on a CUDA device (GPU only).
-
-    CUDA torch (PowKernel.cu) computes the special exponents in the tensor's
-    dtype, each product rounded into it (fp16 cube included, unlike the CPU),
-    and otherwise pow of the values converted to fp32 with the exponent
-    rounded to the dtype, result rounded into the dtype. ERR_DTYPE is the
-    dtype of the error tensor (F32 for the imatrix flavour, whose differences
-    are fp32 values). Read from torch's CUDA source and compiled here, never
-    run: equality with CUDA torch is to be confirmed on a GPU (the bf16 / fp16
-    general exponent least depends on it: its fallback is torch's own pow).
-    """
-    if MODE == P_SQUARE:
-        r = rd_hw(d * d, ERR_DTYPE)
-    elif MODE == P_CUBE:
-        r = rd_hw(rd_hw(d * d, ERR_DTYPE) * d, ERR_DTYPE)
-    elif MODE == P_SQRT:
-        r = rd_hw(tl.sqrt_rn(d), ERR_DTYPE)
-    elif MODE == P_ONE:
-        r = d
-    elif ERR_DTYPE == F32:
-        # the CUDA math library's powf, which torch's fp32 pow calls
-        r = tl.extra.cuda.libdevice.pow(d, n)
-    else:
-        r = pow16_hw(d, n, w0, tab_ptr, ERR_DTYPE)
-    return r
 

@@ -32,11 +32,11 @@ from obskernels.kernels._layout import (
     on_device,
     widen,
 )
-from obskernels.kernels.launch import combine_block
+from obskernels.kernels.launch import cdiv, combine_block
 from obskernels.spec.calls import CombineCall
 from obskernels.spec.record import STATUS_BAD_STATS, STATUS_FIRST_BAD, STATUS_NAN
 
-__all__ = ["combine_statistics", "combine_modes"]
+__all__ = ["combine_statistics", "combine_modes", "prepare"]
 
 MODE_REPLACE: tl.constexpr = tl.constexpr(0)
 MODE_RUNNING: tl.constexpr = tl.constexpr(1)
@@ -172,31 +172,55 @@ def _combine_kernel(
 
 def combine_statistics(call: CombineCall):
     """Triton twin of ``reference.stats.combine_statistics``: (min_vals, max_vals)."""
-    value, new_min, new_max, held, status = (
-        call.flat.value, call.new_min, call.new_max, call.held, call.status)
+    return prepare(call)(call)
+
+
+def prepare(call: CombineCall):
+    """The launch of ``call``'s signature (see kernels/min_max.py ``prepare``)."""
+    value, new_min, held = call.flat.value, call.new_min, call.held
     check_kernel_dtype(value)
     check_kernel_dtype(new_min, "new_min")
     layout = group_layout(call.flat, storage_order=False)
-    dtype = new_min.dtype
+    shape, dtype, dev = new_min.shape, new_min.dtype, new_min.device
     mode, a, c = combine_modes(held, call.averaging_constant)
-    out_min, out_max = torch.empty_like(new_min), torch.empty_like(new_max)
     bits16 = dtype == torch.bfloat16
+    Q = layout.num_groups
+    block_q = combine_block(Q)
+    grid = (cdiv(Q, block_q),)
+    layout_args = layout.kernel_args()
+    switches = dict(MODE=mode, DTYPE=quant.DTYPE_CODE[dtype], BITS16=bits16,
+                    RECORD=call.status is not None, PAD=layout.pad, BLOCK_Q=block_q)
 
-    def v(t):
-        t = t.reshape(-1) if t.is_contiguous() else t.contiguous().reshape(-1)
+    def v(t):  # read at the groups' flat index: contiguous (any shape), bf16 as its bits
+        if not t.is_contiguous():
+            t = t.contiguous()
         return t.view(torch.uint16) if bits16 else t
 
-    Q = layout.num_groups
-    if Q == 0:
+    def launch(call: CombineCall):
+        value, new_min, new_max, held, status, out = (
+            call.flat.value, call.new_min, call.new_max, call.held, call.status, call.out)
+        if out is None:  # contiguous: the kernel writes them at the groups' flat index
+            out_min = torch.empty(shape, dtype=dtype, device=dev)
+            out_max = torch.empty(shape, dtype=dtype, device=dev)
+        else:
+            out_min, out_max = out
+        if Q == 0:
+            return out_min, out_max
+        # each tensor made ready once (held or out may be the new statistics themselves)
+        nmin, nmax = v(new_min), v(new_max)
+        hmin, hmax = (nmin, nmax) if held is None else (v(held[0]), v(held[1]))
+        if out_min is new_min and out_max is new_max:
+            omin, omax = nmin, nmax
+        elif held is not None and out_min is held[0] and out_max is held[1]:
+            omin, omax = hmin, hmax
+        else:
+            omin, omax = v(out_min), v(out_max)
+        with on_device(value):
+            _combine_kernel[grid](
+                value, nmin, nmax, hmin, hmax, omin, omax,
+                status if status is not None else out_min, a, c, call.observation,
+                *layout_args, **switches,
+            )
         return out_min, out_max
-    held_min, held_max = held if held is not None else (new_min, new_max)
-    block_q = combine_block(Q)
-    with on_device(value):
-        _combine_kernel[(triton.cdiv(Q, block_q),)](
-            value, v(new_min), v(new_max), v(held_min), v(held_max), v(out_min), v(out_max),
-            status if status is not None else out_min, a, c, call.observation,
-            *layout.kernel_args(),
-            MODE=mode, DTYPE=quant.DTYPE_CODE[dtype], BITS16=bits16, RECORD=status is not None,
-            PAD=layout.pad, BLOCK_Q=block_q,
-        )
-    return out_min, out_max
+
+    return launch

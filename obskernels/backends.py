@@ -119,25 +119,48 @@ def _interpreter_on() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+# Whether triton and the kernels import, and whether triton built them for
+# its interpreter, do not change in a process: found out once, then kept
+# (every operation asks).
+_runtime: list = []  # [(reason the kernels cannot run or None, interpreted)] once known
+
+
+def _kernels_runtime() -> tuple:
+    if not _runtime:
+        if importlib.util.find_spec("triton") is None:
+            _runtime.append(("triton is not installed", False))
+            return _runtime[0]
+        try:
+            kernels = importlib.import_module("obskernels.kernels")
+        except ImportError as exc:  # triton present but broken, or kernels missing
+            _runtime.append((f"the kernels failed to import ({exc})", False))
+        else:
+            _runtime.append((None, bool(kernels.INTERPRETED)))
+    return _runtime[0]
+
+
 def triton_unavailable_reason(tensor: torch.Tensor | None) -> str | None:
-    """Why the triton backend cannot run (for ``tensor``'s device), or None."""
-    if importlib.util.find_spec("triton") is None:
-        return "triton is not installed"
-    try:
-        importlib.import_module("obskernels.kernels")
-    except ImportError as exc:  # triton present but broken, or kernels missing
-        return f"the kernels failed to import ({exc})"
+    """Why the triton backend cannot run (for ``tensor``'s device), or None.
+
+    CPU tensors need the kernels built for triton's interpreter, i.e.
+    TRITON_INTERPRET=1 set before triton was imported."""
+    reason, interpreted = _kernels_runtime()
+    if reason is not None:
+        return reason
     if tensor is None:
-        if torch.cuda.is_available() or _interpreter_on():
+        if interpreted or torch.cuda.is_available() or _interpreter_on():
             return None
         return "no CUDA device and TRITON_INTERPRET=1 is not set"
-    if tensor.is_cuda:
+    kind = tensor.device.type
+    if kind == "cuda":
         return None
-    if tensor.device.type == "cpu":
-        if _interpreter_on():
+    if kind == "cpu":
+        # kernels built for the interpreter; else the variable is read now (a
+        # tool recording the launches of CPU tensors sets it: nothing runs)
+        if interpreted or _interpreter_on():
             return None
         return "CPU tensors need TRITON_INTERPRET=1 set before triton is imported"
-    return f"tensors on device {tensor.device.type!r} are not supported"
+    return f"tensors on device {kind!r} are not supported"
 
 
 def available_backends(tensor: torch.Tensor | None = None) -> list[str]:

@@ -5,6 +5,19 @@ Each function here checks its call with the function of the same name in
 checked call to the backend: ``obskernels.reference`` or ``obskernels.kernels``,
 whose twins take that same call and check nothing. Observers reach tensors
 only through this module.
+
+A call is checked once per signature. Every rule but g_idx's and a
+normalised importance's reads only the call's signature (each tensor's
+shape, strides, dtype and device, the scalars, the fields of ``args``
+named by ``spec.calls.args_key``) and the requested backend, so the first
+call of a signature is checked, and routed, and the backend prepares its
+launch (``kernels.PREPARE``: layout, blocks, splits, launch constants; the
+reference computes as it is). The plan is kept: a later call of the same
+signature is made from the checked one with its own tensors and goes
+straight to the prepared launch. Calls with g_idx, or with importance whose
+values are checked, are checked every time. Activation observers see the
+same shape thousands of times: their forward costs a dictionary lookup, not
+a check.
 """
 
 from __future__ import annotations
@@ -21,6 +34,16 @@ from obskernels.backends import (
     resolve_backend,
 )
 from obskernels.spec import calls
+from obskernels.spec.calls import (
+    AccumulateCall,
+    CombineCall,
+    Flattening,
+    ImportanceCall,
+    MinMaxCall,
+    QParamsCall,
+    SearchCall,
+    args_key,
+)
 
 __all__ = ["flatten_for_calibration", "min_max", "mse_search", "accumulate_sq", "calculate_qparams",
            "combine_statistics", "importance"]
@@ -30,53 +53,164 @@ _fallbacks_logged: set[str] = set()
 # Operations whose kernels have nothing to launch for an empty value: the
 # reference computes those (its empty result, or its error), whichever backend
 # was chosen -- not a fallback, the same answer.
-_EMPTY_ON_REFERENCE = frozenset(("flatten_for_calibration", "min_max", "mse_search", "accumulate_sq"))
+_EMPTY_ON_REFERENCE = frozenset(
+    ("flatten_for_calibration", "min_max", "mse_search", "accumulate_sq"))
+
+#: signature -> _Plan; at most _MAX_PLANS (then it starts afresh)
+_PLANS: dict = {}
+_MAX_PLANS = 4096
 
 
-def _dispatch(op: str, tensor: torch.Tensor, *args, **kwargs):
+class _Plan:
+    """A checked signature: where it runs, its prepared launch, and the
+    tensor-free parts of its checked call (no tensor of the first call is
+    kept). ``plan.run(call)`` launches a call made from them."""
+
+    __slots__ = ("op", "name", "launch", "head", "rest", "extra")
+
+    def __init__(self, op, name, launch, checked):
+        self.op, self.name, self.launch = op, name, launch
+        flat = checked if isinstance(checked, Flattening) else getattr(checked, "flat", None)
+        # a Flattening is (value, base_name, strategy, args, *rest): rebuilt per call
+        self.head = None if flat is None else flat[1:3]
+        self.rest = None if flat is None else flat[4:]
+        self.extra = checked.params if isinstance(checked, SearchCall) else None
+
+    def run(self, call):
+        try:
+            return self.launch(call)
+        except KernelUnsupportedError as exc:
+            return _fall_back(self.op, exc, call)
+
+
+# Signatures. A key holds, for each argument, what the checks read of it:
+# a tensor's type, shape, strides, dtype and device; args' key (and type); a
+# scalar with its type (a float by its bits: -0.0 is not 0.0). Anything of
+# another kind raises while the key is made: no key, the call is checked.
+def _t(t):
+    return (type(t), t.shape, t.stride(), t.dtype, t.device)
+
+
+def _pair(p):
+    """Two tensors (held / new / out statistics): their signatures, and
+    whether they share their data."""
+    if type(p) is not tuple or len(p) != 2:
+        raise TypeError
+    a, b = p
+    return (type(a), a.shape, a.stride(), a.dtype, a.device,
+            type(b), b.shape, b.stride(), b.dtype, b.device, a.data_ptr() == b.data_ptr())
+
+
+def _opt(t):
+    return None if t is None else _t(t)
+
+
+def _scalar(x):
+    kind = type(x)
+    return (kind, x.hex() if kind is float else x)
+
+
+def _out(out, *same):
+    """``out`` as one of the pairs already described (its index), else its signature."""
+    if out is None:
+        return None
+    if type(out) is not tuple or len(out) != 2:
+        raise TypeError  # the check says what out must be
+    for i, pair in enumerate(same):
+        if pair is not None and out[0] is pair[0] and out[1] is pair[1]:
+            return (i, out[0].data_ptr() == out[1].data_ptr())
+    return _pair(out)
+
+
+_UNKEYED = (AttributeError, TypeError, IndexError, ValueError, RuntimeError)
+
+
+def _fall_back(op: str, exc: KernelUnsupportedError, call):
+    """Under "auto", a kernel's KernelUnsupportedError (valid input it does
+    not cover) runs the reference with the same checked call, logged once per
+    reason; a forced "triton" raises it."""
+    if get_backend() == "triton":
+        raise exc
+    key = f"{op}: {exc}"
+    if key not in _fallbacks_logged:
+        _fallbacks_logged.add(key)
+        logger.warning("obskernels: %s; using the reference backend", key)
+    return getattr(backend_module("reference"), op)(call)
+
+
+def _dispatch(op: str, key, tensor: torch.Tensor, *args, **kwargs):
     """Resolve the backend for ``tensor`` (a forced backend that cannot run
-    is an error first), check the call once, run it there. Under "auto" a
-    kernel's KernelUnsupportedError (valid input it does not cover) falls back
-    to the reference with the same checked call, logged once per reason."""
+    is an error first), check the call once, run it there; with a ``key``,
+    keep the plan of its signature (``_Plan``). Under "auto" a kernel's
+    KernelUnsupportedError falls back to the reference (``_fall_back``)."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{op}: expected a torch.Tensor, got {type(tensor).__name__}")
     name = resolve_backend(tensor)
     call = getattr(calls, op)(tensor, *args, **kwargs)
     if tensor.numel() == 0 and op in _EMPTY_ON_REFERENCE:
         name = "reference"
-    fn: Callable = getattr(backend_module(name), op)
-    if name == "reference":
-        return fn(call)
+    module = backend_module(name)
+    fn: Callable = getattr(module, op)
+    prepare = getattr(module, "PREPARE", {}).get(op)
     try:
-        return fn(call)
+        launch = prepare(call) if prepare is not None else fn
+        _keep(key, _Plan(op, name, launch, call))
+        return launch(call)
     except KernelUnsupportedError as exc:
-        if get_backend() == "triton":
-            raise
-        key = f"{op}: {exc}"
-        if key not in _fallbacks_logged:
-            _fallbacks_logged.add(key)
-            logger.warning("obskernels: %s; using the reference backend", key)
-        return getattr(backend_module("reference"), op)(call)
+        result = _fall_back(op, exc, call)  # a forced triton raises here
+        # "auto": this signature runs on the reference from now on
+        _keep(key, _Plan(op, "reference", getattr(backend_module("reference"), op), call))
+        return result
+
+
+def _keep(key, plan: _Plan) -> None:
+    if key is not None:
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[key] = plan
 
 
 def flatten_for_calibration(value, base_name, args, g_idx=None):
-    """(num_observations, *qparam_shape, group_size) view or copy of ``value`` (docs/spec.md §2)."""
-    return _dispatch("flatten_for_calibration", value, base_name, args, g_idx=g_idx)
+    """(num_observations, *qparam_shape, group_size) view or copy of ``value``
+    (docs/spec.md §2)."""
+    try:
+        key = None if g_idx is not None else (get_backend(), "flatten", _t(value), base_name,
+                                              type(args), args_key(args))
+        plan = _PLANS.get(key)
+    except _UNKEYED:  # not keyed (the check will say what is wrong), or unhashable
+        key = plan = None
+    if plan is not None:
+        return plan.run(Flattening(value, *plan.head, args, *plan.rest))
+    return _dispatch("flatten_for_calibration", key, value, base_name, args, g_idx=g_idx)
 
 
 def min_max(value, base_name, args, g_idx=None, *, held=None, averaging_constant=None,
-            status=None, observation=0):
+            status=None, observation=0, out=None):
     """(min_vals, max_vals) per group, with the qparam shape (docs/spec.md §2).
 
     ``held``: statistics held from earlier values, combined in: running min /
     max, or the moving average ``held * (1 - c) + new * c`` when
     ``averaging_constant`` c is given. ``status``: an observer's non-finite
     record (``spec.record.STATUS_INIT`` layout) that the value's NaN / +-inf
-    counts are added to, as observation number ``observation``.
+    counts are added to, as observation number ``observation``. ``out``:
+    two contiguous tensors the results are written into (they may be ``held``
+    itself: statistics updated in place) and returned.
     """
-    return _dispatch("min_max", value, base_name, args, g_idx=g_idx, held=held,
+    try:
+        key = None if g_idx is not None else (
+            get_backend(), "min_max", _t(value), base_name, type(args), args_key(args),
+            None if held is None else _pair(held),
+            None if averaging_constant is None else _scalar(averaging_constant),
+            None if status is None else _t(status), _out(out, held))
+        plan = _PLANS.get(key)
+    except _UNKEYED:  # not keyed (the check will say what is wrong), or unhashable
+        key = plan = None
+    if plan is not None:
+        return plan.run(MinMaxCall(Flattening(value, *plan.head, args, *plan.rest), held,
+                                   averaging_constant, status, observation, out))
+    return _dispatch("min_max", key, value, base_name, args, g_idx=g_idx, held=held,
                      averaging_constant=averaging_constant, status=status,
-                     observation=observation)
+                     observation=observation, out=out)
 
 
 def mse_search(
@@ -97,8 +231,22 @@ def mse_search(
     ``importance_status``: ``importance`` is the raw E[x²] of ``importance()``
     with its verdict in this record; the search normalises it (uniform weights
     when the verdict says it is unusable), reading nothing on the triton backend."""
+    key = plan = None
+    if importance is None or importance_status is not None:  # no importance values to check
+        try:
+            key = (get_backend(), "mse_search", _t(value), base_name, type(args),
+                   args_key(args),
+                   _scalar(maxshrink), _scalar(patience), _scalar(grid), _scalar(norm),
+                   _scalar(expand), flavour, _opt(importance), _opt(importance_status))
+            plan = _PLANS.get(key)
+        except _UNKEYED:
+            key = plan = None
+    if plan is not None:
+        return plan.run(SearchCall(Flattening(value, *plan.head, args, *plan.rest), plan.extra,
+                                   importance, importance_status))
     return _dispatch(
         "mse_search",
+        key,
         value,
         base_name,
         args,
@@ -115,7 +263,14 @@ def mse_search(
 
 def accumulate_sq(x, sum_buf, count_buf):
     """sum_buf += sum over tokens of x**2 (fp32); count_buf += tokens. In place."""
-    return _dispatch("accumulate_sq", x, sum_buf, count_buf)
+    try:
+        key = (get_backend(), "accumulate_sq", _t(x), _t(sum_buf), _t(count_buf))
+        plan = _PLANS.get(key)
+    except _UNKEYED:  # not keyed (the check will say what is wrong), or unhashable
+        key = plan = None
+    if plan is not None:
+        return plan.run(AccumulateCall(x, sum_buf, count_buf))
+    return _dispatch("accumulate_sq", key, x, sum_buf, count_buf)
 
 
 def calculate_qparams(min_vals, max_vals, args, global_scale=None, *, fused=None, widen=False,
@@ -125,19 +280,44 @@ def calculate_qparams(min_vals, max_vals, args, global_scale=None, *, fused=None
     global scale from ``fused`` statistics, the float64 redo of overflowed
     groups (``widen``) and the non-finite record (``carry``) on request;
     ``status`` is read once by the caller (see ``reference.qparams``)."""
+    if fused is not None and type(fused) is not tuple:
+        fused = tuple(fused)  # read once, even from an iterator
+    try:
+        key = (get_backend(), "calculate_qparams", _t(min_vals), _t(max_vals), type(args),
+               args_key(args),
+               _opt(global_scale), None if fused is None else tuple(_pair(p) for p in fused),
+               _scalar(widen), None if carry is None else _t(carry))
+        plan = _PLANS.get(key)
+    except _UNKEYED:  # not keyed (the check will say what is wrong), or unhashable
+        key = plan = None
+    if plan is not None:
+        return plan.run(QParamsCall(min_vals, max_vals, args, global_scale, fused, bool(widen),
+                                    carry))
     return _dispatch(
-        "calculate_qparams", min_vals, max_vals, args, global_scale,
+        "calculate_qparams", key, min_vals, max_vals, args, global_scale,
         fused=fused, widen=widen, carry=carry,
     )
 
 
 def combine_statistics(value, base_name, args, new_min, new_max, *, held=None,
-                       averaging_constant=None, status=None, observation=0):
+                       averaging_constant=None, status=None, observation=0, out=None):
     """``min_max``'s epilogue for statistics another operation computed from
-    ``value`` (the MSE search): combine with ``held``, record non-finite input."""
+    ``value`` (the MSE search): combine with ``held``, record non-finite input,
+    write into ``out`` (which may be the new or the held statistics)."""
+    try:
+        key = (get_backend(), "combine_statistics", _t(value), base_name, type(args),
+               args_key(args), _t(new_min), _t(new_max), None if held is None else _pair(held),
+               None if averaging_constant is None else _scalar(averaging_constant),
+               None if status is None else _t(status), _out(out, held, (new_min, new_max)))
+        plan = _PLANS.get(key)
+    except _UNKEYED:  # not keyed (the check will say what is wrong), or unhashable
+        key = plan = None
+    if plan is not None:
+        return plan.run(CombineCall(Flattening(value, *plan.head, args, *plan.rest), new_min,
+                                    new_max, held, averaging_constant, status, observation, out))
     return _dispatch(
-        "combine_statistics", value, base_name, args, new_min, new_max, held=held,
-        averaging_constant=averaging_constant, status=status, observation=observation,
+        "combine_statistics", key, value, base_name, args, new_min, new_max, held=held,
+        averaging_constant=averaging_constant, status=status, observation=observation, out=out,
     )
 
 
@@ -145,4 +325,11 @@ def importance(sum_buf, count_buf, status):
     """The imatrix importance ``sum_buf / fp32(count_buf)`` (fp32, per input
     column); its verdict (spec.record.IMPORTANCE_*: usable, or why not) goes
     into ``status[STATUS_IMPORTANCE]``, on the device, unread."""
-    return _dispatch("importance", sum_buf, count_buf, status)
+    try:
+        key = (get_backend(), "importance", _t(sum_buf), _t(count_buf), _t(status))
+        plan = _PLANS.get(key)
+    except _UNKEYED:  # not keyed (the check will say what is wrong), or unhashable
+        key = plan = None
+    if plan is not None:
+        return plan.run(ImportanceCall(sum_buf, count_buf, status))
+    return _dispatch("importance", key, sum_buf, count_buf, status)

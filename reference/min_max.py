@@ -1,8 +1,9 @@
 """Reference per-group min/max: amin/amax of the flattened value over (0, -1).
 
 On request, the statistics held from earlier values are combined in
-(``held``, ``averaging_constant``: see reference/stats.py) and the value's
-non-finite elements are recorded into ``status``.
+(``held``, ``averaging_constant``: see reference/stats.py), the value's
+non-finite elements are recorded into ``status`` and the results are copied
+into ``out``.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from obskernels.reference.flatten import flatten_for_calibration
-from obskernels.reference.stats import combine, record
+from obskernels.reference.stats import combine, deliver, record
 from obskernels.spec.calls import MinMaxCall
 
 __all__ = ["min_max"]
@@ -23,7 +24,7 @@ def min_max(call: MinMaxCall):
         mn, mx = observed.new_empty(qshape), observed.new_empty(qshape)
     else:
         mn, mx = torch.amin(observed, dim=(0, -1)), torch.amax(observed, dim=(0, -1))
-    out = combine(mn, mx, call.held, call.averaging_constant)
+    result = combine(mn, mx, call.held, call.averaging_constant)
     if call.status is not None:
         record(call.status, call.flat.value, mn, mx, call.observation)
-    return out
+    return deliver(result, call.out)

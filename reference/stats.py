@@ -6,6 +6,7 @@
 - status (int64, ``spec.record.STATUS_INIT`` layout): the value's NaN / +inf /
   -inf counts are added; when the new statistics are not finite the flag is
   set and the first such observation kept. Tensor ops only, no host read.
+- out: the results are copied there (and returned) instead of new tensors.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from obskernels.spec.calls import CombineCall
 from obskernels.spec.record import STATUS_BAD_STATS, STATUS_FIRST_BAD, STATUS_NAN
 
-__all__ = ["combine", "record", "combine_statistics", "moving_average"]
+__all__ = ["combine", "record", "deliver", "combine_statistics", "moving_average"]
 
 
 def moving_average(old: torch.Tensor, new: torch.Tensor, c: float) -> torch.Tensor:
@@ -33,6 +34,15 @@ def combine(new_min, new_max, held=None, averaging_constant=None):
     return moving_average(old_min, new_min, c), moving_average(old_max, new_max, c)
 
 
+def deliver(result, out):
+    """``result`` (min_vals, max_vals), copied into ``out`` when given."""
+    if out is None:
+        return result
+    out[0].copy_(result[0])
+    out[1].copy_(result[1])
+    return out
+
+
 def record(status, value, new_min, new_max, observation) -> None:
     counts = torch.stack((torch.isnan(value).sum(), torch.isposinf(value).sum(),
                           torch.isneginf(value).sum()))
@@ -46,7 +56,7 @@ def record(status, value, new_min, new_max, observation) -> None:
 def combine_statistics(call: CombineCall):
     """(min_vals, max_vals) to hold: the new statistics combined with the held
     ones; records the value's non-finite elements into ``status``."""
-    out = combine(call.new_min, call.new_max, call.held, call.averaging_constant)
+    result = combine(call.new_min, call.new_max, call.held, call.averaging_constant)
     if call.status is not None:
         record(call.status, call.flat.value, call.new_min, call.new_max, call.observation)
-    return out
+    return deliver(result, call.out)

@@ -44,7 +44,8 @@ def _qparams(seed: int) -> dict:
 
 @pytest.fixture
 def spy(monkeypatch):
-    """(key, concrete backend) of every dispatched op; key: thread id or task name."""
+    """(key, concrete backend) of every dispatched op, first calls of a
+    signature and later ones alike; key: thread id or task name."""
     calls: list[tuple[object, str]] = []
     original = ops.backend_module
 
@@ -59,7 +60,15 @@ def spy(monkeypatch):
         calls.append((key(), name))
         return original(name)
 
+    # a signature seen before runs its kept plan (ops._Plan): its backend counts too
+    run = ops._Plan.run
+
+    def recording_run(plan, call):
+        calls.append((key(), plan.name))
+        return run(plan, call)
+
     monkeypatch.setattr(ops, "backend_module", recording)
+    monkeypatch.setattr(ops._Plan, "run", recording_run)
     # a clean process-wide choice, restored afterwards
     monkeypatch.setattr(backends, "_process_choice", None)
     monkeypatch.delenv(backends.ENV_VAR, raising=False)

@@ -176,7 +176,7 @@ def test_interrupted_between_two_writes_of_one_module(expected, monkeypatch):
     before, after = expected
     model = make_model()
     hooks = hook_counts(model)
-    original = calib.update_offload_parameter
+    original = calib.qparams.update_offload_parameter
     writes = []
 
     def write(module, name, value):
@@ -186,7 +186,7 @@ def test_interrupted_between_two_writes_of_one_module(expected, monkeypatch):
                 raise KeyboardInterrupt
         return original(module, name, value)
 
-    monkeypatch.setattr(calib, "update_offload_parameter", write)
+    monkeypatch.setattr(calib.qparams, "update_offload_parameter", write)
     armed = False
     with pytest.raises(KeyboardInterrupt):
         with calibrating(model):
@@ -208,7 +208,7 @@ def test_update_qparams_alone_stores_a_module_whole(monkeypatch):
     with torch.no_grad():
         model(batches(1)[0])
     placeholders = state(model)
-    original = calib.update_offload_parameter
+    original = calib.qparams.update_offload_parameter
     calls = []
 
     def write(module, name, value):
@@ -217,7 +217,7 @@ def test_update_qparams_alone_stores_a_module_whole(monkeypatch):
             raise RuntimeError("disk full")
         return original(module, name, value)
 
-    monkeypatch.setattr(calib, "update_offload_parameter", write)
+    monkeypatch.setattr(calib.qparams, "update_offload_parameter", write)
     with pytest.raises(RuntimeError, match="disk full"):
         update_qparams(get_modules(model), ["input", "weight"])
     assert calls[:3] == ["input_scale", "input_zero_point", "weight_scale"]

@@ -34,7 +34,7 @@ import torch.multiprocessing as mp
 from compressed_tensors.quantization import QuantizationArgs
 
 from obskernels import Observer, set_backend, use_backend
-from obskernels.observers.base import moving_average
+from obskernels.reference.stats import moving_average
 
 WORLD = 3
 HIDDEN = 16

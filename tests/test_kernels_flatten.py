@@ -109,6 +109,77 @@ def test_small_tiles_loop_over_elements(tile, pin_launch, device):
     assert_bitwise(got, want, f"tile {tile} g_idx")
 
 
+class RecordingKernel:
+    """Wraps a triton kernel; records each launch's grid, arguments and keywords."""
+
+    def __init__(self, kernel, sink):
+        self.kernel, self.sink = kernel, sink
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+
+        def run(*args, **kwargs):
+            self.sink.append((grid, args, kwargs))
+            return launch(*args, **kwargs)
+
+        return run
+
+
+# (id, shape, dtype, layout, block or None, g_idx group size or None, LaunchConfig pins):
+# the tile paths a GPU takes, on small shapes with pinned tiles and fill target
+TILE_PATHS = [
+    ("pad-tails", (17, 33), torch.bfloat16, "sliced", [8, 16], None, dict(tile=32)),
+    ("rows-contiguous-pad", (130, 129), torch.float16, "transposed", [128, 128], None, dict(tile=256)),
+    ("exact-blocks", (16, 32), torch.float32, "contiguous", [8, 16], None, dict(tile=64)),
+    ("short-chunk", (9, 36), torch.bfloat16, "contiguous", [4, 12], None, dict(tile=64)),
+    ("chunk-shifted-back", (6, 300), torch.float32, "contiguous", [3, 300], None, dict(tile=64)),
+    ("row-tail", (10, 64), torch.float32, "sliced", [5, 16], None, dict(tile=64, min_elems_per_program=1)),
+    ("g_idx-group-loop", (33, 64), torch.bfloat16, "contiguous", None, 16, dict(tile=64, fill_programs=2)),
+    ("g_idx-chunks", (5, 96), torch.float16, "transposed", None, 48, dict(tile=32)),
+]
+
+
+def _flatten_path(path, device):
+    name, shape, dtype, layout, block, g, pins = path
+    value = with_specials(make_value(shape, dtype, layout, device=device))
+    if block is not None:
+        return value, qargs("block", block_structure=block), None
+    return value, qargs("group", group_size=g), permuted_g_idx(shape[1], g, device=device)
+
+
+@pytest.mark.parametrize("path", TILE_PATHS, ids=[p[0] for p in TILE_PATHS])
+def test_tile_paths_bitwise(path, pin_launch, device):
+    pin_launch("flatten", **path[-1])
+    value, args, g_idx = _flatten_path(path, device)
+    got, want = flatten_both(value, "weight", args, g_idx)
+    assert_bitwise(got, want, path[0])
+
+
+def test_tile_paths_reach_every_mode(monkeypatch, device):
+    import importlib
+
+    launch = importlib.import_module("obskernels.kernels.launch")
+    sink = []
+    monkeypatch.setattr(flatten_module, "_flatten_kernel", RecordingKernel(flatten_module._flatten_kernel, sink))
+    for path in TILE_PATHS:
+        with launch.launch_config(ops="flatten", **path[-1]):
+            value, args, g_idx = _flatten_path(path, device)
+            with use_backend("triton"):
+                ops.flatten_for_calibration(value, "weight", args, g_idx=g_idx)
+    seen, looped, shifted = {}, False, False
+    for grid, a, kw in sink:
+        for key in ("GROUP_LOOP", "GROUP_TAIL", "ROW_TAIL", "SHORT_E", "PAD", "GATHER"):
+            seen.setdefault(key, set()).add(kw[key])
+        Q, geo = a[3], a[7]
+        n_blocks = -(-(Q // geo.QB) // kw["BLOCK_A"]) * -(-geo.QB // kw["BLOCK_B"])
+        looped |= bool(kw["GROUP_LOOP"]) and grid[0] < n_blocks
+        shifted |= not kw["SHORT_E"] and geo.E > kw["BLOCK_E"] and geo.E % kw["BLOCK_E"] != 0
+    missing = {k: {False, True} - v for k, v in seen.items() if {False, True} - v}
+    assert not missing, f"tile modes not reached: {missing}"
+    assert looped, "no program looped over several blocks of groups"
+    assert shifted, "no last element chunk was shifted back"
+
+
 VIEW_CASES = [
     ("weight", "tensor", (17, 33), {}),
     ("weight", "channel", (17, 33), {}),

@@ -269,6 +269,124 @@ def test_no_flattened_copy(monkeypatch, device):
     assert_same(got[1], want[1], "max")
 
 
+# --------------------------------------------------------------------------- #
+# the tile paths a GPU takes (kernels/launch.py's policy is the same on every
+# device): small shapes with pinned tiles and fill target reach each of them here
+# --------------------------------------------------------------------------- #
+class RecordingKernel:
+    """Wraps a triton kernel; records each launch's grid, arguments and keywords."""
+
+    def __init__(self, kernel, sink):
+        self.kernel, self.sink = kernel, sink
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+
+        def run(*args, **kwargs):
+            self.sink.append((grid, args, kwargs))
+            return launch(*args, **kwargs)
+
+        return run
+
+
+BF, F16, F32 = torch.bfloat16, torch.float16, torch.float32
+# (id, shape, dtype, layout, base_name, args, g_idx group size or None, LaunchConfig pins)
+TILE_PATHS = [
+    ("group-loop", (64, 64), BF, "contiguous", "weight", qargs("group", group_size=16), None,
+     dict(tile=64, fill_programs=2)),
+    ("group-loop-tail", (17, 48), F16, "sliced", "weight", qargs("group", group_size=16), None,
+     dict(tile=32, fill_programs=2)),
+    ("chunk-shifted-back", (3, 4113), BF, "contiguous", "weight", qargs("channel"), None, dict(tile=64)),
+    ("short-chunk", (5, 17), F32, "contiguous", "weight", qargs("channel"), None, {}),
+    ("row-tail", (3, 9, 64), BF, "contiguous", "input", qargs("group", group_size=32), None, dict(tile=64)),
+    ("two-row-levels", (3, 9, 48), F16, "sliced", "input", qargs("group", group_size=16), None,
+     dict(tile=64)),
+    ("three-row-levels", (2, 3, 17, 16), BF, "sliced", "q", qargs("tensor"), None, dict(tile=64)),
+    ("rows-contiguous-pad", (130, 129), BF, "transposed", "weight",
+     qargs("block", block_structure=[128, 128]), None, dict(tile=256)),
+    ("groups-contiguous", (64, 40), BF, "transposed", "weight", qargs("channel"), None, dict(tile=64)),
+    ("g_idx", (33, 64), BF, "contiguous", "weight", qargs("group", group_size=16), 16,
+     dict(tile=64, fill_programs=2)),
+    ("g_idx-one-step", (40, 32), F32, "transposed", "weight", qargs("group", group_size=2), 2,
+     dict(tile=64, fill_programs=2)),
+]
+
+
+def _tile_path_value(shape, dtype, layout, g, device):
+    value = make_value(shape, dtype, layout, device=device)
+    g_idx = None if g is None else permuted_g_idx(shape[1], g, device=device)
+    return value, g_idx
+
+
+def _record_launches(monkeypatch):
+    sink = []
+    monkeypatch.setattr(min_max_module, "_min_max_kernel",
+                        RecordingKernel(min_max_module._min_max_kernel, sink))
+    return sink
+
+
+@pytest.mark.parametrize("path", TILE_PATHS, ids=[p[0] for p in TILE_PATHS])
+def test_tile_paths_match_reference(path, pin_launch, device):
+    name, shape, dtype, layout, base_name, args, g, pins = path
+    pin_launch("min_max", **pins)
+    value, g_idx = _tile_path_value(shape, dtype, layout, g, device)
+    check_min_max(value, base_name, args, g_idx=g_idx, what=name)
+    # NaN and +-inf in the last group read: the flag and the error path
+    flat_index = tuple(n - 1 for n in value.shape)
+    value[flat_index] = float("nan")
+    value[tuple(0 for _ in value.shape)] = float("inf")
+    check_min_max(value, base_name, args, g_idx=g_idx, what=f"{name} nan")
+
+
+@pytest.mark.parametrize("path", TILE_PATHS, ids=[p[0] for p in TILE_PATHS])
+def test_tile_paths_record_nonfinite(path, pin_launch, device):
+    # the non-finite record re-reads a program's slice (every block of a group
+    # loop) and counts each element once
+    from obskernels.spec.record import STATUS_INIT
+
+    name, shape, dtype, layout, base_name, args, g, pins = path
+    pin_launch("min_max", **pins)
+    value, g_idx = _tile_path_value(shape, dtype, layout, g, device)
+    value[tuple(n - 1 for n in value.shape)] = float("nan")
+    value[tuple(0 for _ in value.shape)] = float("-inf")
+    value[tuple(n // 2 for n in value.shape)] = float("inf")
+    got = {}
+    for backend in ("reference", "triton"):
+        status = torch.tensor(STATUS_INIT, device=device)
+        with use_backend(backend):
+            ops.min_max(value, base_name, args, g_idx=g_idx, status=status, observation=3)
+        got[backend] = status.tolist()
+    counts = [int(torch.isnan(value).sum()), int(torch.isposinf(value).sum()), int(torch.isneginf(value).sum())]
+    assert got["triton"] == got["reference"], name
+    assert got["triton"][:3] == [a + b for a, b in zip(STATUS_INIT[:3], counts)], name
+
+
+def test_tile_paths_reach_every_mode(monkeypatch, device):
+    """The cases above reach every tile mode of the kernel as a GPU launches it."""
+    sink = _record_launches(monkeypatch)
+    for name, shape, dtype, layout, base_name, args, g, pins in TILE_PATHS:
+        with launch_module.launch_config(ops="min_max", **pins):
+            value, g_idx = _tile_path_value(shape, dtype, layout, g, device)
+            with use_backend("triton"):
+                ops.min_max(value, base_name, args, g_idx=g_idx)
+    seen = {}
+    looped = shifted = False
+    for grid, args, kw in sink:
+        for key in ("GROUP_LOOP", "GROUP_TAIL", "ROW_TAIL", "SHORT_E", "ROW_LEVELS", "PAD", "GATHER"):
+            seen.setdefault(key, set()).add(kw[key])
+        Q, geo = args[4], args[8]
+        n_blocks = -(-(Q // geo.QB) // kw["BLOCK_A"]) * -(-geo.QB // kw["BLOCK_B"])
+        looped |= bool(kw["GROUP_LOOP"]) and grid[0] < n_blocks  # several blocks per program
+        shifted |= not kw["SHORT_E"] and geo.E > kw["BLOCK_E"] and geo.E % kw["BLOCK_E"] != 0
+    want = {"GROUP_LOOP": {False, True}, "GROUP_TAIL": {False, True}, "ROW_TAIL": {False, True},
+            "SHORT_E": {False, True}, "ROW_LEVELS": {0, 1, 2, 3}, "PAD": {False, True},
+            "GATHER": {False, True}}
+    missing = {k: w - seen.get(k, set()) for k, w in want.items() if w - seen.get(k, set())}
+    assert not missing, f"tile modes not reached: {missing}"
+    assert looped, "no program looped over several blocks of groups"
+    assert shifted, "no last element chunk was shifted back"
+
+
 BAD_INPUTS = [
     ("weight-token", lambda: (torch.randn(4, 16), "weight", qargs("token"), None)),
     ("weight-attn_head", lambda: (torch.randn(4, 16), "weight", qargs("attn_head"), None)),

@@ -247,9 +247,10 @@ def test_raw_importance_is_normalised_in_the_load(pin_launch, verdict, path, dev
 @pytest.mark.parametrize("raw", (False, True), ids=("normalised", "raw"))
 def test_split_importance_traffic(pin_launch, raw):
     """Split path (groups wider than the registers take): importance is read
-    once per column per program of 16 rows, not per element: a bf16 weight
-    with fp32 importance moves at most 2.2x its compulsory bytes (value +
-    importance + outputs; the value is read twice, min/max then search),
+    once per column per program of 4 rows (``SPLIT_W_ROWS``), not per
+    element: a bf16 weight with fp32 importance moves at most 2.6x its
+    compulsory bytes (value + importance + outputs; the value is read twice,
+    min/max then search: 4 bytes per element, the importance 1 more),
     counted lane by lane in the interpreter."""
     from obskernels.bench.traffic import TritonTraffic
     from obskernels.kernels.importance import importance as kernel_importance
@@ -271,7 +272,7 @@ def test_split_importance_traffic(pin_launch, raw):
     assert names == {"triton:_minmax_part_kernel", "triton:_search_part_kernel"}, names
     compulsory = value.numel() * 2 + cols * 4 + 2 * rows * 2
     ratio = counter.counts.bytes_read / compulsory
-    assert ratio <= 2.2, f"read {counter.counts.bytes_read} bytes, {ratio:.2f}x compulsory"
+    assert ratio <= 2.6, f"read {counter.counts.bytes_read} bytes, {ratio:.2f}x compulsory"
 
 
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)

@@ -1,4 +1,4 @@
-"""The Triton rounding helpers of kernels/quant.py against torch / compressed-tensors.
+"""The Triton rounding helpers of kernels/quant.py and quant_pow.py against torch / compressed-tensors.
 
 Each helper is applied elementwise by a tiny kernel (under TRITON_INTERPRET=1
 on the CPU; compiled on CUDA in a GPU run) and compared bitwise with what
@@ -23,6 +23,7 @@ from compressed_tensors.quantization import QuantizationArgs
 triton = pytest.importorskip("triton", reason="the Triton kernels need triton")
 tl = triton.language
 Q = importlib.import_module("obskernels.kernels.quant")
+QP = importlib.import_module("obskernels.kernels.quant_pow")
 
 pytestmark = pytest.mark.kernel
 
@@ -42,7 +43,7 @@ def _apply(x_ptr, out_ptr, n, norm, mx_offset,
     elif OP == 2:
         r = Q.round_fp4e2m1(x)
     elif OP == 3:
-        r = Q.abs_pow(x, norm, MODE, DTYPE)
+        r = QP.abs_pow(x, norm, MODE, DTYPE)
     elif OP == 4:
         r = Q.rne_int(x)
     else:
@@ -104,8 +105,8 @@ def test_round_half_even(device):
     assert_bitwise(apply(x, OP_RNE), torch.round(x))
 
 
-NORMS = [(2.4, Q.P_GENERAL), (2.0, Q.P_SQUARE), (3.0, Q.P_CUBE), (0.5, Q.P_SQRT),
-         (1.0, Q.P_ONE), (1.7, Q.P_GENERAL), (7.3, Q.P_GENERAL)]
+NORMS = [(2.4, QP.P_GENERAL), (2.0, QP.P_SQUARE), (3.0, QP.P_CUBE), (0.5, QP.P_SQRT),
+         (1.0, QP.P_ONE), (1.7, QP.P_GENERAL), (7.3, QP.P_GENERAL)]
 
 
 @pytest.mark.parametrize("norm,mode", NORMS, ids=lambda v: str(v))
@@ -149,7 +150,7 @@ def test_mx_scale(dtype, num_bits, device):
 
 
 # --------------------------------------------------------------------------- #
-# The GPU's fast pow (quant.pow16_hw) cannot run here: its argument is checked
+# The GPU's fast pow (quant_pow.pow16_hw) cannot run here: its argument is checked
 # by emulation. The MUFU result is modelled as the exact d**n (fp64) off by
 # the largest relative error pow_window assumes for it, in either direction
 # (the worst cases for the boundary test); the device's pow is torch's.
@@ -172,7 +173,7 @@ def _fast_pow_decision(d, n, dtype, sign):
     else:
         off = (bits & 0x1FFF) - 0x1000
         inside = (t32 > -13.9) & (t32 < 15.9)
-    near = off.abs().float() <= Q.pow_window(n) + 2.25 * t32.abs()
+    near = off.abs().float() <= QP.pow_window(n) + 2.25 * t32.abs()
     slow = near | ~inside | torch.isnan(t32)
     if dtype == torch.bfloat16:
         # pow16_hw's bf16 rounding of the fast value: half an ulp added to the
@@ -289,3 +290,66 @@ def test_gpu_bf16_quotient_check_can_fail():
 
     assert _first_mismatch(scales[2000:2128], ulp_off) is not None  # a normal binade
     assert _first_mismatch(scales[:128], no_lift) is not None  # subnormal scales
+
+
+# --------------------------------------------------------------------------- #
+# The GPU's fp16 quotient (mse_search_details/_step._quot_f16_hw): a
+# correctly rounded reciprocal per group and one product per element, emulated
+# in fp32 as above. Claim: its fp16 rounding equals that of div_rn(x, s) for
+# every fp16 x (NaN, inf, subnormals) and positive fp16 scale s (inf, NaN
+# too) wherever that quotient is an fp16 normal, 0, inf or NaN; below 2^-14
+# both stay below 2^-14, within one fp16 subnormal step of each other (the
+# fake quantization then rounds both to the same value, _quot_f16_hw).
+# --------------------------------------------------------------------------- #
+_F16_ALL = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(torch.float16).float()
+
+
+def _f16_scales():
+    """Every positive fp16 subnormal scale, the binades a search meets and
+    the edges (2^-14 .. 2^-13, around 1, the largest finite binade), inf,
+    0 and NaN."""
+    bits = torch.arange(1, 0x7C01, dtype=torch.int32)  # 2^-24 .. inf
+    exp = bits >> 10
+    keep = (exp == 0) | (exp >= 0x1E) | torch.isin(exp, torch.tensor([1, 2, 8, 14, 15, 16, 20]))
+    edges = torch.tensor([0.0, float("nan")])
+    return torch.cat([bits[keep].to(torch.int16).view(torch.float16).float(), edges])
+
+
+def _f16_mismatch(s, quotient):
+    """The first (x, s, got, want) breaking the claim for scales s; None if none."""
+    x = _F16_ALL[None, :]
+    S = s[:, None]
+    q = x / S
+    got = quotient(x, S).to(torch.float16).float()
+    want = q.to(torch.float16).float()
+    same = (got == want) | (got.isnan() & want.isnan())
+    tiny = (q.abs() > 0) & (q.abs() < 2.0**-14)
+    close = (got.abs() <= 2.0**-14) & (want.abs() <= 2.0**-14) & ((got - want).abs() <= 2.0**-24)
+    bad = ~same & ~(tiny & close)
+    if not bool(bad.any()):
+        return None
+    i, j = (int(v) for v in bad.nonzero()[0])
+    return x[0, j].item(), S[i, 0].item(), got[i, j].item(), want[i, j].item()
+
+
+def test_gpu_f16_quotient_rounds_as_div_rn():
+    scales = _f16_scales()
+    for i in range(0, scales.numel(), 256):
+        bad = _f16_mismatch(scales[i:i + 256], lambda x, s: x * (1.0 / s))
+        assert bad is None, "x=%r s=%r: quotient rounds to %r, div_rn's to %r" % bad
+
+
+def test_gpu_f16_quotient_check_can_fail():
+    """The same check catches a quotient 2^-21 off (fp16's 11 bits leave
+    midpoints as close as 2^-23 to a quotient), and a reciprocal rounded to
+    fp16 (too coarse)."""
+    scales = _f16_scales()
+
+    def ulp_off(x, s):
+        return (x / s) * (1 - 2.0**-21)
+
+    def coarse(x, s):
+        return x * (1.0 / s).to(torch.float16).float()
+
+    assert _f16_mismatch(scales[1100:1356], ulp_off) is not None
+    assert _f16_mismatch(scales[1100:1356], coarse) is not None

@@ -162,3 +162,34 @@ def test_importing_the_kernels_loads_no_front():
     front = [f for f in FRONT if f != "obskernels.kernels"] + ["obskernels.reference"]
     leaked = [m for m in loaded if any(m == f or m.startswith(f + ".") for f in front)]
     assert not leaked, f"import obskernels.kernels loaded {leaked}"
+
+
+# The front's own rule: observers, calibration and the llm-compressor drop-in
+# hold state and call obskernels.ops; they neither choose a backend nor reach
+# a backend's code (one path for an observation: front -> ops -> backend).
+FRONT_CALLERS = [ROOT / "obskernels" / "observers", ROOT / "obskernels" / "calibration",
+                 ROOT / "obskernels" / "integrations" / "llmcompressor.py"]
+FRONT_MAY_NOT = ("obskernels.backends.resolve_backend", "obskernels.reference", "obskernels.kernels")
+
+
+def _front_files():
+    for p in FRONT_CALLERS:
+        yield from (sorted(p.rglob("*.py")) if p.is_dir() else [p])
+
+
+def test_observers_compute_only_through_ops():
+    bad = []
+    for path in _front_files():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            for name in names:
+                if any(name == m or name.startswith(m + ".") for m in FRONT_MAY_NOT):
+                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
+            if isinstance(node, ast.Name) and node.id == "resolve_backend":
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno} uses resolve_backend")
+    assert not bad, "\n".join(bad)

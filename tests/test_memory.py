@@ -7,17 +7,28 @@ launcher allocates (a kernel allocates nothing itself). The instrument is
 checked first against allocations of known size.
 
 The MSE search on the triton backend allocates, per group: its two outputs
-(min, max in the value's dtype), the unshrunk base range (2 x fp32) and the
-improvement bits (one int32 word per 32 grid steps): 16 bytes per group for
-bf16 with the default 20 steps, 20 for fp32. Bound used here: 24 bytes per
-group + 256. Measured (this machine, CPU, triton's interpreter), int4 group 128
-on a 1024 x 1024 weight (8,192 groups):
-- triton: 131,076 B for bf16 (6.25% of the 2 MiB value), 163,844 B for fp32
-  (3.9% of 4 MiB). The 1% of the value's bytes one might hope for is below what
-  the two outputs alone need (2 x 2 B per 128 elements = 1.56% for bf16);
+(min, max in the value's dtype; they hold each group's unshrunk base range
+until the choice replaces it) and, when the search can stop early (patience
+below the number of steps), the improvement bits (one int32 word per 32 grid
+steps): 8 bytes per group for bf16 with the default 20 steps, 12 for fp32.
+When it cannot stop early (patience >= steps, as nvfp4_expanded's 1000 over
+111 steps) the outputs alone: 4 bytes per bf16 group. Bound used here: 12
+bytes per group + 256. Measured (this machine, CPU, triton's interpreter),
+int4 group 128 on a 1024 x 1024 weight (8,192 groups):
+- triton: 67,584 B for bf16 (3.2% of the 2 MiB value: the two outputs
+  1.56%, the bits as much, one flag word per program), 100,352 B for fp32
+  (2.4% of 4 MiB); with the base in a [2, G] fp32 buffer of its own it was
+  131,076 B and 163,844 B;
 - reference: 10,649,600 B for bf16 (5.08 x the value), 21,282,816 B for fp32
   (5.07 x): candidate ranges, quotients and errors of whole steps are tensors
   the size of the value.
+Whole observer calls (the harness's rows, bf16 128 x 1024, each op's storage
+freed when it returns, as on a GPU): nvfp4_expanded_mse on NVFP4 groups of 16
+went from 87.7% of the weight to 28.2% (the held statistics, 12.5%, and
+calculate_qparams' fp32 scales and zero points); the search itself now holds
+the outputs only. (Triton's interpreter keeps each launch's arguments in
+reference cycles until the next garbage collection, so the harness's CPU rows
+can show a launch's scratch a little longer than a GPU holds it.)
 """
 
 from __future__ import annotations
@@ -38,7 +49,7 @@ needs_interpreter = pytest.mark.skipif(
     reason="CPU peaks of the triton path are taken in triton's interpreter (TRITON_INTERPRET=1)",
 )
 SEARCH = dict(maxshrink=0.20, patience=5, grid=100, norm=2.4)  # memoryless_mse defaults
-PER_GROUP_BOUND = 24
+PER_GROUP_BOUND = 12
 CONSTANT_BOUND = 256
 
 
@@ -121,6 +132,33 @@ def test_triton_search_memory_grows_with_groups_not_elements(dtype):
 
 @needs_interpreter
 @pytest.mark.kernel
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("patience,grid", [(1000, 200), (5, 25)])
+def test_search_that_cannot_stop_early_allocates_its_outputs_only(dtype, patience, grid):
+    """patience >= steps (nvfp4_expanded: 1000 over 111 steps; here also 5
+    over 5): no per-step history and no base buffer, the peak is exactly the
+    two outputs. With patience below the steps the bits come on top: one
+    int32 word per group and 32 steps (plus one per program)."""
+    g = torch.Generator().manual_seed(2)
+    value = torch.randn(16, 512, generator=g).to(dtype)
+    groups = 16 * 512 // 16
+    args = QuantizationArgs(num_bits=4, type="float", symmetric=True, strategy="group", group_size=16)
+    kw = dict(maxshrink=0.2, patience=patience, grid=grid, norm=2.4)  # 40 or 5 steps
+    with use_backend("triton"):
+        with peak_memory("cpu") as counts:
+            mn, mx = ops.mse_search(value, "weight", args, **kw)
+    outputs = 2 * groups * value.element_size()
+    assert mn.shape == (16, 32)
+    steps = int(kw["maxshrink"] * grid)
+    if patience >= steps:
+        assert counts.peak_bytes == outputs, (counts.peak_bytes, outputs)
+    else:
+        words = -(-steps // 32)
+        assert outputs + 4 * words * groups <= counts.peak_bytes <= outputs + 4 * words * groups + 64
+
+
+@needs_interpreter
+@pytest.mark.kernel
 @pytest.mark.slow
 def test_int4_group128_1024x1024_weight():
     """The figures of the module docstring (bf16; the search runs about a
@@ -131,7 +169,7 @@ def test_int4_group128_1024x1024_weight():
     peak, _ = _peak("triton", value, 128)
     ref_peak, _ = _peak("reference", value, 128)
     assert peak <= PER_GROUP_BOUND * groups + CONSTANT_BOUND, peak
-    assert peak <= 0.10 * value_bytes, f"{peak} B is {peak / value_bytes:.2%} of the value"
+    assert peak <= 0.035 * value_bytes, f"{peak} B is {peak / value_bytes:.2%} of the value"
     assert ref_peak >= 4 * value_bytes, ref_peak
     print(f"triton {peak} B ({peak / value_bytes:.2%} of the value), reference {ref_peak} B "
           f"({ref_peak / value_bytes:.2f}x)")

@@ -1,12 +1,12 @@
 """Non-finite input and range edges, on every backend.
 
 - NaN / +-inf in an observed value: by default a ValueError naming the
-  observer (class, base_name), the tensor and how many values are not finite;
-  the statistics are left as they were. On the triton backend nothing is read
-  back while observing: the kernels record the non-finite input and the same
-  error is raised by get_qparams, which drops the statistics of the
-  observations since the last get_qparams (``refuse`` below). ``nonfinite="propagate"`` keeps
-  llm-compressor's behaviour (NaN / inf in the statistics and the scales).
+  observer (class, base_name), the tensor and how many values are not finite.
+  Nothing is read back while observing, on either backend: the operations
+  record the non-finite input and get_qparams raises the error, dropping the
+  statistics of the observations since the last get_qparams (``refuse``
+  below). ``nonfinite="propagate"`` keeps llm-compressor's behaviour (NaN /
+  inf in the statistics and the scales).
 - All-zero tensors and groups: finite, positive scales (the eps rule of
   docs/spec.md §3) and a zero point that represents 0 exactly.
 - Values near the top of bf16 (3.3e38) and fp16 (65504): finite, valid
@@ -29,7 +29,7 @@ from compressed_tensors.quantization import QuantizationArgs
 from compressed_tensors.quantization.lifecycle import fake_quantize
 from compressed_tensors.quantization.utils import calculate_qparams, calculate_range
 
-import obskernels.observers.base as base_module
+import obskernels.observers.report as report_module
 from obskernels import Observer
 
 from helpers import formats, reference_flatten
@@ -68,15 +68,11 @@ def poisoned(kind, shape=(4, 32), dtype=torch.float32, device="cpu"):
 
 
 def refuse(backend, obs, x, match):
-    """A refused value raises in forward on the reference backend; on the
-    triton backend (no host read while observing) get_qparams raises it."""
-    if backend == "reference":
-        with pytest.raises(ValueError, match=match):
-            obs(x)
-    else:
-        obs(x)
-        with pytest.raises(ValueError, match=match):
-            obs.get_qparams()
+    """A refused value is observed without an error (nothing is read back
+    while observing, on every backend); get_qparams raises it."""
+    obs(x)
+    with pytest.raises(ValueError, match=match):
+        obs.get_qparams()
 
 
 # --------------------------------------------------------------------------- #
@@ -93,8 +89,7 @@ def test_nonfinite_value_is_a_clear_error(backend, name, base_name, kind, device
     want = (
         rf"{cls}\(base_name='{base_name}'\): the observed {base_name} tensor \(shape \(4, 32\), "
         rf"torch.float32\) holds {nan + pos + neg} non-finite \({nan} NaN, {pos} \+inf, {neg} -inf\) "
-        rf"of 128 values; expected finite values \(statistics "
-        rf"{'not updated' if backend == 'reference' else 'dropped'}\)\. "
+        rf"of 128 values; expected finite values \(statistics dropped\)\. "
         rf"Pass the observer kwarg nonfinite='propagate'"
     )
     with pytest.warns() if name == "imatrix_mse" else _no_warning():
@@ -119,34 +114,32 @@ def test_nonfinite_after_finite_values_keeps_the_statistics(backend, name, devic
     bad = torch.randn(1, 32).to(device)
     bad[0, 7] = float("-inf")
     refuse(backend, obs, bad, r"holds 1 non-finite \(0 NaN, 0 \+inf, 1 -inf\) of 32 values")
-    if backend == "triton":
-        # raised by get_qparams: the statistics since the last one are dropped
-        assert not obs.has_statistics and obs._num_observed_tokens == 0
-        obs(good)
+    # raised by get_qparams: the statistics since the last one are dropped
+    assert not obs.has_statistics and obs._num_observed_tokens == 0
+    obs(good)
     assert torch.equal(obs.min_vals, held[0]) and torch.equal(obs.max_vals, held[1])
     assert obs._num_observed_tokens == 3
     assert torch.isfinite(obs.get_qparams()["scale"]).all()
 
 
 def test_counting_happens_only_on_the_error_path(backend, monkeypatch, device):
-    """The hot path reads the qparam-sized statistics only: the value is never
-    scanned for non-finite entries unless they are there."""
+    """The value is never scanned on the host for non-finite entries: the
+    operations count them while they read the value, into the record."""
     calls = []
 
     def counting(t):
         calls.append(t.shape)
         return original(t)
 
-    original = base_module.count_nonfinite
-    monkeypatch.setattr(base_module, "count_nonfinite", counting)
+    original = report_module.count_nonfinite
+    monkeypatch.setattr(report_module, "count_nonfinite", counting)
     for name in NAMES:
         obs = make(name, "input")
         obs(torch.randn(3, 32).to(device))
         obs.get_qparams()
     assert calls == []
     refuse(backend, make("static_minmax", "input"), poisoned("nan", device=device)[0], "non-finite")
-    # the triton kernels count while they read the value: nothing to rescan
-    assert calls == ([(4, 32)] if backend == "reference" else [])
+    assert calls == []
 
 
 # --------------------------------------------------------------------------- #
@@ -282,11 +275,12 @@ def test_qparams_backstop(backend, device):
 
 
 @pytest.mark.parametrize("name", ("static_minmax", "minmax", "mse"))
-def test_refused_values_recorded_by_the_kernels(name, device):
-    """Triton backend, several observations before get_qparams: the error
-    names the FIRST refused value's shape and counts every refused value's
-    non-finite elements (counted here with torch); the observations after it
-    are dropped with it, and the observer starts afresh."""
+def test_refused_values_are_recorded(backend, name, device):
+    """Several observations before get_qparams: the error names the FIRST
+    refused value's shape and counts every refused value's non-finite
+    elements (counted here with torch); the observations after it are dropped
+    with it, and the observer starts afresh, with the qparams of a fresh
+    observer (on the reference backend: the oracle)."""
     from obskernels.backends import use_backend
 
     good, first, second = (torch.randn(s).to(device) for s in ((2, 3, 32), (5, 32), (1, 2, 32)))
@@ -296,18 +290,17 @@ def test_refused_values_recorded_by_the_kernels(name, device):
     nan = sum(int(torch.isnan(v).sum()) for v in values)
     pos = sum(int(torch.isposinf(v).sum()) for v in values)
     neg = sum(int(torch.isneginf(v).sum()) for v in values)
-    with use_backend("triton"):
-        obs = make(name, "input")
-        for v in values:
-            obs(v)  # nothing read back: no error yet
-        with pytest.raises(ValueError, match=re.escape(
-            f"the observed input tensor (shape (5, 32), torch.float32) holds {nan + pos + neg} "
-            f"non-finite ({nan} NaN, {pos} +inf, {neg} -inf) of 160 values"
-        )):
-            obs.get_qparams()
-        assert not obs.has_statistics and obs._num_observed_tokens == 0
-        obs(good)
-        qp = obs.get_qparams()
+    obs = make(name, "input")
+    for v in values:
+        obs(v)  # nothing read back: no error yet
+    with pytest.raises(ValueError, match=re.escape(
+        f"the observed input tensor (shape (5, 32), torch.float32) holds {nan + pos + neg} "
+        f"non-finite ({nan} NaN, {pos} +inf, {neg} -inf) of 160 values"
+    )):
+        obs.get_qparams()
+    assert not obs.has_statistics and obs._num_observed_tokens == 0
+    obs(good)
+    qp = obs.get_qparams()
     with use_backend("reference"):
         want = make(name, "input")(good).get_qparams()
     assert torch.equal(qp["scale"], want["scale"]) and torch.equal(qp["zero_point"], want["zero_point"])

@@ -497,8 +497,9 @@ def _setup_zeros(obs, lin):
 
 FALLBACKS = [
     # name, base_name, args, setup, value shape, error when strict, reason in the
-    # message, whether the triton backend reports it at get_qparams (its verdict
-    # comes from the importance's values, read there) rather than while observing
+    # message, whether it is reported at get_qparams (the importance's values
+    # are judged on the device and read there; the reasons after them wait for
+    # that verdict) rather than while observing, on every backend
     ("activation", "input", qargs("tensor"), _setup_no_data, (2, 3, 16), NotImplementedError,
      "only weight observers use importance", False),
     ("tensor strategy", "weight", qargs("tensor"), _setup_forward, (6, 16), NotImplementedError,
@@ -530,9 +531,9 @@ def _fallbacks(caught):
 @pytest.mark.parametrize("case", FALLBACKS, ids=lambda c: c[0])
 def test_imatrix_fallback_warns_once(case, backend, device):
     """One warning per observation, with its reason, and the uniform search's
-    range. The reference backend warns while observing; the triton backend,
-    which reads nothing then, warns at get_qparams where the reason comes
-    from the importance's values (their verdict is read there)."""
+    range. Nothing is read while observing, on either backend: a reason that
+    needs the importance's values (or comes after them) is reported at
+    get_qparams, where their verdict is read; the others while observing."""
     _, base_name, args, setup, shape, _, reason, deferred = case
     obs = make("imatrix_mse", base_name=base_name, args=args.model_copy(deep=True))
     setup(obs, _linear(device=device))
@@ -547,7 +548,7 @@ def test_imatrix_fallback_warns_once(case, backend, device):
         warnings.simplefilter("always")
         obs.get_qparams()
     at_qparams = _fallbacks(caught)
-    late = backend == "triton" and deferred
+    late = deferred
     assert (len(observing), len(at_qparams)) == ((0, 1) if late else (1, 0)), (
         observing, at_qparams)
     (message,) = observing + at_qparams
@@ -561,7 +562,7 @@ def test_imatrix_fallback_raises_when_strict(case, backend, device):
     setup(obs, _linear(device=device))
     with pytest.raises(error, match=re.escape(f"imatrix_mse: {reason}")):
         obs(torch.randn(shape).to(device))
-        assert backend == "triton" and deferred, "observing should have raised"
+        assert deferred, "observing should have raised"
         obs.get_qparams()
     assert not obs.has_statistics
 

@@ -1,7 +1,9 @@
 """The choice: the global stop step S from the OR-ed improvement flags (the
 reference's patience counter), each group's last improving step <= S from its
 bits, and its range rd(base * p_step) (``_choose_kernel`` after the register
-path; the split path's last program calls the same helpers).
+path; the split path's last program calls the same helpers). The search
+kernels keep each group's unshrunk base range in the outputs themselves (it
+is a value of the output dtype), and the choice replaces it there.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import triton
 import triton.language as tl
 
 from obskernels.kernels import quant
-from obskernels.kernels._layout import store_exact
+from obskernels.kernels._layout import store_exact, widen
 from obskernels.kernels.mse_search_details._step import _PER_CALL, _or, _shrink
 
 
@@ -82,11 +84,12 @@ def _high_bit(v):
 
 
 @triton.jit
-def _last_improving(bits_ptr, g, gmask, n_words, S):
-    """Each group's last improving step <= S from its bits (-1 if none)."""
+def _last_improving(bits_ptr, g, gmask, G, n_words, S):
+    """Each group's last improving step <= S from its bits, word wi of group
+    g at bits_ptr[wi, g] (-1 if none)."""
     choice = tl.full(g.shape, -1, tl.int32)
     for wi in range(n_words):
-        word = tl.load(bits_ptr + g * n_words + wi, mask=gmask, other=0, volatile=True)
+        word = tl.load(bits_ptr + wi * G + g, mask=gmask, other=0, volatile=True)
         keep = S - wi * 32 + 1  # bits 0 .. keep-1 of this word are steps <= S
         lowmask = tl.where(keep >= 32, -1, (1 << tl.minimum(tl.maximum(keep, 0), 31)) - 1)
         word = word & lowmask
@@ -97,35 +100,45 @@ def _last_improving(bits_ptr, g, gmask, n_words, S):
 
 @triton.jit(do_not_specialize=_PER_CALL + ["P", "groups_per_program"])
 def _choose_kernel(
-    bits_ptr, flags_ptr, base_ptr, grid32, grid_bits, exact32, out_min_ptr, out_max_ptr,
+    bits_ptr, flags_ptr, grid32, grid_bits, exact32, out_min_ptr, out_max_ptr,
     G, P, groups_per_program, n_steps, n_words, patience,
     DTYPE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
     """One program: groups_per_program groups, BLOCK_G at a time. S from the
     search programs' words flags_ptr[P, n_words] (every program computes the
     same S), then each group's last improving step <= S:
-    out = rd(base * p_step), or base when the group never improved."""
+    out = rd(base * p_step), or base when the group never improved (the
+    base read from out)."""
     pid = tl.program_id(0)
     S = _stop_step_parts(flags_ptr, P, n_words, n_steps, patience, BLOCK_P)
     for g0 in range(0, groups_per_program, BLOCK_G):
         gl = g0 + tl.arange(0, BLOCK_G)
         g = pid.to(tl.int64) * groups_per_program + gl
         gmask = (g < G) & (gl < groups_per_program)
-        choice = _last_improving(bits_ptr, g, gmask, n_words, S)
-        _write_choice(base_ptr, grid32, grid_bits, exact32, out_min_ptr, out_max_ptr, g, gmask,
-                      G, choice, DTYPE)
+        choice = _last_improving(bits_ptr, g, gmask, G, n_words, S)
+        _write_choice(grid32, grid_bits, exact32, out_min_ptr, out_max_ptr, g, gmask, choice,
+                      DTYPE)
 
 
 
 @triton.jit
-def _write_choice(base_ptr, grid32, grid_bits, exact32, out_min_ptr, out_max_ptr, g, gmask, G,
-                  choice, DTYPE: tl.constexpr):
-    """out = rd(base * p[choice]) of groups g, or the base where choice < 0."""
-    bmin = tl.load(base_ptr + g, mask=gmask, other=0.0, volatile=True)
-    bmax = tl.load(base_ptr + G + g, mask=gmask, other=0.0, volatile=True)
+def _choice_range(bmin, bmax, choice, grid32, grid_bits, exact32, DTYPE: tl.constexpr):
+    """(rd(bmin * p), rd(bmax * p)) of step ``choice``, or the base where choice < 0."""
     p = _shrink(tl.maximum(choice, 0), grid32, grid_bits, exact32)
     omin = tl.where(choice >= 0, quant.rd(bmin * p, DTYPE), bmin)
     omax = tl.where(choice >= 0, quant.rd(bmax * p, DTYPE), bmax)
+    return omin, omax
+
+
+@triton.jit
+def _write_choice(grid32, grid_bits, exact32, out_min_ptr, out_max_ptr, g, gmask, choice,
+                  DTYPE: tl.constexpr):
+    """out = rd(base * p[choice]) of groups g, or the base where choice < 0,
+    the base read from out (written there by the search, in this launch on
+    the split path: volatile)."""
+    bmin = widen(tl.load(out_min_ptr + g, mask=gmask, other=0.0, volatile=True))
+    bmax = widen(tl.load(out_max_ptr + g, mask=gmask, other=0.0, volatile=True))
+    omin, omax = _choice_range(bmin, bmax, choice, grid32, grid_bits, exact32, DTYPE)
     # values are exact in the output dtype, so the store's cast cannot round
     store_exact(out_min_ptr + g, omin, gmask)
     store_exact(out_max_ptr + g, omax, gmask)

@@ -1,6 +1,8 @@
 """Register path of the search: ``_search_kernel`` holds whole groups in
-registers, evaluates every step and writes each group's improvement bits and
-each program's per-step flags; ``_choose.py``'s ``_choose_kernel`` finishes.
+registers and evaluates every step. When the search cannot stop early
+(TRACK) it keeps each group's last improving step and writes its range: one
+launch. Otherwise it writes each group's improvement bits and each program's
+per-step flags, and ``_choose.py``'s ``_choose_kernel`` finishes.
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ import triton
 import triton.language as tl
 
 from obskernels.kernels import quant
+from obskernels.kernels._layout import store_exact
+from obskernels.kernels.mse_search_details._choose import _choice_range
 from obskernels.kernels.mse_search_details._step import (
     _PER_CALL,
     _block_errors,
@@ -26,13 +30,13 @@ from obskernels.kernels.mse_search_details._step import (
 @triton.jit(do_not_specialize=_PER_CALL)
 def _search_kernel(
     x_ptr, w_ptr, wmean_ptr, wcode_ptr, tiny, tab_ptr, grid32, grid_bits, exact32, bits_ptr,
-    flags_ptr, base_ptr,
+    flags_ptr, out_min_ptr, out_max_ptr,
     G, NR, lim_r, lim_e, geo, group_numel,
     n_steps, n_words, expand, best_init,
     consts,
     DTYPE: tl.constexpr, SYM: tl.constexpr, QTYPE: tl.constexpr, SCALE: tl.constexpr,
     ZP: tl.constexpr, NORM_MODE: tl.constexpr, IMATRIX: tl.constexpr, HAS_W: tl.constexpr,
-    PAD: tl.constexpr, FAST: tl.constexpr, NORM_W: tl.constexpr,
+    PAD: tl.constexpr, FAST: tl.constexpr, NORM_W: tl.constexpr, TRACK: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_J: tl.constexpr,
 ):
     """One program: BLOCK_G whole groups [BLOCK_G, BLOCK_E] in registers.
@@ -43,14 +47,20 @@ def _search_kernel(
     its rows, instead of once per element (NORM_W: normalised as it is loaded,
     ``_importance_weights``). Otherwise BLOCK_G consecutive groups.
 
-    base = rd(amin * expand), rd(amax * expand) -> base_ptr[2, G];
+    base = rd(amin * expand), rd(amax * expand);
     for every step i (BLOCK_S steps at a time: 1 on a GPU, more under the
     interpreter, whose cost is per operation): err_i per group (rounded to
     DTYPE for "mse"),
-    improved = err_i < best (strict; NaN never), best updated;
-    bit i of group g -> bits_ptr[g, i // 32]; the OR over this program's
-    groups -> flags_ptr[pid, i // 32] (a plain store of every word: nothing
-    needs clearing before the launch; _choose_kernel ORs the programs' words).
+    improved = err_i < best (strict; NaN never), best updated.
+    TRACK (patience >= n_steps: the reference stops, if at all, at the last
+    step, so each group's answer is its last improving step): that step is
+    kept in a register and out = rd(base * p_step), or base, is written.
+    Otherwise out = base (the choose kernel reads it there); bit i of group
+    g -> bits_ptr[i // 32, g]; the OR over this program's groups ->
+    flags_ptr[pid, i // 32] (a plain store of every word: nothing needs
+    clearing before the launch; _choose_kernel ORs the programs' words).
+    On a GPU (BLOCK_S 1) the step loop is a loop of 32 steps inside a loop
+    over the words, so the words' stores stay out of the loop every step runs.
     """
     pid = tl.program_id(0)
     if HAS_W:
@@ -87,30 +97,44 @@ def _search_kernel(
     mn, mx = _nan_minmax(x, valid)
     bmin = quant.rd(mn * expand, DTYPE)
     bmax = quant.rd(mx * expand, DTYPE)
-    tl.store(base_ptr + g, bmin, mask=gmask)
-    tl.store(base_ptr + G + g, bmax, mask=gmask)
+    if not TRACK:
+        # the base goes where the choice will: a value of the output dtype
+        store_exact(out_min_ptr + g, bmin, gmask)
+        store_exact(out_max_ptr + g, bmax, gmask)
 
-    best = tl.zeros([BLOCK_G], dtype=tl.float32) + best_init
-    word = tl.zeros([BLOCK_G], dtype=tl.int32)
+    # slots past the last group never improve (err < -inf is never true): the
+    # step loop needs no group mask
+    best = tl.where(gmask, best_init, float("-inf"))
+    choice = tl.full([BLOCK_G], -1, tl.int32)
     if BLOCK_S == 1:
         # One step per iteration (the GPU's choice): 2-D tiles, and the OR over
-        # the program's groups taken once per 32 steps from their words
-        # instead of at every step.
-        for i in range(n_steps):
-            p = _shrink(n_steps * 0 + i, grid32, grid_bits, exact32)  # a tensor on both backends
-            err = _step_errors(
-                x, valid, w, bmin, bmax, p, tab_ptr, consts,
-                DTYPE, SYM, QTYPE, SCALE, ZP, NORM_MODE, IMATRIX, HAS_W, not IMATRIX, FAST,
-            )
-            imp = (err < best) & gmask  # strict; NaN never improves
-            best = tl.where(imp, err, best)
-            word = word | (imp.to(tl.int32) << (i % 32))
-            if ((i + 1) % 32 == 0) | (i + 1 >= n_steps):
-                wi = i // 32
-                tl.store(bits_ptr + g * n_words + wi, word, mask=gmask)
+        # the program's groups taken once per 32 steps from their words.
+        if TRACK:
+            for i in range(n_steps):
+                p = _shrink(n_steps * 0 + i, grid32, grid_bits, exact32)  # a tensor on both backends
+                err = _step_errors(
+                    x, valid, w, bmin, bmax, p, tab_ptr, consts,
+                    DTYPE, SYM, QTYPE, SCALE, ZP, NORM_MODE, IMATRIX, HAS_W, not IMATRIX, FAST,
+                )
+                imp = err < best  # strict; NaN never improves
+                best = tl.where(imp, err, best)
+                choice = tl.where(imp, i, choice)
+        else:
+            for wi in range(n_words):
+                word = tl.zeros([BLOCK_G], dtype=tl.int32)
+                for i in range(wi * 32, tl.minimum(wi * 32 + 32, n_steps)):
+                    p = _shrink(n_steps * 0 + i, grid32, grid_bits, exact32)
+                    err = _step_errors(
+                        x, valid, w, bmin, bmax, p, tab_ptr, consts,
+                        DTYPE, SYM, QTYPE, SCALE, ZP, NORM_MODE, IMATRIX, HAS_W, not IMATRIX, FAST,
+                    )
+                    imp = err < best
+                    best = tl.where(imp, err, best)
+                    word = word | (imp.to(tl.int32) << (i - wi * 32))
+                tl.store(bits_ptr + wi * G + g, word, mask=g < G)
                 tl.store(flags_ptr + pid * n_words + wi, tl.reduce(word, 0, _or))
-                word = word * 0
     else:
+        word = tl.zeros([BLOCK_G], dtype=tl.int32)
         fword = tl.max(word, axis=0)
         one = tl.arange(0, 1)
         for i0 in range(0, n_steps, BLOCK_S):
@@ -121,19 +145,26 @@ def _search_kernel(
                 DTYPE, SYM, QTYPE, SCALE, ZP, NORM_MODE, IMATRIX, HAS_W, not IMATRIX,
             )
             imp, best = _improved(err, best, gmask[:, None] & smask[None, :])
-            # BLOCK_S divides 32, so a block never straddles two words; distinct
-            # bits add without carries, so the sums are ORs
-            sh = si % 32
-            word = word | tl.sum(imp.to(tl.int32) << sh[None, :], axis=1)
-            fword = fword | tl.sum(tl.max(imp.to(tl.int32), axis=0) << sh, axis=0)
-            # flush after bit 31 and after the last step (vector masks: the
-            # interpreter rejects scalar-bool store masks)
-            i_end = i0 + BLOCK_S
-            endv = ((word * 0 + i_end) % 32 == 0) | (word * 0 + i_end >= n_steps)
-            wi = i0 // 32
-            tl.store(bits_ptr + g * n_words + wi, word, mask=gmask & endv)
-            fv = fword + one * 0
-            end1 = ((one + i_end) % 32 == 0) | (one + i_end >= n_steps)
-            tl.store(flags_ptr + pid * n_words + wi + one, fv, mask=end1)
-            word = tl.where(endv, 0, word)
-            fword = tl.where((i_end % 32 == 0) | (i_end >= n_steps), 0, fword)
+            if TRACK:
+                choice = tl.maximum(choice, tl.max(tl.where(imp, si[None, :], -1), axis=1))
+            else:
+                # BLOCK_S divides 32, so a block never straddles two words;
+                # distinct bits add without carries, so the sums are ORs
+                sh = si % 32
+                word = word | tl.sum(imp.to(tl.int32) << sh[None, :], axis=1)
+                fword = fword | tl.sum(tl.max(imp.to(tl.int32), axis=0) << sh, axis=0)
+                # flush after bit 31 and after the last step (vector masks: the
+                # interpreter rejects scalar-bool store masks)
+                i_end = i0 + BLOCK_S
+                endv = ((word * 0 + i_end) % 32 == 0) | (word * 0 + i_end >= n_steps)
+                wi = i0 // 32
+                tl.store(bits_ptr + wi * G + g, word, mask=gmask & endv)
+                fv = fword + one * 0
+                end1 = ((one + i_end) % 32 == 0) | (one + i_end >= n_steps)
+                tl.store(flags_ptr + pid * n_words + wi + one, fv, mask=end1)
+                word = tl.where(endv, 0, word)
+                fword = tl.where((i_end % 32 == 0) | (i_end >= n_steps), 0, fword)
+    if TRACK:
+        omin, omax = _choice_range(bmin, bmax, choice, grid32, grid_bits, exact32, DTYPE)
+        store_exact(out_min_ptr + g, omin, gmask)
+        store_exact(out_max_ptr + g, omax, gmask)

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from obskernels.kernels import quant
+from obskernels.kernels._layout import store_exact
 from obskernels.kernels.mse_search_details._choose import _last_improving, _stop_step, _write_choice
 from obskernels.kernels.mse_search_details._step import (
     _PER_CALL,
@@ -40,17 +41,23 @@ def _minmax_part_kernel(
     k = tl.program_id(1).to(tl.int64)
     g = gid + tl.arange(0, 1)
     e0 = tl.arange(0, BLOCK_E).to(tl.int64)
-    mn = tl.full([1], float("inf"), tl.float32)
-    mx = tl.full([1], float("-inf"), tl.float32)
+    # a running min / max and NaN flag per lane, reduced once after the loop
+    # (min and max are exact in any order)
+    lo = tl.full([1, BLOCK_E], float("inf"), tl.float32)
+    hi = tl.full([1, BLOCK_E], float("-inf"), tl.float32)
+    nan = tl.zeros([1, BLOCK_E], tl.int1)
     for c in range(chunks_per_split):
         e = (k * chunks_per_split + c) * BLOCK_E + e0
         x, w, valid = _load_group(
             x_ptr, x_ptr, g, e, group_numel,
             G, NR, lim_r, lim_e, geo, PAD, False, False,
         )
-        cmn, cmx = _nan_minmax(x, valid)
-        mn = quant.nan_min(mn, cmn)
-        mx = quant.nan_max(mx, cmx)
+        lo = tl.where(valid & (x < lo), x, lo)
+        hi = tl.where(valid & (x > hi), x, hi)
+        nan = nan | (valid & (x != x))
+    has_nan = tl.max(nan.to(tl.int32), axis=1) > 0
+    mn = tl.where(has_nan, float("nan"), tl.min(lo, axis=1))
+    mx = tl.where(has_nan, float("nan"), tl.max(hi, axis=1))
     tl.store(part_ptr + g * K + k, mn)
     tl.store(part_ptr + G * K + g * K + k, mx)
     first = (g * 0 + k) == 0
@@ -63,11 +70,11 @@ def _minmax_part_kernel(
 
 
 @triton.jit
-def _finish_group(part_ptr, bits_ptr, flags_ptr, gid, K, n_steps, n_words, best_init,
+def _finish_group(part_ptr, bits_ptr, flags_ptr, gid, G, K, n_steps, n_words, best_init,
                   DTYPE: tl.constexpr, IMATRIX: tl.constexpr, BLOCK_K: tl.constexpr):
     """Group gid's step errors from its K partials (blocks of BLOCK_K summed,
     then added, always in that order), rounded to DTYPE for "mse"; its
-    improvement bits -> bits_ptr, OR-ed into flags_ptr (32 steps at a time)."""
+    improvement bits -> bits_ptr[:, gid], OR-ed into flags_ptr (32 steps at a time)."""
     ks = tl.arange(0, BLOCK_K)
     j = tl.arange(0, 32)
     one = tl.arange(0, 1)
@@ -90,7 +97,7 @@ def _finish_group(part_ptr, bits_ptr, flags_ptr, gid, K, n_steps, n_words, best_
             err = quant.rd(err, DTYPE)
         imp, best = _improved(err[None, :], best, smask[None, :])
         word = tl.sum(imp.to(tl.int32) << j[None, :], axis=1)
-        tl.store(bits_ptr + gid * n_words + wi + one, word)
+        tl.store(bits_ptr + wi * G + gid + one, word)
         tl.atomic_or(flags_ptr + wi + one, word)
 
 
@@ -98,7 +105,7 @@ def _finish_group(part_ptr, bits_ptr, flags_ptr, gid, K, n_steps, n_words, best_
 @triton.jit(do_not_specialize=_PER_CALL)
 def _search_part_kernel(
     x_ptr, w_ptr, wmean_ptr, wcode_ptr, tiny, tab_ptr, grid32, grid_bits, exact32, mm_ptr,
-    part_ptr, base_ptr, tickets_ptr, bits_ptr, flags_ptr, out_min_ptr, out_max_ptr,
+    part_ptr, tickets_ptr, bits_ptr, flags_ptr, out_min_ptr, out_max_ptr,
     G, NR, lim_r, lim_e, geo, group_numel,
     K, chunks_per_split, n_steps, n_words, patience, expand, best_init,
     consts,
@@ -145,8 +152,9 @@ def _search_part_kernel(
     bmin = quant.rd(mn * expand, DTYPE)
     bmax = quant.rd(mx * expand, DTYPE)
     first = gmask & ((g * 0 + k) == 0)
-    tl.store(base_ptr + g, bmin, mask=first)
-    tl.store(base_ptr + G + g, bmax, mask=first)
+    # the base goes where the choice will (a value of the output dtype)
+    store_exact(out_min_ptr + g, bmin, first)
+    store_exact(out_max_ptr + g, bmax, first)
 
     wc, wok = _importance_norm(wmean_ptr, wcode_ptr, tiny, NORM_W)
     sid = tl.arange(0, BLOCK_S)
@@ -165,10 +173,15 @@ def _search_part_kernel(
             w1 = _importance_weights(w1, wc, wok, NORM_W)
             w = tl.broadcast_to(w1[None, :], (ROWS, BLOCK_E))
         if BLOCK_SB == 1:
+            # the rows' base as the tile holds its rows (a reduction over the
+            # tile; the same values): every step's per-row qparams then meet
+            # the tile without a layout conversion through shared memory
+            rmin = tl.max(tl.zeros_like(x) + bmin[:, None], axis=1)
+            rmax = tl.max(tl.zeros_like(x) + bmax[:, None], axis=1)
             for i in range(n_steps):
                 p = _shrink(n_steps * 0 + i, grid32, grid_bits, exact32)
                 err = _step_errors(
-                    x, valid, w, bmin, bmax, p, tab_ptr, consts,
+                    x, valid, w, rmin, rmax, p, tab_ptr, consts,
                     DTYPE, SYM, QTYPE, SCALE, ZP, NORM_MODE, IMATRIX, HAS_W, False, FAST,
                 )
                 acc = tl.where(sid[None, :] == i, acc + err[:, None], acc)
@@ -182,13 +195,8 @@ def _search_part_kernel(
                 )
                 hit = sid[None, :, None] == si[None, None, :]
                 acc = acc + tl.sum(tl.where(hit, err[:, None, :], 0.0), axis=2)
-    pmask = gmask[:, None] & (sid < n_steps)[None, :]
-    tl.store(part_ptr + (g[:, None] * K + k) * n_steps + sid[None, :], acc, mask=pmask)
-
-    # every thread's stores before the tickets (the atomic releases them)
-    tl.debug_barrier()
     # this program's first group and its number of rows, from the program id
-    # (scalars: nothing of the loop above stays live through the tickets)
+    # (scalars: no per-row index of the loop above stays live through it)
     if HAS_W:
         rb = pid // geo.QB
         g_first = (rb * ROWS).to(tl.int64) * geo.QB + (pid - rb * geo.QB)
@@ -196,12 +204,18 @@ def _search_part_kernel(
     else:
         g_first = pid.to(tl.int64)
         n_rows = pid * 0 + 1
+    pmask = (r < n_rows)[:, None] & (sid < n_steps)[None, :]
+    pg = g_first + r.to(tl.int64) * geo.QB
+    tl.store(part_ptr + (pg[:, None] * K + k) * n_steps + sid[None, :], acc, mask=pmask)
+
+    # every thread's stores before the tickets (the atomic releases them)
+    tl.debug_barrier()
     for ri in range(ROWS):
         # one scalar ticket per row, as for a single group
         gid = g_first + ri * geo.QB
         if ri < n_rows:
             if tl.atomic_add(tickets_ptr + gid, 1) == K - 1:
-                _finish_group(part_ptr, bits_ptr, flags_ptr, gid, K, n_steps, n_words,
+                _finish_group(part_ptr, bits_ptr, flags_ptr, gid, G, K, n_steps, n_words,
                               best_init, DTYPE, IMATRIX, BLOCK_KF)
                 tl.debug_barrier()
                 if tl.atomic_add(tickets_ptr + G, 1) == G - 1:
@@ -209,6 +223,6 @@ def _search_part_kernel(
                     for g0 in range(0, G, BLOCK_C):
                         gg = g0 + tl.arange(0, BLOCK_C).to(tl.int64)
                         gm = gg < G
-                        choice = _last_improving(bits_ptr, gg, gm, n_words, S)
-                        _write_choice(base_ptr, grid32, grid_bits, exact32, out_min_ptr,
-                                      out_max_ptr, gg, gm, G, choice, DTYPE)
+                        choice = _last_improving(bits_ptr, gg, gm, G, n_words, S)
+                        _write_choice(grid32, grid_bits, exact32, out_min_ptr, out_max_ptr,
+                                      gg, gm, choice, DTYPE)

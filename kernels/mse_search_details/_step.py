@@ -12,7 +12,7 @@ from typing import NamedTuple
 import triton
 import triton.language as tl
 
-from obskernels.kernels import quant
+from obskernels.kernels import quant, quant_pow
 from obskernels.kernels._layout import load_flat, widen
 
 # Scalars that follow the search parameters (grid, maxshrink, patience) or the
@@ -28,7 +28,7 @@ class StepConstants(NamedTuple):
     """The format's and the error's runtime constants, one kernel argument:
     the qparams constants of ``quant.qparams`` (rng, half, qmin, qmax, eps,
     zlo, zhi, mx_offset), the norm (rounded as the reference's pow sees it)
-    and the fast pow's window offset (``quant.pow_window``, GPU only). Floats
+    and the fast pow's window offset (``quant_pow.pow_window``, GPU only). Floats
     are never specialised; ``mx_offset`` is, as it was as its own argument."""
 
     rng: float
@@ -85,11 +85,11 @@ def _block_errors(
     x3 = x[:, None, :]
     dq = quant.fake_quant(x3, scale[:, :, None], zp[:, :, None], c.qmin, c.qmax, DTYPE, QTYPE)
     if IMATRIX:
-        err = quant.abs_pow(tl.abs(dq - x3), c.norm, NORM_MODE, quant.F32)
+        err = quant_pow.abs_pow(tl.abs(dq - x3), c.norm, NORM_MODE, quant.F32)
         if HAS_W:
             err = err * w[:, None, :]
     else:
-        err = quant.abs_pow(tl.abs(quant.rd(dq - x3, DTYPE)), c.norm, NORM_MODE, DTYPE)
+        err = quant_pow.abs_pow(tl.abs(quant.rd(dq - x3, DTYPE)), c.norm, NORM_MODE, DTYPE)
     # NaN * 0 would leak from tile slots outside the group: select, not multiply
     err = tl.where(valid[:, None, :], err, 0.0)
     err = tl.sum(err, axis=2)
@@ -103,6 +103,54 @@ def _block_errors(
 def _or(a, b):
     return a | b
 
+
+
+# The GPU's conversions of the fake quantization (FAST only): ``cvt.rni`` is
+# torch.round (half to even); ``cvt.rn.satfinite.e4m3x2`` rounds to nearest
+# even e4m3 (its inputs are clamped to +-448 first: saturation never acts).
+@triton.jit
+def _rd_bf16_pair_hw(x):
+    """rd(x, BF16) by ``cvt.rn.bf16x2.f32``, two elements per conversion: the
+    FP32 pipe's packing conversion (F2FP) instead of one F2F each on the
+    slow conversion pipe; same rounding (nearest even). GPU only. The
+    conversion puts its first operand in the upper half, and triton's packed
+    result holds element 0 in the lower half: hence $2 before $1."""
+    h = tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [x], dtype=tl.bfloat16,
+                                  is_pure=True, pack=2)
+    return h.to(tl.float32)
+
+
+@triton.jit
+def _rint_hw(x):
+    """torch.round (half to even) by ``cvt.rni`` (GPU only)."""
+    return tl.inline_asm_elementwise("cvt.rni.f32.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
+def _round_fp8e4m3_hw(v):
+    """round_fp8e4m3() by the hardware conversion, |v| <= 448 or NaN (GPU only)."""
+    return v.to(tl.float8e4nv).to(tl.float32)
+
+
+@triton.jit
+def _quot_f16_hw(x, r):
+    """x * r for fp16 x and r = div_rn(1, s), s a positive fp16 scale (or NaN,
+    inf): rd_f16 of it is rd_f16(div_rn(x, s)) wherever that quotient is an
+    fp16 normal (|x / s| >= 2^-14), NaN and inf included (GPU only).
+
+    Why (as quot_bf16_hw's, with 11-bit significands): x * r is x / s within
+    (1 + 2^-24)^2 - 1 relative (r and the product correctly rounded; s >=
+    2^-24 keeps r <= 2^24, x * r <= 2^40). A rounding boundary M = K 2^c, K
+    odd, 2^11 < K < 2^12, is at least |M| / (Y K) > |M| 2^-23 (1 + 2^-11)
+    from x / s (x = X 2^a, s = Y 2^b, |X|, Y < 2^11), more than that error.
+    Below 2^-14 fp16 is subnormal and a quotient can be a tie; there the two
+    values differ by an fp16 subnormal step at most, and the fake
+    quantization rounds both the same way: to 0 (a zero point of 0), or to
+    the zero point, whose fp16 or fp8 neighbours are 2^-11 of it or more
+    away. tests/test_kernels_quant.py checks every fp16 x against scales of
+    every binade."""
+    return x * r
 
 
 @triton.jit
@@ -123,18 +171,22 @@ def _fake_quant_hw(x, scale, zp, qmin, qmax,
         # bf16 x and scale: one reciprocal per group, a product per element,
         # whose bf16 rounding is the quotient's (quant.quot_bf16_hw's proof)
         lift, r = quant.recip_hw(scale)
-        y = quant.rd_bf16_pair_hw(quant.quot_bf16_hw(x, lift, r))
+        y = _rd_bf16_pair_hw(quant.quot_bf16_hw(x, lift, r))
+    elif DTYPE == quant.F16:
+        # fp16 x and scale: a reciprocal per group, a product per element
+        # (_quot_f16_hw's argument)
+        y = quant.rd_hw(_quot_f16_hw(x, tl.math.div_rn(scale * 0.0 + 1.0, scale)), DTYPE)
     else:
         y = quant.rd_hw(tl.math.div_rn(x, scale), DTYPE)
     if not SYM:
         y = quant.rd_hw(y + zp, DTYPE)
     y = tl.minimum(tl.maximum(y, qmin), qmax)
     if QTYPE == quant.Q_FP8:
-        q = quant.round_fp8e4m3_hw(y)
+        q = _round_fp8e4m3_hw(y)
     elif QTYPE == quant.Q_FP4:
         q = quant.round_fp4e2m1(y)
     else:
-        q = quant.rint_hw(y)
+        q = _rint_hw(y)
     if SYM:
         qz = q
     elif QTYPE == quant.Q_INT:
@@ -169,21 +221,21 @@ def _step_errors(
     if FAST:
         dq = _fake_quant_hw(x, scale[:, None], zp[:, None], c.qmin, c.qmax, DTYPE, SYM, QTYPE)
         if IMATRIX:
-            err = quant.abs_pow_hw(tl.abs(dq - x), c.norm, c.pw0, tab_ptr, NORM_MODE,
+            err = quant_pow.abs_pow_hw(tl.abs(dq - x), c.norm, c.pw0, tab_ptr, NORM_MODE,
                                    quant.F32, quant.F32)
             if HAS_W:
                 err = err * w
         else:
             d = tl.abs(quant.rd_hw(dq - x, DTYPE))
-            err = quant.abs_pow_hw(d, c.norm, c.pw0, tab_ptr, NORM_MODE, DTYPE, DTYPE)
+            err = quant_pow.abs_pow_hw(d, c.norm, c.pw0, tab_ptr, NORM_MODE, DTYPE, DTYPE)
     else:
         dq = quant.fake_quant(x, scale[:, None], zp[:, None], c.qmin, c.qmax, DTYPE, QTYPE)
         if IMATRIX:
-            err = quant.abs_pow(tl.abs(dq - x), c.norm, NORM_MODE, quant.F32)
+            err = quant_pow.abs_pow(tl.abs(dq - x), c.norm, NORM_MODE, quant.F32)
             if HAS_W:
                 err = err * w
         else:
-            err = quant.abs_pow(tl.abs(quant.rd(dq - x, DTYPE)), c.norm, NORM_MODE, DTYPE)
+            err = quant_pow.abs_pow(tl.abs(quant.rd(dq - x, DTYPE)), c.norm, NORM_MODE, DTYPE)
     err = tl.sum(tl.where(valid, err, 0.0), axis=1)
     if ROUND_SUM:
         if FAST:

@@ -1,22 +1,23 @@
 """imatrix_mse: the shrink-grid search weighted by per-input-channel importance.
 
 A forward-pre hook on the observed Linear accumulates, per input channel, the
-sum over tokens of x**2 (fp32) and the token count. When the weight is
-observed, importance = (sum / count) / (mean + fp32 tiny) weights each
-column's error in the search (docs/spec.md §1, flavour "imatrix" of docs/spec.md §4).
+sum over tokens of x**2 (fp32) and the token count (``ops.accumulate_sq``).
+When the weight is observed, importance = (sum / count) / (mean + fp32 tiny)
+weights each column's error in the search (docs/spec.md §1, flavour
+"imatrix" of docs/spec.md §4).
 
-On the triton backend the observation reads nothing back: ``ops.importance``
-computes sum / count and its verdict (usable, or why not) on the device, the
-search normalises the importance as it loads it and searches with uniform
-weights where the verdict says so, and the fallback warning (or the strict
-error) of a verdict comes at ``get_qparams``, from its one read. Checks that
-need no value (a non-weight observer, the TENSOR strategy, no sums at all)
-warn while observing, as on the reference backend.
+The observation reads nothing back, on every backend: ``ops.importance``
+computes sum / count and its verdict (usable, or why not) on the device,
+the search normalises the importance as it loads it and searches with
+uniform weights where the verdict says so, and the fallback warning (or the
+strict error) of a verdict comes at ``get_qparams``, from its one read. The
+reasons that need no value (a non-weight observer, the TENSOR strategy, no
+sums at all) are reported while observing. ``_fallback_reasons`` states the
+whole order once.
 """
 
 from __future__ import annotations
 
-import math
 import warnings
 import weakref
 from typing import Optional
@@ -26,9 +27,8 @@ import torch.distributed as dist
 from compressed_tensors.quantization import QuantizationStrategy as Strategy
 
 from obskernels import ops
-from obskernels.backends import resolve_backend
 from obskernels.observers.base import MinMaxTuple, Observer, hook_input
-from obskernels.observers.mse import SearchKwargsMixin, search_imatrix
+from obskernels.observers.mse import SearchKwargsMixin
 from obskernels.spec.record import (
     IMPORTANCE_NEGATIVE,
     IMPORTANCE_NO_DATA,
@@ -93,9 +93,9 @@ class IMatrixMSEObserver(SearchKwargsMixin, Observer):
         self._imatrix_count = torch.zeros((), dtype=torch.int64)
         self._imatrix_hook = None
         self._imatrix_module: Optional[weakref.ref] = None
-        # triton backend: the fallback to report once get_qparams has read the
-        # verdict of the observed importance; (None, None) when only a failing
-        # verdict makes one (None: nothing pending)
+        # the fallback to report once get_qparams has read the verdict of the
+        # observed importance; (None, None) when only a failing verdict makes
+        # one (None: nothing pending)
         self._importance_pending: Optional[tuple] = None
 
     # ---------------------------------------------------------------- hooks
@@ -179,63 +179,60 @@ class IMatrixMSEObserver(SearchKwargsMixin, Observer):
 
     # ------------------------------------------------------------ statistics
 
-    def _measure(self, value: torch.Tensor) -> MinMaxTuple:
+    def _measure(self, value: torch.Tensor, g_idx=None) -> MinMaxTuple:
+        """The search with the importance, reading nothing: the reasons
+        known without values are reported now; ``ops.importance`` writes the
+        values' verdict into the record, which the search follows and
+        get_qparams reads (``_judge_record``)."""
         self._importance_pending = None
+        now, later = self._fallback_reasons(value)
+        if now is not None:
+            self._fallback(*now)
+            return self._search(value, "imatrix", g_idx)
         sums, count = self._imatrix_sum, self._imatrix_count
-        if (
-            value.device.type != "meta"
-            and self._g_idx is None
-            # importance on another device than the weight: the torch path moves it
-            and (sums is None or count is None
-                 or (sums.device == value.device and count.device == value.device))
-            and resolve_backend(value) == "triton"
-        ):
-            return self._measure_in_kernels(value)
-        return self._search(value, "imatrix", importance=self._importance_for(value))
+        if sums.device != value.device or count.device != value.device:
+            # importance gathered on another device than the weight's
+            sums, count = sums.to(value.device), count.to(value.device)
+        status = self._record(value.device)
+        imp = ops.importance(sums, count, status)
+        # reported once the values passed: (None, None) reports only a failing verdict
+        self._importance_pending = later if later is not None else (None, None)
+        if later is not None:
+            return self._search(value, "imatrix", g_idx)
+        return self._search(value, "imatrix", g_idx, importance=imp, importance_status=status)
 
-    def _measure_in_kernels(self, value: torch.Tensor) -> MinMaxTuple:
-        """The search with no host read: the checks that need no value run
-        here, in ``_importance_for``'s order; the value checks run on the
-        device (``ops.importance``) and the fallback they call for is reported
-        by get_qparams (``_judge_record``). A BLOCK strategy or a size
-        mismatch searches uniformly, but reports only when the values pass
-        (the values are checked first, as ``_importance_for`` does)."""
-        early = self._early_fallback()
-        if early is not None:
-            self._fallback(*early)
-            return self._search(value, "imatrix")
-        if self._status.device != value.device:
-            self._status = self._status.to(value.device)
-        imp = ops.importance(self._imatrix_sum, self._imatrix_count, self._status)
-        late = self._late_fallback(imp.numel(), value.shape[-1])
-        self._importance_pending = late if late is not None else (None, None)
-        if late is not None:
-            return self._search(value, "imatrix")
-        return search_imatrix(self, value, imp, self._status)
+    def _fallback_reasons(self, value: torch.Tensor):
+        """(now, later): why the search falls back to uniform weights, as
+        (error, reason) pairs, in llm-compressor's order of checks:
 
-    def _early_fallback(self) -> Optional[tuple]:
+        1. a non-weight observer, 2. the TENSOR strategy, 3. no sums at all
+           (``now``: known without reading a value);
+        4. the importance's values, judged on the device by ``ops.importance``
+           (no tokens, non-finite, negative, all zeros: ``_VERDICTS``);
+        5. a strategy other than CHANNEL / GROUP / TENSOR_GROUP, 6. a size
+           that does not match the weight's columns (``later``: reported
+           only when the values passed, since 4 comes first).
+        """
         if not self.is_weight_obs:
-            return NotImplementedError, "only weight observers use importance"
-        if Strategy(self.args.strategy) == Strategy.TENSOR:
-            return NotImplementedError, "strategy 'tensor' does not use importance"
-        if self._imatrix_sum is None or self._imatrix_count is None:
-            return _NO_DATA
-        return None
-
-    def _late_fallback(self, channels: int, cols: int) -> Optional[tuple]:
+            return (NotImplementedError, "only weight observers use importance"), None
         strategy = Strategy(self.args.strategy)
+        if strategy == Strategy.TENSOR:
+            return (NotImplementedError, "strategy 'tensor' does not use importance"), None
+        if self._imatrix_sum is None or self._imatrix_count is None:
+            return _NO_DATA, None
         if strategy not in _IMPORTANCE_STRATEGIES:
-            return NotImplementedError, f"strategy {strategy.value!r} does not use importance"
+            return None, (NotImplementedError, f"strategy {strategy.value!r} does not use importance")
+        channels, cols = self._imatrix_sum.numel(), value.shape[-1]
         if channels != cols:
-            return ValueError, f"importance has {channels} channels, the weight {cols} columns"
-        return None
+            return None, (ValueError, f"importance has {channels} channels, the weight {cols} columns")
+        return None, None
 
-    def _record_pending(self) -> bool:
-        return self._importance_pending is not None or super()._record_pending()
+    def _verdict_pending(self) -> bool:
+        return self._importance_pending is not None
 
     def _judge_record(self, record) -> None:
         """get_qparams read the record: the fallback of this observation's
-        verdict (a failing verdict first, then a pending BLOCK / size reason)."""
+        verdict (a failing verdict first, then a pending strategy / size reason)."""
         pending, self._importance_pending = self._importance_pending, None
         if pending is None:
             return
@@ -257,47 +254,6 @@ class IMatrixMSEObserver(SearchKwargsMixin, Observer):
         module = self._hooked_module()
         if module is not None:
             _unpublish(module)
-
-    def _importance_for(self, value: torch.Tensor) -> Optional[torch.Tensor]:
-        """Normalised per-column importance for ``value``, or None (uniform)."""
-        if not self.is_weight_obs:
-            return self._fallback(NotImplementedError, "only weight observers use importance")
-        # the order of these checks (and so which one reports) follows llm-compressor
-        strategy = Strategy(self.args.strategy)
-        if strategy == Strategy.TENSOR:
-            return self._fallback(NotImplementedError, "strategy 'tensor' does not use importance")
-        if self._imatrix_sum is None or self._imatrix_count is None:
-            return self._fallback(*_NO_DATA)
-        count = self._imatrix_count.to(torch.float32)
-        imp = self._imatrix_sum / count
-        # Every check below from ONE read of (count, min, max): no tokens is a
-        # zero count (fp32 of a non-zero count is not 0); aminmax propagates
-        # NaN, so min and max are finite exactly when every entry is; with no
-        # negative entry, "all zeros" is max == 0.
-        if imp.numel():
-            stats = torch.stack((count.reshape(()), *torch.aminmax(imp)))
-            n, lo, hi = stats.tolist()
-        else:
-            n, lo, hi = float(count), 0.0, 0.0
-        if n == 0:
-            return self._fallback(*_NO_DATA)
-        if not (math.isfinite(lo) and math.isfinite(hi)):
-            return self._fallback(ValueError, "importance has non-finite values")
-        if lo < 0:
-            return self._fallback(ValueError, "importance has negative values")
-        if hi == 0:
-            return self._fallback(ValueError, "importance is all zeros")
-        if strategy not in _IMPORTANCE_STRATEGIES:
-            return self._fallback(
-                NotImplementedError, f"strategy {strategy.value!r} does not use importance"
-            )
-        cols = value.shape[-1]
-        if imp.numel() != cols:
-            return self._fallback(
-                ValueError, f"importance has {imp.numel()} channels, the weight {cols} columns"
-            )
-        imp = imp.to(device=value.device, dtype=torch.float32)
-        return imp / (imp.mean() + torch.finfo(torch.float32).tiny)
 
     def _fallback(self, error: type, reason: str, stacklevel: int = 4) -> None:
         message = f"imatrix_mse: {reason}"

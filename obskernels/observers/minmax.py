@@ -6,12 +6,7 @@ import torch
 import torch.distributed as dist
 
 from obskernels import ops
-from obskernels.observers.base import (
-    MinMaxTuple,
-    Observer,
-    check_averaging_constant,
-    moving_average,
-)
+from obskernels.observers.base import MinMaxTuple, Observer, check_averaging_constant
 
 __all__ = ["MemorylessMinMaxObserver", "StaticMinMaxObserver", "MinMaxObserver"]
 
@@ -22,14 +17,14 @@ class MemorylessMinMaxObserver(Observer):
 
     _act_sync_dict = {}
 
-    def _measure(self, value: torch.Tensor) -> MinMaxTuple:
-        return ops.min_max(value, self.base_name, self.args, g_idx=getattr(self, "_g_idx", None))
+    def _measure(self, value: torch.Tensor, g_idx=None) -> MinMaxTuple:
+        return ops.min_max(value, self.base_name, self.args, g_idx=g_idx)
 
-    def _measure_combined(self, value, held, c, status, observation) -> MinMaxTuple:
-        # one launch: min_max's epilogue combines and records
-        return ops.min_max(value, self.base_name, self.args, g_idx=getattr(self, "_g_idx", None),
-                           held=held, averaging_constant=c, status=status,
-                           observation=observation)
+    def _measure_combined(self, value, g_idx, held, c, status, observation) -> MinMaxTuple:
+        # one operation: min_max's epilogue combines (into the held statistics) and records
+        return ops.min_max(value, self.base_name, self.args, g_idx=g_idx, held=held,
+                           averaging_constant=c, status=status, observation=observation,
+                           out=held)
 
 
 @Observer.register("static_minmax")
@@ -37,12 +32,6 @@ class StaticMinMaxObserver(MemorylessMinMaxObserver):
     """Running min of the mins and max of the maxes over every value seen."""
 
     _act_sync_dict = {"min_vals": dist.ReduceOp.MIN, "max_vals": dist.ReduceOp.MAX}
-
-    def _accumulate(self, min_vals: torch.Tensor, max_vals: torch.Tensor) -> None:
-        if self.has_statistics:
-            min_vals = torch.minimum(min_vals, self.min_vals)
-            max_vals = torch.maximum(max_vals, self.max_vals)
-        self.min_vals, self.max_vals = min_vals, max_vals
 
     def _combine_rule(self):
         held = (self.min_vals, self.max_vals) if self.has_statistics else None
@@ -59,12 +48,6 @@ class MovingAverageMixin:
         self.avg_constant = check_averaging_constant(
             self.args.observer_kwargs.get("averaging_constant", 0.01)
         )
-
-    def _accumulate(self, min_vals: torch.Tensor, max_vals: torch.Tensor) -> None:
-        if self.has_statistics and self.avg_constant != 1.0:
-            min_vals = moving_average(self.min_vals, min_vals, self.avg_constant)
-            max_vals = moving_average(self.max_vals, max_vals, self.avg_constant)
-        self.min_vals, self.max_vals = min_vals, max_vals
 
     def _combine_rule(self):
         if self.has_statistics and self.avg_constant != 1.0:

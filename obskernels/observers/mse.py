@@ -49,45 +49,66 @@ class SearchKwargsMixin:
         return None
 
     def _init_search(self) -> None:
-        kw = {**self._search_defaults, **self.args.observer_kwargs}
-        self.maxshrink = _number("maxshrink", kw["maxshrink"])
-        self.patience = _number("patience", kw["patience"], integer=True)
-        self.grid = _number("grid", kw["grid"])
-        self.norm = _number("norm", kw["norm"])
-        self.expand = _number("expand", kw["expand"])
-        check_search_params(self.maxshrink, self.patience, self.grid, self.norm, self.expand,
-                            "mse")
+        kwargs = self.args.observer_kwargs
+        try:
+            key = (type(self), tuple(sorted(kwargs.items())))
+            settings = _SETTINGS.get(key)
+        except TypeError:  # an unhashable kwarg value: checked every time
+            key, settings = None, None
+        if settings is None:
+            settings = self._search_settings({**self._search_defaults, **kwargs})
+            if key is not None:
+                _SETTINGS[key] = settings
+        self.__dict__.update(settings)  # plain attributes
+        if self.triton_error_buffer is None:
+            # llm-compressor's default depends on the args, which the cache key leaves out
+            self.triton_error_buffer = self._default_triton_error_buffer()
+
+    def _search_settings(self, kw) -> Dict[str, Any]:
+        """The checked search settings of ``kw`` (defaults merged in)."""
+        out = dict(
+            maxshrink=_number("maxshrink", kw["maxshrink"]),
+            patience=_number("patience", kw["patience"], integer=True),
+            grid=_number("grid", kw["grid"]),
+            norm=_number("norm", kw["norm"]),
+            expand=_number("expand", kw["expand"]),
+        )
+        check_search_params(out["maxshrink"], out["patience"], out["grid"], out["norm"],
+                            out["expand"], "mse")
         buffer = kw.get("triton_error_buffer")
-        if buffer is None:
-            buffer = self._default_triton_error_buffer()
-        else:
+        if buffer is not None:
             _number("triton_error_buffer", buffer)
             if not math.isfinite(buffer) or buffer < 0:
                 raise ValueError(
                     f"observer kwarg 'triton_error_buffer' must be a finite number >= 0, "
                     f"got {buffer!r}"
                 )
-        self.triton_error_buffer = buffer
+        out["triton_error_buffer"] = buffer
         if "chunk_size" in self._search_defaults:
-            self.chunk_size = _number("chunk_size", kw["chunk_size"], integer=True)
-            if self.chunk_size <= 0:
+            out["chunk_size"] = _number("chunk_size", kw["chunk_size"], integer=True)
+            if out["chunk_size"] <= 0:
                 raise ValueError(
-                    f"observer kwarg 'chunk_size' must be > 0, got {self.chunk_size!r}"
+                    f"observer kwarg 'chunk_size' must be > 0, got {out['chunk_size']!r}"
                 )
+        return out
 
-    def _search(self, value: torch.Tensor, flavour: str, importance=None) -> MinMaxTuple:
-        return search_with(self, value, flavour, importance)
+    def _search(self, value: torch.Tensor, flavour: str, g_idx=None, importance=None,
+                importance_status=None) -> MinMaxTuple:
+        return search_with(self, value, flavour, importance, g_idx=g_idx,
+                           importance_status=importance_status)
 
 
-def search_with(observer, value: torch.Tensor, flavour: str, importance=None) -> MinMaxTuple:
+def search_with(observer, value: torch.Tensor, flavour: str, importance=None, *, g_idx=None,
+                importance_status=None) -> MinMaxTuple:
     """``ops.mse_search`` with the search settings held by ``observer``
     (base_name, args, maxshrink, patience, grid, norm, expand): obskernels'
     observers and the llm-compressor adapters both search this way.
 
-    An observer measuring a weight with a ``g_idx`` (``observer._g_idx``, set
-    by ``Observer.forward``) searches its columns in the stable order of
-    g_idx, which is how docs/spec.md §2 groups them; the importance follows."""
-    g_idx = getattr(observer, "_g_idx", None)
+    A weight observed with a ``g_idx`` is searched with its columns in the
+    stable order of g_idx, which is how docs/spec.md §2 groups them; the
+    importance follows. ``importance_status``: ``importance`` is the raw
+    E[x²] of ``ops.importance`` with its verdict in that record (the search
+    normalises it, or searches uniformly when the verdict says so)."""
     if g_idx is not None:
         value, importance = gather_columns(value, observer.base_name, observer.args, g_idx, importance)
     return ops.mse_search(
@@ -101,18 +122,6 @@ def search_with(observer, value: torch.Tensor, flavour: str, importance=None) ->
         expand=observer.expand,
         importance=importance,
         flavour=flavour,
-    )
-
-
-def search_imatrix(observer, value: torch.Tensor, importance, importance_status) -> MinMaxTuple:
-    """``ops.mse_search`` of flavour "imatrix" with raw importance (E[x²] per
-    column, from ``ops.importance``) whose verdict is in ``importance_status``:
-    the search normalises it itself (no g_idx here: the observer gathers
-    columns only through ``search_with``)."""
-    return ops.mse_search(
-        value, observer.base_name, observer.args, maxshrink=observer.maxshrink,
-        patience=observer.patience, grid=observer.grid, norm=observer.norm,
-        expand=observer.expand, importance=importance, flavour="imatrix",
         importance_status=importance_status,
     )
 
@@ -130,6 +139,8 @@ def gather_columns(value, base_name, args, g_idx, importance=None):
 
 
 _MSE_DEFAULTS = dict(MSE_DEFAULTS)
+# (observer class, its kwargs) -> the checked search settings (SearchKwargsMixin)
+_SETTINGS: Dict[tuple, Dict[str, Any]] = {}
 
 
 @Observer.register("memoryless_mse")
@@ -150,8 +161,8 @@ class MemorylessMSEObserver(SearchKwargsMixin, Observer):
     def _default_triton_error_buffer(self):
         return default_triton_error_buffer(self.args)
 
-    def _measure(self, value: torch.Tensor) -> MinMaxTuple:
-        return self._search(value, "mse")
+    def _measure(self, value: torch.Tensor, g_idx=None) -> MinMaxTuple:
+        return self._search(value, "mse", g_idx)
 
 
 @Observer.register("mse")

@@ -20,11 +20,17 @@ Order of the checks (the first rule broken is the error):
 
 A backend called directly takes these objects too:
 ``obskernels.reference.min_max(calls.min_max(value, "weight", args))``.
+
+Every check but g_idx's and a normalised importance's reads only the call's
+signature: each tensor's shape, strides, dtype and device, the scalars, and
+the fields of ``args`` that ``args_key`` lists. So ``obskernels.ops`` checks
+a signature once and makes the calls of later values of it from the checked
+one (the call objects are named tuples: ``call._replace(...)``).
 """
 
 from __future__ import annotations
 
-import dataclasses
+from typing import NamedTuple
 
 import torch
 
@@ -37,6 +43,7 @@ from obskernels.spec.checks import (
     check_importance_args,
     check_importance_status,
     check_importance_target,
+    check_out,
     check_qparams_args,
     check_same_device,
     check_statistics_shape,
@@ -47,6 +54,7 @@ from obskernels.spec.search import SearchParams
 
 __all__ = [
     "Flattening",
+    "args_key",
     "MinMaxCall",
     "SearchCall",
     "CombineCall",
@@ -65,19 +73,34 @@ __all__ = [
 Pair = tuple[torch.Tensor, torch.Tensor]
 
 
-@dataclasses.dataclass(frozen=True)
-class MinMaxCall:
-    """``min_max``: the flattening, and what to combine the new statistics with."""
+def args_key(args) -> tuple:
+    """The fields of a ``QuantizationArgs`` that the operations read (every
+    field but ``observer`` and ``observer_kwargs``), as a hashable tuple.
+    ``QuantizationArgs`` is a mutable model: a checked call is reused only
+    for args whose key is the same when the call is made."""
+    bs = args.block_structure
+    return (args.num_bits, args.type, args.symmetric, args.group_size, args.strategy,
+            bs if bs is None else tuple(bs), args.dynamic, args.actorder, args.scale_dtype,
+            args.zp_dtype)
+
+
+#: the QuantizationArgs fields ``args_key`` leaves out: they configure the observer, not the op
+ARGS_NOT_KEYED = ("observer", "observer_kwargs")
+
+
+class MinMaxCall(NamedTuple):
+    """``min_max``: the flattening, and what to combine the new statistics
+    with; ``out``: where the results go (held statistics updated in place)."""
 
     flat: Flattening
     held: Pair | None = None
     averaging_constant: float | None = None
     status: torch.Tensor | None = None
     observation: int = 0
+    out: Pair | None = None
 
 
-@dataclasses.dataclass(frozen=True)
-class SearchCall:
+class SearchCall(NamedTuple):
     """``mse_search``: the flattening, the search parameters and the importance.
 
     ``importance_status`` not None: ``importance`` is raw E[x²] (fp32) whose
@@ -89,10 +112,10 @@ class SearchCall:
     importance_status: torch.Tensor | None = None
 
 
-@dataclasses.dataclass(frozen=True)
-class CombineCall:
+class CombineCall(NamedTuple):
     """``combine_statistics``: statistics computed from ``flat.value`` by
-    another operation, and what to combine them with."""
+    another operation, and what to combine them with; ``out``: where the
+    results go (the new or the held statistics may be overwritten)."""
 
     flat: Flattening
     new_min: torch.Tensor
@@ -101,10 +124,10 @@ class CombineCall:
     averaging_constant: float | None = None
     status: torch.Tensor | None = None
     observation: int = 0
+    out: Pair | None = None
 
 
-@dataclasses.dataclass(frozen=True)
-class AccumulateCall:
+class AccumulateCall(NamedTuple):
     """``accumulate_sq``: x (..., channels), fp32 sums, one int64 count."""
 
     x: torch.Tensor
@@ -112,8 +135,7 @@ class AccumulateCall:
     count_buf: torch.Tensor
 
 
-@dataclasses.dataclass(frozen=True)
-class QParamsCall:
+class QParamsCall(NamedTuple):
     """``calculate_qparams``; ``fused`` as a tuple of (min_vals, max_vals) pairs."""
 
     min_vals: torch.Tensor
@@ -125,8 +147,7 @@ class QParamsCall:
     carry: torch.Tensor | None = None
 
 
-@dataclasses.dataclass(frozen=True)
-class ImportanceCall:
+class ImportanceCall(NamedTuple):
     """``importance``: fp32 per-column sums, one int64 count, an observer's record."""
 
     sum_buf: torch.Tensor
@@ -145,7 +166,7 @@ def flatten_for_calibration(value, base_name, args, g_idx=None) -> Flattening:
 
 
 def min_max(value, base_name, args, g_idx=None, *, held=None, averaging_constant=None,
-            status=None, observation=0) -> MinMaxCall:
+            status=None, observation=0, out=None) -> MinMaxCall:
     flat = flattening(value, base_name, args, g_idx)
     check_groups_nonempty(flat.flat_shape, value, "min_max")
     check_averaging(averaging_constant)
@@ -153,7 +174,9 @@ def min_max(value, base_name, args, g_idx=None, *, held=None, averaging_constant
     _check_on_device(value, status=status)
     if held is not None:
         check_held(held, flat.qshape, value.dtype, value.device)
-    return MinMaxCall(flat, held, averaging_constant, status, observation)
+    if out is not None:
+        check_out(out, flat.qshape, value.dtype, value.device)
+    return MinMaxCall(flat, held, averaging_constant, status, observation, out)
 
 
 def mse_search(value, base_name, args, *, maxshrink, patience, grid, norm, expand=1.0,
@@ -176,12 +199,16 @@ def mse_search(value, base_name, args, *, maxshrink, patience, grid, norm, expan
 
 
 def combine_statistics(value, base_name, args, new_min, new_max, *, held=None,
-                       averaging_constant=None, status=None, observation=0) -> CombineCall:
+                       averaging_constant=None, status=None, observation=0,
+                       out=None) -> CombineCall:
     check_combine_args(new_min, new_max, held, averaging_constant, status)
     flat = flattening(value, base_name, args)
     check_statistics_shape(new_min, flat.qshape)
     _check_on_device(value, new_min=new_min, status=status)
-    return CombineCall(flat, new_min, new_max, held, averaging_constant, status, observation)
+    if out is not None:
+        check_out(out, new_min.shape, new_min.dtype, new_min.device)
+    return CombineCall(flat, new_min, new_max, held, averaging_constant, status, observation,
+                       out)
 
 
 def accumulate_sq(x, sum_buf, count_buf) -> AccumulateCall:

@@ -47,6 +47,7 @@ __all__ = [
     "check_importance_target",
     "check_accumulate_args",
     "check_held",
+    "check_out",
     "check_averaging",
     "check_status",
     "describe_nonfinite",
@@ -418,6 +419,26 @@ def check_held(held, qshape, dtype, device) -> None:
                 f"held statistics ({t.dtype} on {t.device}) must have the new statistics' "
                 f"dtype and device ({dtype} on {device})"
             )
+
+
+def check_out(out, qshape, dtype, device) -> None:
+    """``out`` (min_vals, max_vals): two distinct contiguous tensors with the
+    statistics' shape, dtype and device, which the results overwrite (they may
+    be the held or the new statistics themselves: each group is read before
+    it is written)."""
+    if not (isinstance(out, tuple) and len(out) == 2
+            and all(isinstance(t, torch.Tensor) for t in out)):
+        raise TypeError("out must be a (min_vals, max_vals) pair of tensors")
+    for t in out:
+        if tuple(t.shape) != tuple(qshape) or t.dtype != dtype or t.device != device:
+            raise ValueError(
+                f"out statistics ({tuple(t.shape)} {t.dtype} on {t.device}) must have the "
+                f"statistics' shape, dtype and device ({tuple(qshape)} {dtype} on {device})"
+            )
+        if not t.is_contiguous():
+            raise ValueError("out statistics must be contiguous")
+    if out[0].numel() and device.type != "meta" and out[0].data_ptr() == out[1].data_ptr():
+        raise ValueError("out must be two distinct tensors (min_vals, max_vals)")
 
 
 def check_averaging(averaging_constant) -> None:

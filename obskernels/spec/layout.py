@@ -57,8 +57,7 @@ from obskernels.spec.checks import (
 __all__ = ["Flattening", "flattening", "Geometry", "GroupLayout", "group_layout", "coalesce"]
 
 
-@dataclasses.dataclass(frozen=True)
-class Flattening:
+class Flattening(NamedTuple):
     """A value checked for flattening (``flattening``), docs/spec.md §2.
 
     ``group_size``: GROUP and TENSOR_GROUP's; ``block``: BLOCK's (height,
@@ -66,6 +65,11 @@ class Flattening:
     g_idx (int64, what ``check_g_idx`` returns), None without g_idx.
     ``qshape``: the shape of min_vals / max_vals; ``flat_shape``: the
     flattened value's (padding of partial blocks included).
+
+    A named tuple, so that ``obskernels.ops`` can make the flattening of
+    another value of a checked signature without checking it again
+    (``flat._replace(value=other)``: nothing here but the value depends on
+    more than the value's shape, strides, dtype and device and the args).
     """
 
     value: torch.Tensor
@@ -95,7 +99,7 @@ class Flattening:
                 f"a flattening of shape {tuple(self.value.shape)} cannot take a tensor of "
                 f"shape {tuple(other.shape)}"
             )
-        return dataclasses.replace(self, value=other)
+        return self._replace(value=other)
 
 
 class Geometry(NamedTuple):
@@ -173,6 +177,12 @@ class GroupLayout:
         (a stride or size of 1 is known at compile time, loads vectorise)."""
         lim_r, lim_e = self.pad_limits or (0, 0)
         return (self.num_groups, self.num_rows, lim_r, lim_e, self.geometry())
+
+    @property
+    def row_levels(self) -> int:
+        """How many of the three row levels (inner ones) are in use: 1 when
+        row r sits at r * sr2, 2 when r = r1 * R2 + r2, else 3."""
+        return 3 if self.rows[0] > 1 else (2 if self.rows[1] > 1 else 1)
 
     def axis_strides(self) -> tuple[int, int, int]:
         """Memory stride along the tile's (Q, R, E) axes, to pick which to widen."""

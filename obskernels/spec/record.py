@@ -22,6 +22,8 @@ and shape where an operation takes one.
 
 from __future__ import annotations
 
+import torch
+
 __all__ = [
     "STATUS_NAN",
     "STATUS_POSINF",
@@ -35,6 +37,7 @@ __all__ = [
     "IMPORTANCE_NONFINITE",
     "IMPORTANCE_NEGATIVE",
     "IMPORTANCE_ZEROS",
+    "new_record",
 ]
 
 STATUS_NAN, STATUS_POSINF, STATUS_NEGINF = 0, 1, 2
@@ -47,3 +50,16 @@ STATUS_INIT = (0, 0, 0, 0, 1 << 62, 0)
 #: verdicts on an imatrix importance (sums / count), in the order they are checked
 IMPORTANCE_OK, IMPORTANCE_NO_DATA, IMPORTANCE_NONFINITE, IMPORTANCE_NEGATIVE, IMPORTANCE_ZEROS = (
     0, 1, 2, 3, 4)
+
+
+# one fresh record per device, copied (device to device) for every new one:
+# building each from the Python tuple would copy host -> device every time
+_FRESH: dict = {}
+
+
+def new_record(device) -> torch.Tensor:
+    """A fresh record (``STATUS_INIT``, int64) on ``device``."""
+    fresh = _FRESH.get(device)
+    if fresh is None:
+        fresh = _FRESH[device] = torch.tensor(STATUS_INIT, dtype=torch.int64, device=device)
+    return fresh.clone()
