@@ -300,7 +300,8 @@ def test_no_layout_conversion_in_the_search_step_loop(probe):
     # 3.6 did so three times per step for the fast pow's table lookup). The
     # one exchange allowed is a group's sum across the warps that hold it
     # (each warp's partial stored and the total read back: 2 shared-memory
-    # instructions under triton 3.9, 4 under 3.6).
+    # instructions under triton 3.9, 4 under 3.6). The shared-memory count
+    # holds the conversions to account in the machine code itself.
     search = [v for v in _ok(probe) if v["loop"] == "step"]
     assert search
     bad = []
@@ -426,6 +427,19 @@ def test_ttgir_reader_finds_the_step_loop_conversions_and_cross_warp_sums():
     # #blocked1 spreads the 128 columns over 4 warps; #blocked keeps a row in one warp
     assert report.cross_warp_reductions(_TTGIR, loop) == 1
     assert report.ttgir_hot_loop("%x = arith.addf %a, %b : f32") == []
+
+
+def test_a_one_element_conversion_moves_nothing():
+    # triton 3.6 converts a split search's per-row scalars (tensor<1x1>)
+    # between two layouts of one element, which every thread holds whole:
+    # no instruction in the machine code, so not a conversion that counts
+    report = pytest.importorskip("obskernels.tools.kernel_report")
+    one = "%y = ttg.convert_layout %l : tensor<1x1xf32, #blocked3> -> tensor<1x1xf32, #blocked4> loc(#loc9)"
+    tile = "%c = ttg.convert_layout %t : tensor<32x128xf32, #blocked> -> tensor<32x128xf32, #blocked1>"
+    row = "%d = ttg.convert_layout %t2 : tensor<32xi32, #blocked2> -> tensor<32xi32, #blocked3>"
+    assert not report.moving_conversion(one)
+    assert report.moving_conversion(tile) and report.moving_conversion(row)
+    assert not report.moving_conversion("%r = arith.addf %p, %q : f32")
 
 
 def test_resident_warps():

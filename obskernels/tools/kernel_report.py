@@ -26,7 +26,9 @@ its bundled ptxas. From the cubin (``cuobjdump``):
   triton left in that loop (``loop_conversions``: ``ttg.convert_layout`` ops
   in the innermost loop of the TTGIR with the most operations; a tile's
   conversion costs a round trip of the tile through shared memory, where a
-  reduction across warps exchanges one value per warp) and its reductions
+  reduction across warps exchanges one value per warp; a one-element
+  tensor is held by every thread in every layout, so its conversion moves
+  nothing and is not counted) and its reductions
   across warps (``loop_cross_warp``: a group spread over several warps);
 - the warps resident per SM (``warps_per_sm``), from the registers, the
   shared memory and the block size (sm_90: 64K registers allocated per warp
@@ -151,6 +153,19 @@ def ttgir_hot_loop(ttgir: str) -> List[str]:
             if loop["leaf"]:
                 inner.append(loop["lines"])
     return max(inner, key=len, default=[])
+
+
+_CONVERT = re.compile(r"ttg\.convert_layout .* -> tensor<([\dx]+)x\w+,")
+
+
+def moving_conversion(line: str) -> bool:
+    """Whether a TTGIR line converts a layout that moves data: every
+    ``ttg.convert_layout`` but those of a one-element tensor (replicated in
+    every thread whatever the layout: ptxas emits no instruction for it)."""
+    m = _CONVERT.search(line)
+    if m is None:
+        return "ttg.convert_layout" in line
+    return math.prod(int(d) for d in m.group(1).split("x")) > 1
 
 
 _BLOCKED = re.compile(r"^(#\w+) = #ttg\.blocked<\{sizePerThread = \[([\d, ]+)\], "
@@ -816,7 +831,7 @@ def compile_variant(launch: Launch) -> Dict:
         loop_sass=len(body),
         loop_shared=sum(op.split(".")[0] in _SHARED for _, op, _ in body) if loop else 0,
         loop_barriers=sum(op.split(".")[0] == "BAR" for _, op, _ in body) if loop else 0,
-        loop_conversions=sum("ttg.convert_layout" in line for line in hot_ir),
+        loop_conversions=sum(moving_conversion(line) for line in hot_ir),
         loop_cross_warp=cross_warp_reductions(k.asm["ttgir"], hot_ir),
         loop="step" if loop and launch.kernel.split(".")[-1] in _SEARCH else ("tile" if loop else "none"),
         elems_per_thread=per_thread,
