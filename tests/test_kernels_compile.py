@@ -432,7 +432,7 @@ def test_ttgir_reader_finds_the_step_loop_conversions_and_cross_warp_sums():
 def test_a_one_element_conversion_moves_nothing():
     # triton 3.6 converts a split search's per-row scalars (tensor<1x1>)
     # between two layouts of one element, which every thread holds whole:
-    # no instruction in the machine code, so not a conversion that counts
+    # no data moves (no shared memory), so not a conversion that counts
     report = pytest.importorskip("obskernels.tools.kernel_report")
     one = "%y = ttg.convert_layout %l : tensor<1x1xf32, #blocked3> -> tensor<1x1xf32, #blocked4> loc(#loc9)"
     tile = "%c = ttg.convert_layout %t : tensor<32x128xf32, #blocked> -> tensor<32x128xf32, #blocked1>"

@@ -28,7 +28,7 @@ its bundled ptxas. From the cubin (``cuobjdump``):
   conversion costs a round trip of the tile through shared memory, where a
   reduction across warps exchanges one value per warp; a one-element
   tensor is held by every thread in every layout, so its conversion moves
-  nothing and is not counted) and its reductions
+  no data and is not counted) and its reductions
   across warps (``loop_cross_warp``: a group spread over several warps);
 - the warps resident per SM (``warps_per_sm``), from the registers, the
   shared memory and the block size (sm_90: 64K registers allocated per warp
@@ -161,7 +161,7 @@ _CONVERT = re.compile(r"ttg\.convert_layout .* -> tensor<([\dx]+)x\w+,")
 def moving_conversion(line: str) -> bool:
     """Whether a TTGIR line converts a layout that moves data: every
     ``ttg.convert_layout`` but those of a one-element tensor (replicated in
-    every thread whatever the layout: ptxas emits no instruction for it)."""
+    every thread whatever the layout: it moves no data, no shared memory)."""
     m = _CONVERT.search(line)
     if m is None:
         return "ttg.convert_layout" in line
