@@ -101,7 +101,7 @@ def _pinned_search_steps(target: Target):
     GPU), so with 20 steps 12 masked surplus steps would be counted as
     arithmetic. Pinning the largest power of two that leaves (almost) no surplus
     counts the arithmetic a GPU does; results do not change. The configuration
-    is passed in through ``launch_config`` (kernels/launch.py), not patched
+    is passed in through ``launch_config`` (kernels/launch/), not patched
     into the kernel module. A pin set by an enclosing ``launch_config`` block
     (a caller's own configuration) is left as it is.
     """
