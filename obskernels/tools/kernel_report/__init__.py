@@ -44,7 +44,7 @@ its bundled ptxas. From the cubin (``cuobjdump``):
 - the approximate PTX instructions (``*.approx``, ``div.full``) and libdevice
   functions (``__nv_*`` in the LLVM IR) each variant uses.
 
-The compile check (tests/test_kernels_compile.py) runs ``probe()`` in a
+The compile check (tests/kernels/test_kernels_compile.py) runs ``probe()`` in a
 subprocess and asserts on the same records; the benchmark's GPU model takes
 its compute term from ``issue_seconds``. Compiled kernels land in triton's
 cache, so a second run recompiles nothing that did not change.
