@@ -39,7 +39,7 @@ $(STAMP): pyproject.toml scripts/setup.sh
 
 setup: $(STAMP)
 
-# The compile check (tests/test_kernels_compile.py) compiles every kernel
+# The compile check (tests/kernels/test_kernels_compile.py) compiles every kernel
 # variant for sm_90a under each triton the project supports: the one in
 # $(PYTHON) (the newest) and the lowest that pyproject.toml declares, in an
 # environment of its own (CPU torch; scripts/triton_env.sh). The test runs the

@@ -22,7 +22,7 @@ exactly on both a GPU and the interpreter (bf16 through its bits); every
 kernel that loads or stores values in the value's dtype goes through them.
 Every launcher (min_max, flatten, mse_search, combine_statistics) derives
 its layout from the call's checked ``Flattening`` with ``group_layout``;
-how it launches (blocks, warps, splits) is ``kernels/launch.py``'s policy.
+how it launches (blocks, warps, splits) is ``kernels/launch/``'s policy.
 """
 
 from __future__ import annotations

@@ -123,7 +123,7 @@ from obskernels.spec.search import search_args
 
 __all__ = ["mse_search", "prepare"]
 
-# Block sizes and work split: kernels/launch.py (tests pin smaller ones with
+# Block sizes and work split: kernels/launch/ (tests pin smaller ones with
 # launch_config to reach the split path with tiny shapes). Only the work split
 # changes with them: which candidate wins can change only through the order
 # of fp32 partial sums (the split path's).

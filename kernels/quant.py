@@ -443,7 +443,7 @@ def quot_bf16_hw(x, lift, r):
     quotient's inf, 0 and NaN, signs included. Quotients below 2^-126 (where
     fp32 keeps 2^-149 steps) are covered by the check: an emulation of these
     instructions over every bf16 x and every positive bf16 s (2^31 pairs)
-    finds no difference; tests/test_kernels_quant.py runs it over every x
+    finds no difference; tests/kernels/test_kernels_quant.py runs it over every x
     and the scales of 25 binades, 0 and NaN.
     """
     return (x * lift) * r

@@ -59,9 +59,11 @@ def case_counts(junit_xml: str) -> dict:
     """{test file: Counter of OUTCOMES} from pytest's JUnit XML report."""
     per_file: dict = {}
     for case in ET.parse(junit_xml).getroot().iter("testcase"):
-        # classname is the module's dotted path (plus a class, if any): tests.test_x[.Class]
+        # classname is the file's dotted path from the root (plus a class, if
+        # any): tests.test_x[.Class], tests.kernels.min_max.test_y[.Class]
         parts = case.get("classname", "").split(".")
-        module = next((p for p in parts if p.startswith("test_")), parts[-1] if parts else "?")
+        end = next((i for i, p in enumerate(parts) if p.startswith("test_")), len(parts) - 1)
+        module = "/".join(parts[1:end + 1] if parts[0] == "tests" else parts[end:end + 1]) or "?"
         outcome = "passed"
         for child in case:
             if child.tag in ("failure", "error", "skipped"):

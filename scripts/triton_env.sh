@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates (or refreshes) an environment with an older triton for the compile
-# check: tests/test_kernels_compile.py compiles every kernel variant for sm_90a
-# under each triton the project supports (the main environment has the newest;
+# check: tests/kernels/test_kernels_compile.py compiles every kernel variant for
+# sm_90a under each triton the project supports (the main environment has the newest;
 # this one the lowest that pyproject.toml declares). Nothing runs a kernel, so
 # torch is the CPU build, and no GPU is needed.
 #

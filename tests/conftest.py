@@ -107,7 +107,7 @@ def _seed():
 @pytest.fixture
 def pin_launch():
     """``pin_launch(op, **fields)``: launch operation ``op`` (a name of
-    kernels/launch.py's DEFAULTS) with those LaunchConfig fields for the rest
+    kernels/launch/'s DEFAULTS) with those LaunchConfig fields for the rest
     of the test, through ``launch_config`` (nothing global is rewritten)."""
     with contextlib.ExitStack() as stack:
 

@@ -212,7 +212,7 @@ def test_overlap_model_hand_computed():
 @needs_interpreter
 def test_host_path_is_measured_with_the_launches_stubbed():
     from obskernels.bench import hostcost
-    from obskernels.tools.kernel_report import discover_kernels
+    from obskernels.tools.kernel_report.launches import discover_kernels
 
     case = bench_cases.Case("weight", (16, 256), "bf16", "int4-group128", (4096, 4096))
     obs = bench_cases.OBSERVERS["memoryless_minmax"]

@@ -1,7 +1,7 @@
 """The triton matrix of the compile check is what pyproject.toml declares.
 
 pyproject.toml's lower bound on triton is the lowest triton the compile check
-(tests/test_kernels_compile.py) runs under: the Makefile builds that
+(tests/kernels/test_kernels_compile.py) runs under: the Makefile builds that
 environment (TRITON_LOW, scripts/triton_env.sh) and lists it in
 OBSKERNELS_COMPILE_PYTHONS for `make test`; the newest triton is the main
 environment's.

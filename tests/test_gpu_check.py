@@ -44,10 +44,10 @@ def test_a_test_without_device_is_not_marked_on_device(request):
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 <testsuites><testsuite name="pytest" tests="6">
-<testcase classname="tests.test_kernels_mse" name="test_parity[a]" time="0.1"/>
-<testcase classname="tests.test_kernels_mse" name="test_parity[b]" time="0.1">
+<testcase classname="tests.kernels.mse_search.test_kernels_mse" name="test_parity[a]" time="0.1"/>
+<testcase classname="tests.kernels.mse_search.test_kernels_mse" name="test_parity[b]" time="0.1">
   <failure message="boom">trace</failure></testcase>
-<testcase classname="tests.test_kernels_mse" name="test_parity_on_cuda[c]" time="0.0">
+<testcase classname="tests.kernels.mse_search.test_kernels_mse" name="test_parity_on_cuda[c]" time="0.0">
   <skipped type="pytest.skip" message="needs a CUDA device"/></testcase>
 <testcase classname="tests.test_observers" name="test_defaults[x]" time="0.1"/>
 <testcase classname="tests.test_observers.TestGroup" name="test_in_a_class" time="0.1"/>
@@ -63,10 +63,10 @@ def test_gpu_check_counts_cases_per_file(tmp_path):
     path.write_text(JUNIT)
     per_file = gpu_check.case_counts(str(path))
     assert {k: dict(v) for k, v in per_file.items()} == {
-        "tests/test_kernels_mse.py": {"passed": 1, "failed": 1, "skipped": 1},
+        "tests/kernels/mse_search/test_kernels_mse.py": {"passed": 1, "failed": 1, "skipped": 1},
         "tests/test_observers.py": {"passed": 2, "error": 1},
     }
     rows = gpu_check.counts_table(per_file)
-    assert rows[2] == "| tests/test_kernels_mse.py | 3 | 2 | 1 | 1 | 0 | 1 |"
+    assert rows[2] == "| tests/kernels/mse_search/test_kernels_mse.py | 3 | 2 | 1 | 1 | 0 | 1 |"
     assert rows[3] == "| tests/test_observers.py | 3 | 3 | 2 | 0 | 1 | 0 |"
     assert rows[-1] == "| **all** | 6 | 5 | 3 | 1 | 1 | 1 |"

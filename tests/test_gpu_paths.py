@@ -40,7 +40,7 @@ stats_module = importlib.import_module("obskernels.kernels.stats")
 # every launched kernel of kernels/ (the report's discovery: a new kernel is
 # watched without editing this file)
 KERNELS = {}
-for _module, _name in importlib.import_module("obskernels.tools.kernel_report").discover_kernels().values():
+for _module, _name in importlib.import_module("obskernels.tools.kernel_report.launches").discover_kernels().values():
     KERNELS.setdefault(_module, []).append(_name)
 
 

@@ -645,7 +645,7 @@ def test_host_proxy_counts_python_calls_exactly():
 @needs_interpreter
 def test_host_proxy_stubs_every_kernel_and_restores_them():
     from obskernels.bench import host
-    from obskernels.tools.kernel_report import discover_kernels
+    from obskernels.tools.kernel_report.launches import discover_kernels
 
     kernels = discover_kernels()
     before = {name: getattr(m, a) for name, (m, a) in kernels.items()}

@@ -148,7 +148,7 @@ def _quot_f16_hw(x, r):
     values differ by an fp16 subnormal step at most, and the fake
     quantization rounds both the same way: to 0 (a zero point of 0), or to
     the zero point, whose fp16 or fp8 neighbours are 2^-11 of it or more
-    away. tests/test_kernels_quant.py checks every fp16 x against scales of
+    away. tests/kernels/test_kernels_quant.py checks every fp16 x against scales of
     every binade."""
     return x * r
 

@@ -101,7 +101,7 @@ def _pinned_search_steps(target: Target):
     GPU), so with 20 steps 12 masked surplus steps would be counted as
     arithmetic. Pinning the largest power of two that leaves (almost) no surplus
     counts the arithmetic a GPU does; results do not change. The configuration
-    is passed in through ``launch_config`` (kernels/launch.py), not patched
+    is passed in through ``launch_config`` (kernels/launch/), not patched
     into the kernel module. A pin set by an enclosing ``launch_config`` block
     (a caller's own configuration) is left as it is.
     """
@@ -239,9 +239,9 @@ def _decode_job(job: Dict) -> Tuple[Case, Target]:
 
 def sass_worker(stdin: TextIO, stdout: TextIO) -> None:
     """Entry of the ``--sass-worker`` child: JSON jobs in, per-launch SASS profiles out."""
-    import importlib
+    from obskernels.tools.kernel_report.launches import Launch, cpu_tensors_recorded, recording
+    from obskernels.tools.kernel_report.variants import profile_launches
 
-    report = importlib.import_module("obskernels.tools.kernel_report")
     jobs = json.loads(stdin.read())
     cache: Dict = {}
     results = []
@@ -251,7 +251,7 @@ def sass_worker(stdin: TextIO, stdout: TextIO) -> None:
         try:
             prepared = prepare(case, target, job["backend"], shape=tuple(job["shape"]), device="cpu")
             # nothing runs (every kernel is a recorder): the triton backend takes CPU tensors
-            with report.recording() as sink, report.cpu_tensors_recorded():
+            with recording() as sink, cpu_tensors_recorded():
                 prepared.setup()  # e.g. the imatrix hook's statistics: not part of the call
                 sink.clear()
                 try:
@@ -260,8 +260,8 @@ def sass_worker(stdin: TextIO, stdout: TextIO) -> None:
                         prepared.call()
                 except Exception as exc:  # outputs are not computed: later host code may object
                     res["note"] = f"call stopped after {len(sink)} launches: {type(exc).__name__}"
-                launches = [report.Launch(case.label, "", n, f, g, a, k) for n, f, g, a, k in sink]
-            res["launches"] = report.profile_launches(launches, cache)
+                launches = [Launch(case.label, "", n, f, g, a, k) for n, f, g, a, k in sink]
+            res["launches"] = profile_launches(launches, cache)
         except Exception as exc:
             res = {"status": f"error: {type(exc).__name__}: {str(exc)[:200]}"}
         results.append(res)

@@ -100,7 +100,7 @@ class _Stub:
 @contextlib.contextmanager
 def stubbed_launches():
     """Every kernel of obskernels.kernels is a ``_Stub`` within the block."""
-    from obskernels.tools.kernel_report import discover_kernels
+    from obskernels.tools.kernel_report.launches import discover_kernels
 
     saved = []
     for module, attr in discover_kernels().values():

@@ -109,7 +109,7 @@ def unit_seconds(reps: int = 50, rounds: int = 101) -> float:
 
 
 def _kernels_of(backend: str) -> Dict:
-    from obskernels.tools.kernel_report import discover_kernels
+    from obskernels.tools.kernel_report.launches import discover_kernels
 
     if backend == "triton":
         return discover_kernels()
@@ -126,7 +126,7 @@ def stubbed(backend: str, clock: _Clock):
     saved = []
     with contextlib.ExitStack() as stack:
         if backend == "triton":
-            from obskernels.tools.kernel_report import cpu_tensors_recorded
+            from obskernels.tools.kernel_report.launches import cpu_tensors_recorded
 
             stack.enter_context(cpu_tensors_recorded())
         for module, attr in _kernels_of(backend).values():

@@ -270,7 +270,7 @@ def test_no_flattened_copy(monkeypatch, device):
 
 
 # --------------------------------------------------------------------------- #
-# the tile paths a GPU takes (kernels/launch.py's policy is the same on every
+# the tile paths a GPU takes (kernels/launch/'s policy is the same on every
 # device): small shapes with pinned tiles and fill target reach each of them here
 # --------------------------------------------------------------------------- #
 class RecordingKernel:

@@ -163,7 +163,7 @@ def _name(v):
 def test_every_kernel_is_launched(probe):
     assert probe["kernels"], "no kernel discovered in kernels/"
     missing = sorted(set(probe["kernels"]) - {v["kernel"] for v in probe["variants"]})
-    assert not missing, f"no probe case launches {missing}: add one to report.cases()"
+    assert not missing, f"no probe case launches {missing}: add one to kernel_report.probe_cases.cases()"
 
 
 def test_every_variant_compiles_to_sm90a(probe):
@@ -205,7 +205,7 @@ def _held(probe):
 
 
 def _target(probe, row, variant):
-    from obskernels.tools.kernel_report import TARGETS
+    from obskernels.tools.kernel_report.machine import TARGETS
 
     target = TARGETS[row["elem_bytes"]]
     if probe["triton"].startswith("3.6") and variant["constexprs"].get("GATHER"):
@@ -350,7 +350,7 @@ _LISTING = """
 
 
 def test_sass_reader_finds_the_loop_and_pipes():
-    report = pytest.importorskip("obskernels.tools.kernel_report")
+    report = pytest.importorskip("obskernels.tools.kernel_report.machine")
     instrs = report.parse_sass(_LISTING)
     assert [op for _, op, _ in instrs][:3] == ["LDC", "MOV", "FFMA"]
     assert report.hot_loop(instrs) == (2, 5)  # FFMA .. BRA
@@ -379,7 +379,7 @@ _UNROLLED = """
 
 
 def test_program_path_counts_one_step_of_an_unrolled_loop():
-    report = pytest.importorskip("obskernels.tools.kernel_report")
+    report = pytest.importorskip("obskernels.tools.kernel_report.machine")
     instrs = report.parse_sass(_UNROLLED)
     assert report.loops_of(instrs) == [(1, 5), (6, 8), (11, 12)]  # the trap at 0xe0 is no loop
     main, once = report.program_path(instrs)
@@ -419,7 +419,7 @@ module {
 
 
 def test_ttgir_reader_finds_the_step_loop_conversions_and_cross_warp_sums():
-    report = pytest.importorskip("obskernels.tools.kernel_report")
+    report = pytest.importorskip("obskernels.tools.kernel_report.machine")
     loop = report.ttgir_hot_loop(_TTGIR)
     assert loop and "%b = scf.for" in loop[0] and "scf.yield %y" in loop[-2]
     # the outer loop's conversion is not the step loop's
@@ -433,7 +433,7 @@ def test_a_one_element_conversion_moves_nothing():
     # triton 3.6 converts a split search's per-row scalars (tensor<1x1>)
     # between two layouts of one element, which every thread holds whole:
     # no data moves (no shared memory), so not a conversion that counts
-    report = pytest.importorskip("obskernels.tools.kernel_report")
+    report = pytest.importorskip("obskernels.tools.kernel_report.machine")
     one = "%y = ttg.convert_layout %l : tensor<1x1xf32, #blocked3> -> tensor<1x1xf32, #blocked4> loc(#loc9)"
     tile = "%c = ttg.convert_layout %t : tensor<32x128xf32, #blocked> -> tensor<32x128xf32, #blocked1>"
     row = "%d = ttg.convert_layout %t2 : tensor<32xi32, #blocked2> -> tensor<32xi32, #blocked3>"
@@ -443,7 +443,7 @@ def test_a_one_element_conversion_moves_nothing():
 
 
 def test_resident_warps():
-    report = pytest.importorskip("obskernels.tools.kernel_report")
+    report = pytest.importorskip("obskernels.tools.kernel_report.machine")
     # 65536 registers per SM, allocated per warp in units of 256
     assert report.warps_per_sm(96, 1024, 4) == 20
     assert report.warps_per_sm(96, 1024, 8) == 16
@@ -453,7 +453,7 @@ def test_resident_warps():
 
 
 def test_issue_time_takes_the_slowest_pipe():
-    report = pytest.importorskip("obskernels.tools.kernel_report")
+    report = pytest.importorskip("obskernels.tools.kernel_report.machine")
     rate = 1e12
     # 8 MUFU per element at 1/8 rate: 64 issue slots' worth, more than 10 FP32
     t = report.issue_seconds({"FP32": 10, "INT": 0, "MUFU": 8, "LSU": 0, "other": 0}, 1e6, rate)

@@ -34,7 +34,7 @@ def kernel_search(value, base_name, args, **kw):
 
 
 def pin_config(pin_launch, **fields):
-    """The search launcher's tuning (kernels/launch.py, LaunchConfig)."""
+    """The search launcher's tuning (kernels/launch/, LaunchConfig)."""
     pin_launch("mse_search", **fields)
 
 
