@@ -56,6 +56,7 @@ __all__ = [
     "tile_lanes",
     "tile_offsets",
     "pad_inside",
+    "load_tile_lanes",
     "widen",
     "store_exact",
     "INTERPRETED",
@@ -273,6 +274,22 @@ def pad_inside(qa, qb, r, e, geo, lim_r, lim_e):
     multiples of 16."""
     return (qa * geo.R2 + r < lim_r) & (qb * geo.E + e < lim_e)
 
+
+@triton.jit
+def load_tile_lanes(x_ptr, perm_ptr, qa, qb, r0, c, r_hi, geo, lim_r, lim_e,
+                    BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr, ROW_LEVELS: tl.constexpr,
+                    SHORT_E: tl.constexpr, ROW_TAIL: tl.constexpr, PAD: tl.constexpr,
+                    GATHER: tl.constexpr):
+    """(x, r, e): rows [r0, r0 + BLOCK_R) x element chunk c of the groups
+    (qa, qb) as stored, every lane an element of its own group
+    (``tile_lanes``); no mask but the padding zeros' (PAD)."""
+    r, e = tile_lanes(r0, c, r_hi, geo.E, BLOCK_R, BLOCK_E, SHORT_E, ROW_TAIL)
+    ptrs = x_ptr + tile_offsets(perm_ptr, qa, qb, r, e, geo, ROW_LEVELS, GATHER)
+    if PAD:
+        x = tl.load(ptrs, mask=pad_inside(qa, qb, r, e, geo, lim_r, lim_e), other=0.0)
+    else:
+        x = tl.load(ptrs)
+    return x, r, e
 
 # The interpreter converts bf16 <-> fp32 with its own bit routine, which
 # mis-normalises subnormals (|x| < 2^-126): bf16 1e-39 loads as 5.9e-39. A

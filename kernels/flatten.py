@@ -22,12 +22,10 @@ from obskernels.kernels._layout import (
     check_kernel_dtype,
     check_launchable,
     group_layout,
+    load_tile_lanes,
     on_device,
-    pad_inside,
     tile_blocks,
     tile_groups,
-    tile_lanes,
-    tile_offsets,
 )
 from obskernels.spec.checks import ATTENTION
 from obskernels.spec.layout import Flattening
@@ -41,12 +39,8 @@ def _copy_step(x_ptr, perm_ptr, out_ptr, qa, qb, r0, c, r_hi, geo, NR, lim_r, li
                SHORT_E: tl.constexpr, ROW_TAIL: tl.constexpr, PAD: tl.constexpr,
                GATHER: tl.constexpr):
     """Copy rows [r0, r0 + BLOCK_R) x element chunk c of groups (qa, qb)."""
-    r, e = tile_lanes(r0, c, r_hi, geo.E, BLOCK_R, BLOCK_E, SHORT_E, ROW_TAIL)
-    ptrs = x_ptr + tile_offsets(perm_ptr, qa, qb, r, e, geo, ROW_LEVELS, GATHER)
-    if PAD:
-        x = tl.load(ptrs, mask=pad_inside(qa, qb, r, e, geo, lim_r, lim_e), other=0.0)
-    else:
-        x = tl.load(ptrs)
+    x, r, e = load_tile_lanes(x_ptr, perm_ptr, qa, qb, r0, c, r_hi, geo, lim_r, lim_e,
+                              BLOCK_R, BLOCK_E, ROW_LEVELS, SHORT_E, ROW_TAIL, PAD, GATHER)
     q = qa * geo.QB + qb
     tl.store(out_ptr + ((q.to(tl.int64) * NR + r) * geo.E + e), x)
 

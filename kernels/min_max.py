@@ -37,12 +37,12 @@ from obskernels.kernels._layout import (
     check_kernel_dtype,
     check_launchable,
     group_layout,
+    load_tile_lanes,
     on_device,
     pad_inside,
     store_exact,
     tile_blocks,
     tile_groups,
-    tile_lanes,
     tile_offsets,
     widen,
 )
@@ -82,12 +82,8 @@ def _tile(x_ptr, perm_ptr, qa, qb, r0, c, r_hi, geo, NR, lim_r, lim_e,
           SHORT_E: tl.constexpr, ROW_TAIL: tl.constexpr, PAD: tl.constexpr, GATHER: tl.constexpr):
     """Rows [r0, r0 + BLOCK_R) x element chunk c of the groups (qa, qb), as
     fp32, every lane an element of its own group (``tile_lanes``)."""
-    r, e = tile_lanes(r0, c, r_hi, geo.E, BLOCK_R, BLOCK_E, SHORT_E, ROW_TAIL)
-    ptrs = x_ptr + tile_offsets(perm_ptr, qa, qb, r, e, geo, ROW_LEVELS, GATHER)
-    if PAD:
-        x = tl.load(ptrs, mask=pad_inside(qa, qb, r, e, geo, lim_r, lim_e), other=0.0)
-    else:
-        x = tl.load(ptrs)
+    x, _r, _e = load_tile_lanes(x_ptr, perm_ptr, qa, qb, r0, c, r_hi, geo, lim_r, lim_e,
+                                BLOCK_R, BLOCK_E, ROW_LEVELS, SHORT_E, ROW_TAIL, PAD, GATHER)
     return widen(x)
 
 

@@ -266,3 +266,22 @@ def run_snippet(snippet: Snippet, cwd: Path, timeout: int = 600) -> subprocess.C
     script.write_text(snippet.code)
     return subprocess.run([sys.executable, str(script)], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
+
+
+# --------------------------------------------------------------------------- #
+# launches
+# --------------------------------------------------------------------------- #
+class RecordingKernel:
+    """Wraps a triton kernel; records each launch's grid, arguments and keywords."""
+
+    def __init__(self, kernel, sink):
+        self.kernel, self.sink = kernel, sink
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+
+        def run(*args, **kwargs):
+            self.sink.append((grid, args, kwargs))
+            return launch(*args, **kwargs)
+
+        return run

@@ -17,7 +17,7 @@ import torch
 from obskernels import ops
 from obskernels.backends import use_backend
 
-from helpers import DTYPES, make_value, permuted_g_idx, qargs
+from helpers import DTYPES, RecordingKernel, make_value, permuted_g_idx, qargs
 
 pytestmark = pytest.mark.kernel
 pytest.importorskip("triton", reason="the Triton kernels need triton")
@@ -107,22 +107,6 @@ def test_small_tiles_loop_over_elements(tile, pin_launch, device):
     g_idx = permuted_g_idx(64, 32, device=device)
     got, want = flatten_both(value[:, :64], "weight", qargs("group", group_size=32), g_idx)
     assert_bitwise(got, want, f"tile {tile} g_idx")
-
-
-class RecordingKernel:
-    """Wraps a triton kernel; records each launch's grid, arguments and keywords."""
-
-    def __init__(self, kernel, sink):
-        self.kernel, self.sink = kernel, sink
-
-    def __getitem__(self, grid):
-        launch = self.kernel[grid]
-
-        def run(*args, **kwargs):
-            self.sink.append((grid, args, kwargs))
-            return launch(*args, **kwargs)
-
-        return run
 
 
 # (id, shape, dtype, layout, block or None, g_idx group size or None, LaunchConfig pins):

@@ -17,7 +17,7 @@ import torch
 from obskernels import ops
 from obskernels.backends import use_backend
 
-from helpers import DTYPES, assert_same, make_value, outcome, permuted_g_idx, qargs
+from helpers import DTYPES, RecordingKernel, assert_same, make_value, outcome, permuted_g_idx, qargs
 
 pytestmark = pytest.mark.kernel
 pytest.importorskip("triton", reason="the Triton kernels need triton")
@@ -273,22 +273,6 @@ def test_no_flattened_copy(monkeypatch, device):
 # the tile paths a GPU takes (kernels/launch/'s policy is the same on every
 # device): small shapes with pinned tiles and fill target reach each of them here
 # --------------------------------------------------------------------------- #
-class RecordingKernel:
-    """Wraps a triton kernel; records each launch's grid, arguments and keywords."""
-
-    def __init__(self, kernel, sink):
-        self.kernel, self.sink = kernel, sink
-
-    def __getitem__(self, grid):
-        launch = self.kernel[grid]
-
-        def run(*args, **kwargs):
-            self.sink.append((grid, args, kwargs))
-            return launch(*args, **kwargs)
-
-        return run
-
-
 BF, F16, F32 = torch.bfloat16, torch.float16, torch.float32
 # (id, shape, dtype, layout, base_name, args, g_idx group size or None, LaunchConfig pins)
 TILE_PATHS = [
