@@ -77,7 +77,7 @@ def _epilogue(min_ptr, max_ptr, offs, lo_q, hi_q, qq, mask, held_min_ptr, held_m
 
 
 @triton.jit
-def _tile(x_ptr, perm_ptr, qa, qb, r0, c, r_hi, geo, NR, lim_r, lim_e,
+def _tile(x_ptr, perm_ptr, qa, qb, r0, c, r_hi, geo, lim_r, lim_e,
           BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr, ROW_LEVELS: tl.constexpr,
           SHORT_E: tl.constexpr, ROW_TAIL: tl.constexpr, PAD: tl.constexpr, GATHER: tl.constexpr):
     """Rows [r0, r0 + BLOCK_R) x element chunk c of the groups (qa, qb), as
@@ -186,7 +186,7 @@ def _min_max_kernel(
         bad = tl.zeros([BLOCK_A, BLOCK_B, 1, 1], tl.int32)
         for blk in range(pa, n_a, step):
             qa, qb, q_ok = tile_groups(blk, pb, QA, geo, BLOCK_A, BLOCK_B, GROUP_TAIL)
-            x = _tile(x_ptr, perm_ptr, qa, qb, r_lo, 0, r_hi, geo, NR, lim_r, lim_e,
+            x = _tile(x_ptr, perm_ptr, qa, qb, r_lo, 0, r_hi, geo, lim_r, lim_e,
                       BLOCK_R, BLOCK_E, ROW_LEVELS, SHORT_E, ROW_TAIL, PAD, GATHER)
             bad = bad | _reduce_store(x, x, qa, qb, q_ok, out_base, *epi, MODE, DTYPE, BITS16, RECORD)
         if RECORD:
@@ -212,7 +212,7 @@ def _min_max_kernel(
         r0 = r_lo
         c = 0
         for _ in range(0, tl.cdiv(r_hi - r_lo, BLOCK_R) * n_e):
-            x = _tile(x_ptr, perm_ptr, qa, qb, r0, c, r_hi, geo, NR, lim_r, lim_e,
+            x = _tile(x_ptr, perm_ptr, qa, qb, r0, c, r_hi, geo, lim_r, lim_e,
                       BLOCK_R, BLOCK_E, ROW_LEVELS, SHORT_E, ROW_TAIL, PAD, GATHER)
             lo = tl.minimum(lo, x, propagate_nan=tl.PropagateNan.ALL)
             hi = tl.maximum(hi, x, propagate_nan=tl.PropagateNan.ALL)
