@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from obskernels.kernels._layout import (
+    allocator,
     check_kernel_dtype,
     check_launchable,
     group_layout,
@@ -306,36 +307,31 @@ def prepare(call: MinMaxCall):
                       num_warps=num_warps_for(FQ * FS))  # 4 warps at 4096 lanes: 155 registers
         finish_grid = (cdiv(Q, FQ),)
 
-    def bits(t):  # bf16 statistics as their bits in the epilogue (kernels/stats.py)
-        return t.view(torch.uint16)
+    # outputs (contiguous); bf16 statistics are read and written as their
+    # bits by the kernels themselves (kernels/stats.py), no view here
+    new_stats = allocator(qshape, dtype, dev)
+    new_parts = allocator((split, Q), dtype, dev)
+    held_contiguous = call.held is None or (call.held[0].is_contiguous()
+                                            and call.held[1].is_contiguous())
 
     def launch(call: MinMaxCall):
         if config_token() is not token:  # a launch_config block changed the policy
             return min_max(call)
         value, held, status, out = call.flat.value, call.held, call.status, call.out
         if out is None:
-            mins = torch.empty(qshape, dtype=dtype, device=dev)
-            maxs = torch.empty(qshape, dtype=dtype, device=dev)
+            mins, maxs = new_stats(), new_stats()
         else:
             mins, maxs = out
         if held is None:
             held_min, held_max = mins, maxs  # unread
         else:
             held_min, held_max = held  # read at the groups' flat index
-            if not (held_min.is_contiguous() and held_max.is_contiguous()):
+            if not held_contiguous:  # (strides are the signature's)
                 held_min, held_max = held_min.contiguous(), held_max.contiguous()
-        omin, omax = mins, maxs
-        if bits16:  # (held and out are often the same tensors: viewed once)
-            held_min, held_max = bits(held_min), bits(held_max)
-            if out is held:
-                omin, omax = held_min, held_max
-            else:
-                omin, omax = bits(mins), bits(maxs)
         if split == 1:
-            pmin, pmax = omin, omax
+            pmin, pmax = mins, maxs
         else:
-            pmin = torch.empty((split, Q), dtype=dtype, device=dev)
-            pmax = torch.empty((split, Q), dtype=dtype, device=dev)
+            pmin, pmax = new_parts(), new_parts()
         with on_device(value):
             _min_max_kernel[grid](
                 value, perm if perm is not None else value,  # perm: unread unless GATHER
@@ -344,7 +340,7 @@ def prepare(call: MinMaxCall):
             )
             if split > 1:
                 _min_max_finish_kernel[finish_grid](
-                    pmin, pmax, omin, omax, Q, split, held_min, held_max, avg_a, avg_c, **finish,
+                    pmin, pmax, mins, maxs, Q, split, held_min, held_max, avg_a, avg_c, **finish,
                 )
         return mins, maxs
 

@@ -92,6 +92,7 @@ from obskernels.kernels import quant, quant_pow
 from obskernels.kernels._layout import (
     INTERPRETED,
     GroupLayout,
+    allocator,
     check_kernel_dtype,
     check_launchable,
     group_layout,
@@ -297,7 +298,7 @@ def prepare(call: SearchCall):
     )
     path = _register_path if prepared.group_numel <= config.max_reg_group else _split_path
     run = path(prepared, config)
-    qshape = layout.qshape
+    new_stats = allocator(layout.qshape, dtype, dev)
     fixed = prepared[:_Search._fields.index("tab")]  # the fields before the call's own
 
     def launch(call: SearchCall):
@@ -310,8 +311,7 @@ def prepare(call: SearchCall):
         search = _Search(
             *fixed, value if tab is None else tab,  # the table is unread without the fast pow
             dev, value, (w, wmean, wcode, _TINY),
-            torch.empty(qshape, dtype=dtype, device=dev),
-            torch.empty(qshape, dtype=dtype, device=dev),
+            new_stats(), new_stats(),
         )
         with on_device(value):
             run(search)
@@ -371,14 +371,17 @@ def _register_path(s: _Search, config: LaunchConfig):
     choose_switches = dict(DTYPE=s.switches["DTYPE"], BLOCK_G=choose_g,
                            BLOCK_P=pow2_at_most(programs, 1024), **_NO_FMA)
 
+    if not track:
+        # word-major: a program's words of one step range are contiguous
+        new_bits = allocator((n_words, G), torch.int32, dev)
+        # one word per (program, 32 steps), each stored by its program: no clearing
+        new_flags = allocator((programs, n_words), torch.int32, dev)
+
     def run(s: _Search) -> None:
         if track:
             bits = flags = s.value  # unread
         else:
-            # word-major: a program's words of one step range are contiguous
-            bits = torch.empty((n_words, G), dtype=torch.int32, device=dev)
-            # one word per (program, 32 steps), each stored by its program: no clearing
-            flags = torch.empty((programs, n_words), dtype=torch.int32, device=dev)
+            bits, flags = new_bits(), new_flags()
         _search_kernel[(programs,)](
             s.value, *s.weights, s.tab, *s.steps, bits, flags, s.out_min, s.out_max,
             *layout_args, *search_tail, **search_switches,
@@ -420,16 +423,18 @@ def _split_path(s: _Search, config: LaunchConfig):
     block_k = _next_pow2(K)
     layout_args = s.layout_args()
 
+    new_mm = allocator((2, G, K), torch.float32, dev)
+    new_tickets = allocator((G + 1,), torch.int32, dev)
+    new_bits, new_flags = allocator((n_words, G), torch.int32, dev), allocator((n_words,), torch.int32, dev)
+    new_part = allocator((G, K, max(s.n_steps, 1)), torch.float32, dev)
+
     def run(s: _Search) -> None:
-        mm = torch.empty((2, G, K), dtype=torch.float32, device=dev)
-        tickets = torch.empty(G + 1, dtype=torch.int32, device=dev)
-        bits = torch.empty((n_words, G), dtype=torch.int32, device=dev)
-        flags = torch.empty(n_words, dtype=torch.int32, device=dev)
+        mm, tickets, bits, flags = new_mm(), new_tickets(), new_bits(), new_flags()
         _minmax_part_kernel[(G, K)](s.value, mm, tickets, flags, *layout_args, K, cps, s.n_words,
                                     PAD=s.switches["PAD"], BLOCK_E=chunk,
                                     BLOCK_W=_next_pow2(n_words),
                                     num_warps=minmax_part_warps(chunk), **_NO_FMA)
-        part = torch.empty((G, K, max(s.n_steps, 1)), dtype=torch.float32, device=dev)
+        part = new_part()
         _search_part_kernel[(row_programs, K)](
             s.value, *s.weights, s.tab, *s.steps, mm, part, tickets, bits, flags,
             s.out_min, s.out_max, *layout_args, K, cps * rows, s.n_steps, s.n_words, s.patience,

@@ -35,7 +35,7 @@ import triton.language as tl
 
 from obskernels.kernels import quant
 from obskernels.kernels.quant import GS_FUSED, GS_GIVEN, GS_NONE, S_BF16, S_F16, S_F32, S_FP8, S_MX, S_NONE
-from obskernels.kernels._layout import on_device
+from obskernels.kernels._layout import allocator, on_device
 from obskernels.kernels.launch import (
     QPARAMS_BLOCK,
     QPARAMS_MAX_PARTS,
@@ -44,7 +44,7 @@ from obskernels.kernels.launch import (
     current_config,
     pow2_at_most,
 )
-from obskernels.kernels.stats import load_stat
+from obskernels.kernels.stats import as_bits, load_stat
 from obskernels.spec.calls import QParamsCall
 from obskernels.spec.checks import FLOAT_DTYPES
 from obskernels.spec.record import STATUS_FIRST_BAD, STATUS_INIT
@@ -249,11 +249,12 @@ def _qparams_kernel(
     # every value stored is exact in its dtype; bf16 and fp8 go as bits (the
     # interpreter flushes bf16 subnormals and mangles fp8 NaN in its casts)
     if SDTYPE == quant.BF16:
-        tl.store(scale_ptr + offs, (scale.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16), mask=mask)
+        tl.store(as_bits(scale_ptr, tl.uint16) + offs,
+                 (scale.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16), mask=mask)
     else:
         tl.store(scale_ptr + offs, scale.to(scale_ptr.dtype.element_ty), mask=mask)
     if ZP == quant.Z_FP8:
-        tl.store(zp_ptr + offs, _e4m3_bits(zp), mask=mask)
+        tl.store(as_bits(zp_ptr, tl.uint8) + offs, _e4m3_bits(zp), mask=mask)
     else:
         tl.store(zp_ptr + offs, zp.to(zp_ptr.dtype.element_ty), mask=mask)
 
@@ -275,11 +276,9 @@ def _qparams_kernel(
 # host side
 # --------------------------------------------------------------------------- #
 def _flat(t: torch.Tensor) -> torch.Tensor:
-    """Contiguous statistics (read at the flat index, whatever their shape);
-    bf16 as its uint16 bits (see stats.load_stat)."""
-    if not t.is_contiguous():
-        t = t.contiguous()
-    return t.view(torch.uint16) if t.dtype == torch.bfloat16 else t
+    """Contiguous statistics (read at the flat index, whatever their shape;
+    bf16 is read as its bits by the kernels, see stats.load_stat)."""
+    return t if t.is_contiguous() else t.contiguous()
 
 
 def calculate_qparams(call: QParamsCall):
@@ -347,21 +346,25 @@ def prepare(call: QParamsCall):
         WIDEN=bool(widen), CARRY=carry is not None,
         BLOCK=QPARAMS_BLOCK, BLOCK_P=pow2_at_most(max(n_parts, 1), 128), enable_fp_fusion=False,
     )
-    scale_bits, zp_bits = sdtype == torch.bfloat16, zp_dtype == torch.float8_e4m3fn
+    new_scale, new_zero_point = allocator(shape, sdtype, dev), allocator(shape, zp_dtype, dev)
+    new_status = allocator((n_status,), torch.int64, dev)
+    if gs_mode == GS_FUSED.value:
+        new_parts, new_gs = allocator((n_parts,), torch.float32, dev), allocator((1,), torch.float32, dev)
+    # the statistics' strides are the signature's
+    stats_contiguous = min_vals.is_contiguous() and call.max_vals.is_contiguous()
 
     def launch(call: QParamsCall):
         if config_token() is not token:  # a launch_config block changed the policy
             return calculate_qparams(call)
         min_vals, max_vals, global_scale, carry = (
             call.min_vals, call.max_vals, call.global_scale, call.carry)
-        scale = torch.empty(shape, dtype=sdtype, device=dev)
-        zero_point = torch.empty(shape, dtype=zp_dtype, device=dev)
-        status = torch.empty(n_status, dtype=torch.int64, device=dev)
+        if not stats_contiguous:
+            min_vals, max_vals = min_vals.contiguous(), max_vals.contiguous()
+        scale, zero_point, status = new_scale(), new_zero_point(), new_status()
         parts = gs_out = status  # unread placeholders
         with on_device(min_vals):
             if gs_mode == GS_FUSED.value:
-                parts = torch.empty(n_parts, dtype=torch.float32, device=dev)
-                gs_out = torch.empty(1, dtype=torch.float32, device=dev)
+                parts, gs_out = new_parts(), new_gs()
                 part0 = 0
                 for (mn, mx), p in zip(call.fused, counts):
                     n = mn.numel()
@@ -373,9 +376,7 @@ def prepare(call: QParamsCall):
                 global_scale = gs_out
             if N:
                 _qparams_kernel[(programs,)](
-                    _flat(min_vals), _flat(max_vals),
-                    scale.view(torch.uint16) if scale_bits else scale,
-                    zero_point.view(torch.uint8) if zp_bits else zero_point,
+                    min_vals, max_vals, scale, zero_point,
                     global_scale if gs_mode == GS_GIVEN.value else status, parts, gs_out,
                     carry if carry is not None else status, status, *constants, **switches,
                 )

@@ -24,6 +24,7 @@ import triton.language as tl
 
 from obskernels.kernels import quant
 from obskernels.kernels._layout import (
+    allocator,
     check_kernel_dtype,
     group_base,
     group_layout,
@@ -59,11 +60,21 @@ def combine_modes(held, averaging_constant):
 
 
 @triton.jit
+def as_bits(ptr, BITS: tl.constexpr):
+    """``ptr`` as a pointer to ``BITS`` (an unsigned integer type of its
+    element's width): a bf16 or fp8 tensor's elements are stored and loaded
+    as their bits. A pointer to ``BITS`` already is returned as it is."""
+    return ptr.to(tl.pointer_type(BITS), bitcast=True)
+
+
+@triton.jit
 def load_stat(ptr, offs, mask, BITS16: tl.constexpr):
-    """Statistics as fp32; BITS16: a bf16 tensor seen as uint16 (the
-    interpreter's bf16 load flushes subnormals; bits are exact everywhere)."""
+    """Statistics as fp32; BITS16: bf16 statistics read as their uint16 bits
+    (the interpreter's bf16 load flushes subnormals; bits are exact
+    everywhere). The pointer is cast here, so the host passes the bf16
+    tensor itself (a view per tensor and call less on the host)."""
     if BITS16:
-        b = tl.load(ptr + offs, mask=mask, other=0).to(tl.uint32)
+        b = tl.load(as_bits(ptr, tl.uint16) + offs, mask=mask, other=0).to(tl.uint32)
         return (b << 16).to(tl.float32, bitcast=True)
     else:
         return tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32)
@@ -73,7 +84,8 @@ def load_stat(ptr, offs, mask, BITS16: tl.constexpr):
 def store_stat(ptr, offs, v, mask, BITS16: tl.constexpr):
     """Store fp32 ``v`` (exact in the statistics' dtype); BITS16 as load_stat."""
     if BITS16:
-        tl.store(ptr + offs, (v.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16), mask=mask)
+        tl.store(as_bits(ptr, tl.uint16) + offs, (v.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16),
+                 mask=mask)
     else:
         tl.store(ptr + offs, v.to(ptr.dtype.element_ty), mask=mask)
 
@@ -191,17 +203,20 @@ def prepare(call: CombineCall):
     switches = dict(MODE=mode, DTYPE=quant.DTYPE_CODE[dtype], BITS16=bits16,
                     RECORD=call.status is not None, PAD=layout.pad, BLOCK_Q=block_q)
 
-    def v(t):  # read at the groups' flat index: contiguous (any shape), bf16 as its bits
-        if not t.is_contiguous():
-            t = t.contiguous()
-        return t.view(torch.uint16) if bits16 else t
+    # read at the groups' flat index: contiguous, whatever the shape (the
+    # strides are the signature's); bf16 as its bits by the kernel itself
+    inputs = (call.new_min, call.new_max) + (call.held or ()) + (call.out or ())
+    contiguous = all(t.is_contiguous() for t in inputs)
+    new_stats = allocator(shape, dtype, dev)
+
+    def v(t):
+        return t if contiguous else t.contiguous()
 
     def launch(call: CombineCall):
         value, new_min, new_max, held, status, out = (
             call.flat.value, call.new_min, call.new_max, call.held, call.status, call.out)
         if out is None:  # contiguous: the kernel writes them at the groups' flat index
-            out_min = torch.empty(shape, dtype=dtype, device=dev)
-            out_max = torch.empty(shape, dtype=dtype, device=dev)
+            out_min, out_max = new_stats(), new_stats()
         else:
             out_min, out_max = out
         if Q == 0:

@@ -255,3 +255,93 @@ def test_out_given_as_a_list_is_refused_after_a_kept_plan():
         for _ in range(2):
             with pytest.raises(TypeError, match="out must be"):
                 ops.min_max(value, "input", args, held=held, out=list(held))
+
+
+# --------------------------------------------------------------------------- #
+# the observer as an nn.Module: made and called without nn.Module's generic frames
+# --------------------------------------------------------------------------- #
+def test_an_observer_holds_the_state_nn_module_init_gives():
+    """An observer sets nn.Module's attributes in one update: the same names,
+    types and values as a fresh ``torch.nn.Module()`` (the oracle), its
+    containers its own (not shared with another observer)."""
+    args = QuantizationArgs(num_bits=8, strategy="tensor")
+    a, b = (Observer.load_from_registry("static_minmax", base_name="input", args=args)
+            for _ in range(2))
+    fresh = torch.nn.Module().__dict__
+    for name, value in fresh.items():
+        assert type(a.__dict__[name]) is type(value) and a.__dict__[name] == value, name
+        if isinstance(value, (dict, set)):
+            assert a.__dict__[name] is not b.__dict__[name], name
+    a.register_buffer("extra", torch.ones(2))
+    assert "extra" not in b.state_dict() and "extra" in a.state_dict()
+    parent = torch.nn.Module()
+    parent.add_module("obs", a)
+    assert parent.get_submodule("obs") is a and dict(parent.named_buffers()) == {"obs.extra": a.extra}
+
+
+def test_an_observer_call_runs_every_hook_as_nn_module_does():
+    """``observer(value)`` skips nn.Module.__call__'s frames only where no
+    hook is registered: hooks of the observer and global hooks still run."""
+    from torch.nn.modules.module import register_module_forward_hook
+
+    class Plain(torch.nn.Module):  # the oracle: nn.Module's own __call__
+        def forward(self, value):
+            return self
+
+    def hooked(module, seen):
+        pre = module.register_forward_pre_hook(lambda m, inp: seen.append(("pre", inp[0] is value)))
+        post = module.register_forward_hook(lambda m, inp, out: seen.append(("post", out is m)))
+        glob = register_module_forward_hook(lambda m, inp, out: seen.append(("global", m is module)))
+        try:
+            assert module(value) is module
+        finally:
+            glob.remove()
+        return pre, post
+
+    args = QuantizationArgs(num_bits=8, strategy="tensor")
+    value = torch.randn(3, 16)
+    obs = Observer.load_from_registry("static_minmax", base_name="input", args=args)
+    seen, expected = [], []
+    hooked(Plain(), expected)
+    pre, post = hooked(obs, seen)
+    assert seen == expected and len(seen) == 3
+    pre.remove()
+    post.remove()
+    assert obs(value) is obs and len(seen) == 3
+    assert torch.equal(obs.max_vals, value.amax().reshape(obs.max_vals.shape))
+
+
+# --------------------------------------------------------------------------- #
+# outputs made from a prepared launch's prototypes
+# --------------------------------------------------------------------------- #
+@pytest.mark.parametrize("shape", [(256, 2), (), (1,), (1, 1), (3, 1, 4), (0, 5), (7,), (2, 5, 3)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.int64])
+def test_an_allocator_makes_what_torch_empty_makes(shape, dtype):
+    from obskernels.kernels._layout import allocator
+
+    make = allocator(shape, dtype, torch.device("cpu"))
+    oracle = torch.empty(shape, dtype=dtype)
+    a, b = make(), make()
+    for t in (a, b):
+        assert (t.shape, t.stride(), t.dtype, t.device) == (
+            oracle.shape, oracle.stride(), oracle.dtype, oracle.device)
+    if a.numel():
+        assert a.data_ptr() != b.data_ptr()  # a new tensor per call
+
+
+def test_outputs_of_a_kept_plan_are_new_tensors_each_call():
+    """Two calls of one signature return their own statistics and qparams
+    (never a prepared launch's buffer), each equal to the reference's."""
+    args = QuantizationArgs(num_bits=4, strategy="group", group_size=16, symmetric=False)
+    values = [torch.randn(8, 64).to(torch.bfloat16) * (k + 1) for k in range(2)]
+    with use_backend("triton"):
+        stats = [ops.min_max(v, "weight", args) for v in values]
+        qp = [ops.calculate_qparams(*s, args) for s in stats]
+    for (mn, mx), (s, z, _, _), v in zip(stats, qp, values):
+        ref = _reference_min_max(v, "weight", args)
+        _same((mn, mx), ref, "min_max")
+        with use_backend("reference"):
+            rs, rz, _, _ = ops.calculate_qparams(*ref, args)
+        assert torch.equal(s, rs) and torch.equal(z, rz)
+    assert stats[0][0].data_ptr() != stats[1][0].data_ptr()
+    assert qp[0][0].data_ptr() != qp[1][0].data_ptr()
