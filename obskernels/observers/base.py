@@ -23,6 +23,7 @@ there (``observers.report``).
 
 from __future__ import annotations
 
+import collections
 import math
 from typing import Dict, List, Optional, Tuple, TypedDict
 
@@ -93,6 +94,44 @@ def check_averaging_constant(c) -> float:
 _CONSTRUCTORS: dict = {}
 
 
+def _module_state_maker():
+    """A function returning the attributes ``nn.Module.__init__`` gives a
+    module, made anew: the state of a fresh ``torch.nn.Module()``, read here
+    once, its empty containers made again by their type at each call, its
+    flags (bools, None) shared. None where that state holds anything else
+    (then ``Observer.__init__`` calls ``nn.Module.__init__``). One dict update
+    costs half of ``nn.Module.__init__``, which sets each attribute through a
+    call of its own; an observer is made per weight."""
+    made, shared = [], {}
+    for name, value in torch.nn.Module().__dict__.items():
+        kind = type(value)
+        if kind in (dict, set, collections.OrderedDict) and not value:
+            made.append((name, kind))
+        elif value is None or kind is bool:
+            shared[name] = value
+        else:
+            return None
+
+    def state() -> dict:
+        fresh = {name: kind() for name, kind in made}
+        fresh.update(shared)
+        return fresh
+
+    return state
+
+
+_MODULE_STATE = _module_state_maker()
+
+# what nn.Module.__call__ checks before it calls forward directly: the
+# global hooks (torch.nn.modules.module's dicts, updated in place). None
+# where this torch names them otherwise: then every call is nn.Module's.
+_GLOBAL_HOOK_NAMES = ("_global_backward_pre_hooks", "_global_backward_hooks",
+                      "_global_forward_hooks", "_global_forward_pre_hooks")
+_GLOBAL_HOOKS = tuple(getattr(torch.nn.modules.module, n, None) for n in _GLOBAL_HOOK_NAMES)
+if not all(isinstance(h, dict) for h in _GLOBAL_HOOKS):
+    _GLOBAL_HOOKS = None
+
+
 class UnknownObserverError(KeyError):
     """An observer name nobody registered. A KeyError like the registry's own,
     printed as written (a plain KeyError shows its message quoted, with
@@ -151,7 +190,10 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
             ) from None
 
     def __init__(self, base_name: str, args: QuantizationArgs, **observer_kwargs):
-        super().__init__()
+        if _MODULE_STATE is None:
+            super().__init__()
+        else:  # nn.Module.__init__'s attributes in one update (see _module_state_maker)
+            self.__dict__.update(_MODULE_STATE())
         check_base_name(base_name)
         if not isinstance(args, QuantizationArgs):
             raise TypeError(f"args must be a QuantizationArgs, got {type(args).__name__}")
@@ -211,18 +253,19 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
         return {a: getattr(self, a) for a in self._stats_attrs}
 
     def _require_statistics(self) -> None:
-        if not self.has_statistics and self._consumed_by_get_qparams:
+        if self.has_statistics:
+            return
+        if self._consumed_by_get_qparams:
             raise RuntimeError(
                 f"{type(self).__name__} ({self.base_name!r}) holds no statistics: the "
                 "previous get_qparams() consumed them (it drops the statistics it "
                 "computes from); observe new values with observer(value) before "
                 "calling get_qparams() again"
             )
-        if not self.has_statistics:
-            raise RuntimeError(
-                f"{type(self).__name__} ({self.base_name!r}) holds no statistics: "
-                "call observer(value) with a non-empty value first"
-            )
+        raise RuntimeError(
+            f"{type(self).__name__} ({self.base_name!r}) holds no statistics: "
+            "call observer(value) with a non-empty value first"
+        )
 
     def _record(self, device: torch.device) -> torch.Tensor:
         """The record on ``device`` (made there, or moved with what it holds)."""
@@ -235,6 +278,16 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
         return status
 
     # -------------------------------------------------------------- observing
+
+    def __call__(self, *args, **kwargs):
+        # nn.Module.__call__ calls forward directly when no hook is registered
+        # (on this observer or globally) and the call is neither compiled nor
+        # traced; that case is checked here without its two generic frames
+        if (_GLOBAL_HOOKS is None or self._forward_pre_hooks or self._forward_hooks
+                or self._backward_pre_hooks or self._backward_hooks or any(_GLOBAL_HOOKS)
+                or self._compiled_call_impl is not None or torch._C._get_tracing_state()):
+            return torch.nn.Module.__call__(self, *args, **kwargs)
+        return self.forward(*args, **kwargs)
 
     def forward(self, value: torch.Tensor, g_idx: Optional[torch.Tensor] = None) -> "Observer":
         """Update the statistics from ``value``; returns the observer itself.
@@ -264,11 +317,13 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
             return self
         tokens = 0 if self.base_name == WEIGHT else self._tokens_of(value)
         grad = torch.is_grad_enabled()
-        torch._C._set_grad_enabled(False)  # torch.no_grad() without its Python frames
+        if grad:
+            torch._C._set_grad_enabled(False)  # torch.no_grad() without its Python frames
         try:
             self._observe(value, g_idx, tokens)
         finally:
-            torch._C._set_grad_enabled(grad)
+            if grad:
+                torch._C._set_grad_enabled(True)
         state = self.__dict__
         state["_consumed_by_get_qparams"] = False
         state["_num_observed_tokens"] += tokens
@@ -380,16 +435,18 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
         min_vals, max_vals = self.__dict__["min_vals"], self.__dict__["max_vals"]
         carry = self._record(min_vals.device) if self._record_pending() else None
         grad = torch.is_grad_enabled()
-        torch._C._set_grad_enabled(False)  # torch.no_grad() without its Python frames
+        if grad:
+            torch._C._set_grad_enabled(False)  # torch.no_grad() without its Python frames
         try:
             scale, zero_point, global_scale, status = ops.calculate_qparams(
                 min_vals, max_vals, self.args, fused=fused, widen=True, carry=carry
             )
         finally:
-            torch._C._set_grad_enabled(grad)
+            if grad:
+                torch._C._set_grad_enabled(True)
         self._check_qparams(scale, status)
         self.delete_statistics()
-        self._consumed_by_get_qparams = not self.has_statistics
+        self.__dict__["_consumed_by_get_qparams"] = not self.has_statistics
         return {"scale": scale, "zero_point": zero_point, "global_scale": global_scale}
 
     def get_global_scale(self) -> Optional[torch.Tensor]:

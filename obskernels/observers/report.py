@@ -94,7 +94,8 @@ class Report:
         observation recorded as non-finite is the ValueError of a refused
         value; its statistics are dropped.
         """
-        observations, self._observations = self._observations, []
+        observations = self._observations
+        self.__dict__["_observations"] = []  # (a plain attribute: see Observer.__setattr__)
         if scale.device.type == "meta":
             return
         if self.nonfinite != "error" and not self._verdict_pending():
