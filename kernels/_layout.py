@@ -41,6 +41,7 @@ __all__ = [
     "Geometry",
     "GroupLayout",
     "on_device",
+    "launch_context",
     "allocator",
     "check_kernel_dtype",
     "check_launchable",
@@ -74,6 +75,21 @@ def _device_context(device: torch.device):
     if device.type == "cuda":
         return torch.cuda.device(device)
     return _NOTHING
+
+
+def _no_context():
+    return _NOTHING
+
+
+def launch_context(device: torch.device):
+    """``on_device`` prepared once for a launch's device: a function of no
+    argument returning the context each launch runs in (a new
+    ``torch.cuda.device`` on CUDA, which keeps the device it replaces; the
+    shared no-op context elsewhere), without reading a tensor's device per
+    call."""
+    if device.type == "cuda":
+        return functools.partial(_device_context, device)
+    return _no_context
 
 
 def on_device(value: torch.Tensor):

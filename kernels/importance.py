@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from obskernels.kernels._layout import allocator, on_device
+from obskernels.kernels._layout import allocator, launch_context
 from obskernels.kernels.launch import IMPORTANCE_BLOCK
 from obskernels.spec.calls import ImportanceCall
 from obskernels.spec.record import (
@@ -78,11 +78,12 @@ def prepare(call: ImportanceCall):
     H, stride = call.sum_buf.numel(), call.sum_buf.stride(0)
 
     new_importance = allocator(shape, torch.float32, dev)
+    context = launch_context(dev)
 
     def launch(call: ImportanceCall):
         sum_buf = call.sum_buf
         imp = new_importance()
-        with on_device(sum_buf):
+        with context():
             _importance_kernel[(1,)](sum_buf, call.count_buf, imp, call.status, H, stride,
                                      BLOCK=IMPORTANCE_BLOCK)
         return imp

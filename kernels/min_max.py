@@ -39,7 +39,7 @@ from obskernels.kernels._layout import (
     check_launchable,
     group_layout,
     load_tile_lanes,
-    on_device,
+    launch_context,
     pad_inside,
     store_exact,
     tile_blocks,
@@ -310,6 +310,7 @@ def prepare(call: MinMaxCall):
     # outputs (contiguous); bf16 statistics are read and written as their
     # bits by the kernels themselves (kernels/stats.py), no view here
     new_stats = allocator(qshape, dtype, dev)
+    context = launch_context(dev)
     new_parts = allocator((split, Q), dtype, dev)
     held_contiguous = call.held is None or (call.held[0].is_contiguous()
                                             and call.held[1].is_contiguous())
@@ -332,7 +333,7 @@ def prepare(call: MinMaxCall):
             pmin, pmax = mins, maxs
         else:
             pmin, pmax = new_parts(), new_parts()
-        with on_device(value):
+        with context():
             _min_max_kernel[grid](
                 value, perm if perm is not None else value,  # perm: unread unless GATHER
                 pmin, pmax, *layout_args, held_min, held_max,

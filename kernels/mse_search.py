@@ -96,7 +96,7 @@ from obskernels.kernels._layout import (
     check_kernel_dtype,
     check_launchable,
     group_layout,
-    on_device,
+    launch_context,
 )
 from obskernels.kernels.launch import (
     CHOOSE_BLOCK,
@@ -299,6 +299,7 @@ def prepare(call: SearchCall):
     path = _register_path if prepared.group_numel <= config.max_reg_group else _split_path
     run = path(prepared, config)
     new_stats = allocator(layout.qshape, dtype, dev)
+    context = launch_context(dev)
     fixed = prepared[:_Search._fields.index("tab")]  # the fields before the call's own
 
     def launch(call: SearchCall):
@@ -313,7 +314,7 @@ def prepare(call: SearchCall):
             dev, value, (w, wmean, wcode, _TINY),
             new_stats(), new_stats(),
         )
-        with on_device(value):
+        with context():
             run(search)
         return search.out_min, search.out_max
 

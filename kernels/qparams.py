@@ -35,7 +35,7 @@ import triton.language as tl
 
 from obskernels.kernels import quant
 from obskernels.kernels.quant import GS_FUSED, GS_GIVEN, GS_NONE, S_BF16, S_F16, S_F32, S_FP8, S_MX, S_NONE
-from obskernels.kernels._layout import allocator, on_device
+from obskernels.kernels._layout import allocator, launch_context
 from obskernels.kernels.launch import (
     QPARAMS_BLOCK,
     QPARAMS_MAX_PARTS,
@@ -348,6 +348,7 @@ def prepare(call: QParamsCall):
     )
     new_scale, new_zero_point = allocator(shape, sdtype, dev), allocator(shape, zp_dtype, dev)
     new_status = allocator((n_status,), torch.int64, dev)
+    context = launch_context(dev)
     if gs_mode == GS_FUSED.value:
         new_parts, new_gs = allocator((n_parts,), torch.float32, dev), allocator((1,), torch.float32, dev)
     # the statistics' strides are the signature's
@@ -362,7 +363,7 @@ def prepare(call: QParamsCall):
             min_vals, max_vals = min_vals.contiguous(), max_vals.contiguous()
         scale, zero_point, status = new_scale(), new_zero_point(), new_status()
         parts = gs_out = status  # unread placeholders
-        with on_device(min_vals):
+        with context():
             if gs_mode == GS_FUSED.value:
                 parts, gs_out = new_parts(), new_gs()
                 part0 = 0

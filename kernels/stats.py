@@ -30,7 +30,7 @@ from obskernels.kernels._layout import (
     group_layout,
     layout_rows,
     load_tile,
-    on_device,
+    launch_context,
     widen,
 )
 from obskernels.kernels.launch import cdiv, combine_block
@@ -208,6 +208,7 @@ def prepare(call: CombineCall):
     inputs = (call.new_min, call.new_max) + (call.held or ()) + (call.out or ())
     contiguous = all(t.is_contiguous() for t in inputs)
     new_stats = allocator(shape, dtype, dev)
+    context = launch_context(dev)
 
     def v(t):
         return t if contiguous else t.contiguous()
@@ -230,7 +231,7 @@ def prepare(call: CombineCall):
             omin, omax = hmin, hmax
         else:
             omin, omax = v(out_min), v(out_max)
-        with on_device(value):
+        with context():
             _combine_kernel[grid](
                 value, nmin, nmax, hmin, hmax, omin, omax,
                 status if status is not None else out_min, a, c, call.observation,

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 
 import pytest
@@ -111,8 +112,12 @@ def _split_search(x, imp):
 @pytest.mark.parametrize("call", list(_calls()))
 def test_every_launch_runs_on_the_values_device(call, monkeypatch):
     probe = DeviceProbe()
+    # a launch's context: on_device's (per call) or launch_context's (prepared
+    # with the launch, imported by the launcher)
     monkeypatch.setattr(layout_module, "_device_context", probe)
     for module, names in KERNELS.items():
+        if hasattr(module, "launch_context"):
+            monkeypatch.setattr(module, "launch_context", lambda device: functools.partial(probe, device))
         for name in names:
             probe.watch(module, name, monkeypatch)
     _calls()[call]()
@@ -123,9 +128,12 @@ def test_every_launch_runs_on_the_values_device(call, monkeypatch):
 
 
 def test_device_context_is_the_values_cuda_device():
-    ctx = layout_module._device_context(torch.device("cuda", 1))
-    assert isinstance(ctx, torch.cuda.device) and ctx.idx == 1  # built without entering
-    assert isinstance(layout_module._device_context(torch.device("cpu")), contextlib.nullcontext)
+    for context in (layout_module._device_context(torch.device("cuda", 1)),
+                    layout_module.launch_context(torch.device("cuda", 1))()):
+        assert isinstance(context, torch.cuda.device) and context.idx == 1  # built without entering
+    for context in (layout_module._device_context(torch.device("cpu")),
+                    layout_module.launch_context(torch.device("cpu"))()):
+        assert isinstance(context, contextlib.nullcontext)
 
 
 @pytest.mark.gpu

@@ -338,13 +338,14 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
         device mismatches with the held statistics raise here (host metadata
         only), statistics kept."""
         held, c = self._combine_rule()
-        if held is not None and held[0].device != value.device:
+        device = value.device
+        if held is not None and held[0].device != device:
             self._raise_other_device(value, held[0])
         status = None
-        if self.nonfinite == "error" and value.device.type != "meta":
+        if self.nonfinite == "error" and device.type != "meta":
             status = self._status
-            if status is None or status.device != value.device:
-                status = self._record(value.device)
+            if status is None or status.device != device:
+                status = self._record(device)
         observation = len(self._observations)
         try:
             min_vals, max_vals = self._measure_combined(value, g_idx, held, c, status, observation)
@@ -445,7 +446,10 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
             if grad:
                 torch._C._set_grad_enabled(True)
         self._check_qparams(scale, status)
-        self.delete_statistics()
+        if self._fused_with:
+            self.delete_statistics()  # a fused observer waits for its group
+        else:
+            self._drop_statistics()
         self.__dict__["_consumed_by_get_qparams"] = not self.has_statistics
         return {"scale": scale, "zero_point": zero_point, "global_scale": global_scale}
 
