@@ -46,7 +46,7 @@ from obskernels.spec.calls import (
 )
 
 __all__ = ["flatten_for_calibration", "min_max", "mse_search", "accumulate_sq", "calculate_qparams",
-           "combine_statistics", "importance"]
+           "combine_statistics", "importance", "Repeat"]
 
 _fallbacks_logged: set[str] = set()
 
@@ -185,7 +185,7 @@ def flatten_for_calibration(value, base_name, args, g_idx=None):
 
 
 def min_max(value, base_name, args, g_idx=None, *, held=None, averaging_constant=None,
-            status=None, observation=0, out=None):
+            status=None, observation=0, out=None, repeat=None):
     """(min_vals, max_vals) per group, with the qparam shape (docs/spec.md §2).
 
     ``held``: statistics held from earlier values, combined in: running min /
@@ -194,8 +194,15 @@ def min_max(value, base_name, args, g_idx=None, *, held=None, averaging_constant
     record (``spec.record.STATUS_INIT`` layout) that the value's NaN / +-inf
     counts are added to, as observation number ``observation``. ``out``:
     two contiguous tensors the results are written into (they may be ``held``
-    itself: statistics updated in place) and returned.
+    itself: statistics updated in place) and returned. ``repeat``: a
+    ``Repeat`` the caller keeps for a call it repeats in place (``out`` is
+    ``held``): see there.
     """
+    if repeat is not None and held is not None and out is held and repeat.matches(
+            value, base_name, args, held, averaging_constant, status):
+        plan = repeat.plan
+        return plan.run(MinMaxCall(Flattening(value, *plan.head, args, *plan.rest), held,
+                                   averaging_constant, status, observation, out))
     try:
         key = None if g_idx is not None else (
             get_backend(), "min_max", _t(value), base_name, type(args), args_key(args),
@@ -206,11 +213,71 @@ def min_max(value, base_name, args, g_idx=None, *, held=None, averaging_constant
     except _UNKEYED:  # not keyed (the check will say what is wrong), or unhashable
         key = plan = None
     if plan is not None:
-        return plan.run(MinMaxCall(Flattening(value, *plan.head, args, *plan.rest), held,
-                                   averaging_constant, status, observation, out))
-    return _dispatch("min_max", key, value, base_name, args, g_idx=g_idx, held=held,
-                     averaging_constant=averaging_constant, status=status,
-                     observation=observation, out=out)
+        result = plan.run(MinMaxCall(Flattening(value, *plan.head, args, *plan.rest), held,
+                                     averaging_constant, status, observation, out))
+    else:
+        result = _dispatch("min_max", key, value, base_name, args, g_idx=g_idx, held=held,
+                           averaging_constant=averaging_constant, status=status,
+                           observation=observation, out=out)
+    if repeat is not None and key is not None and held is not None and out is held:
+        repeat.remember(_PLANS.get(key), value, base_name, args, held, averaging_constant, status)
+    return result
+
+
+class Repeat:
+    """What a caller that repeats one ``min_max`` call in place keeps between
+    calls (an observer's forward: its held statistics as ``out``, its record,
+    its averaging constant; values of one signature): the plan of the call it
+    last made and what that call's key was built from.
+
+    ``min_max(..., repeat=r)`` compares a call with it: the requested
+    backend, the value's signature, base_name, the args' key, the averaging
+    constant, and the held statistics and the record as the same objects,
+    unchanged since (their version counters, which every in-place torch
+    operation on them advances -- a change of shape or strides included --,
+    and their data pointers). Where all match, the call is the remembered
+    signature's and goes to its plan without building the key (the key's
+    hash and the held tensors' descriptions cost as much as the launch on
+    the host); otherwise it takes the usual path and is remembered. A kernel
+    writes the statistics without advancing their versions, the reference
+    backend's torch operations advance them: there every other call takes
+    the usual path, which is only slower. It holds the tensors of the call
+    it remembers (an observer's own); ``forget()`` lets them go.
+    """
+
+    __slots__ = ("plan", "sig", "tensors", "marks")
+
+    def __init__(self):
+        self.forget()
+
+    def forget(self) -> None:
+        self.plan = self.sig = self.tensors = self.marks = None
+
+    def marks_now(self):
+        low, high, status = self.tensors
+        marks = (low._version, low.data_ptr(), high._version, high.data_ptr())
+        return marks if status is None else (*marks, status._version, status.data_ptr())
+
+    def remember(self, plan, value, base_name, args, held, averaging_constant, status) -> None:
+        if plan is None:
+            self.forget()
+            return
+        self.plan, self.tensors = plan, (held[0], held[1], status)
+        self.sig = (get_backend(), _t(value), base_name, type(args), args_key(args),
+                    None if averaging_constant is None else _scalar(averaging_constant))
+        self.marks = self.marks_now()
+
+    def matches(self, value, base_name, args, held, averaging_constant, status) -> bool:
+        tensors = self.tensors
+        if tensors is None or held[0] is not tensors[0] or held[1] is not tensors[1] \
+                or status is not tensors[2]:
+            return False
+        try:
+            sig = (get_backend(), _t(value), base_name, type(args), args_key(args),
+                   None if averaging_constant is None else _scalar(averaging_constant))
+        except _UNKEYED:
+            return False
+        return sig == self.sig and self.marks_now() == self.marks
 
 
 def mse_search(

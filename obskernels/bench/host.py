@@ -12,7 +12,8 @@ replaced by a stub, so only the host's own work is timed.
 
 The stub runs no kernel. It zero-fills the integer tensors it is handed (an
 observer's non-finite record, the qparams' status) so that host code reading
-them back sees a clean record rather than uninitialised memory, and the time
+them back sees a clean record rather than uninitialised memory, without
+advancing their version counters (a kernel's writes do not), and the time
 it spends doing so is subtracted: launches cost nothing here. What remains is
 the Python and the aten calls (allocations, views) of the call itself.
 
@@ -93,7 +94,7 @@ class _Stub:
         t0 = time.perf_counter()
         for a in args:
             if isinstance(a, torch.Tensor) and not a.dtype.is_floating_point and a.dtype != torch.bool:
-                a.zero_()
+                a.data.zero_()  # as a kernel writes: the tensor's version counter unchanged
         _Stub.spent += time.perf_counter() - t0
 
 

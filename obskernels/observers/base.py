@@ -464,6 +464,7 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
     def _drop_statistics(self) -> None:
         for a in self._stats_attrs:
             self.__dict__.pop(a, None)
+        self.__dict__.pop("_repeat", None)  # it holds the statistics dropped
         if self._observations:
             # what was recorded belongs to the statistics dropped
             self._observations = []

@@ -21,10 +21,17 @@ class MemorylessMinMaxObserver(Observer):
         return ops.min_max(value, self.base_name, self.args, g_idx=g_idx)
 
     def _measure_combined(self, value, g_idx, held, c, status, observation) -> MinMaxTuple:
-        # one operation: min_max's epilogue combines (into the held statistics) and records
+        # one operation: min_max's epilogue combines (into the held statistics)
+        # and records; a forward repeated in place goes straight to its plan
+        # (ops.Repeat, kept while the statistics are)
+        repeat = None
+        if held is not None:
+            repeat = self.__dict__.get("_repeat")
+            if repeat is None:
+                repeat = self.__dict__["_repeat"] = ops.Repeat()
         return ops.min_max(value, self.base_name, self.args, g_idx=g_idx, held=held,
                            averaging_constant=c, status=status, observation=observation,
-                           out=held)
+                           out=held, repeat=repeat)
 
 
 @Observer.register("static_minmax")
