@@ -201,12 +201,15 @@ class _Search(NamedTuple):
     fast: bool  # the GPU's arithmetic
     steps_block: int  # grid steps per iteration of the step loop
     itemsize: int  # bytes per element of the value
+    record: bool  # the call has a non-finite record to add to (RECORD)
     tab: torch.Tensor | None  # torch's pow of every 16-bit pattern (fast general pow), else None
     layout_device: torch.device  # the value's device
     value: torch.Tensor | None = None
     weights: tuple | None = None  # (w, wmean, wcode, tiny): the importance and its normalisation
     out_min: torch.Tensor | None = None  # each group's unshrunk base range until its choice replaces it
     out_max: torch.Tensor | None = None
+    status: torch.Tensor | None = None  # the record (RECORD), else unread
+    observation: int = 0
 
     @property
     def num_groups(self) -> int:
@@ -294,7 +297,7 @@ def prepare(call: SearchCall):
         consts=StepConstants(fmt.rng, fmt.half, fmt.qmin, fmt.qmax, fmt.eps, fmt.zlo, fmt.zhi,
                              fmt.mx_offset, norm_run, pw0),
         switches=switches, fast=fast, steps_block=steps_block, itemsize=dtype.itemsize,
-        tab=tab, layout_device=dev,
+        record=call.status is not None, tab=tab, layout_device=dev,
     )
     path = _register_path if prepared.group_numel <= config.max_reg_group else _split_path
     run = path(prepared, config)
@@ -312,7 +315,7 @@ def prepare(call: SearchCall):
         search = _Search(
             *fixed, value if tab is None else tab,  # the table is unread without the fast pow
             dev, value, (w, wmean, wcode, _TINY),
-            new_stats(), new_stats(),
+            new_stats(), new_stats(), call.status, call.observation,
         )
         with context():
             run(search)
@@ -360,7 +363,7 @@ def _register_path(s: _Search, config: LaunchConfig):
     search_tail = (s.n_steps, s.n_words, s.expand, s.best_init, s.consts)
     search_switches = dict(
         **s.switches, FAST=s.fast, TRACK=track, BLOCK_G=block_g, BLOCK_E=block_e,
-        BLOCK_S=s.steps_block, BLOCK_J=block_j, num_warps=warps, **_NO_FMA,
+        BLOCK_S=s.steps_block, BLOCK_J=block_j, RECORD=s.record, num_warps=warps, **_NO_FMA,
     )
     # every choose program ORs all search programs' words: at most
     # block_g / 4 programs keep those reads within a quarter of the bits'
@@ -385,7 +388,8 @@ def _register_path(s: _Search, config: LaunchConfig):
             bits, flags = new_bits(), new_flags()
         _search_kernel[(programs,)](
             s.value, *s.weights, s.tab, *s.steps, bits, flags, s.out_min, s.out_max,
-            *layout_args, *search_tail, **search_switches,
+            s.status if s.record else flags, *layout_args, *search_tail, s.observation,
+            **search_switches,
         )
         if not track:
             _choose_kernel[choose_grid](
@@ -431,10 +435,13 @@ def _split_path(s: _Search, config: LaunchConfig):
 
     def run(s: _Search) -> None:
         mm, tickets, bits, flags = new_mm(), new_tickets(), new_bits(), new_flags()
-        _minmax_part_kernel[(G, K)](s.value, mm, tickets, flags, *layout_args, K, cps, s.n_words,
+        _minmax_part_kernel[(G, K)](s.value, mm, tickets, flags,
+                                    s.status if s.record else flags, *layout_args, K, cps,
+                                    s.n_words, s.expand, s.observation,
                                     PAD=s.switches["PAD"], BLOCK_E=chunk,
-                                    BLOCK_W=_next_pow2(n_words),
-                                    num_warps=minmax_part_warps(chunk), **_NO_FMA)
+                                    BLOCK_W=_next_pow2(n_words), DTYPE=s.switches["DTYPE"],
+                                    RECORD=s.record, num_warps=minmax_part_warps(chunk),
+                                    **_NO_FMA)
         part = new_part()
         _search_part_kernel[(row_programs, K)](
             s.value, *s.weights, s.tab, *s.steps, mm, part, tickets, bits, flags,

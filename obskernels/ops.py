@@ -293,24 +293,30 @@ def mse_search(
     importance=None,
     flavour="mse",
     importance_status=None,
+    status=None,
+    observation=0,
 ):
     """(min_vals, max_vals) minimizing the shrink-grid error (docs/spec.md §4).
     ``importance_status``: ``importance`` is the raw E[x²] of ``importance()``
     with its verdict in this record; the search normalises it (uniform weights
-    when the verdict says it is unusable), reading nothing on the triton backend."""
+    when the verdict says it is unusable), reading nothing on the triton backend.
+    ``status``: a non-finite record, as ``min_max``'s, that the value's NaN /
+    +-inf counts and the statistics' verdict are added to (observation number
+    ``observation``) by the search itself."""
     key = plan = None
     if importance is None or importance_status is not None:  # no importance values to check
         try:
             key = (get_backend(), "mse_search", _t(value), base_name, type(args),
                    args_key(args),
                    _scalar(maxshrink), _scalar(patience), _scalar(grid), _scalar(norm),
-                   _scalar(expand), flavour, _opt(importance), _opt(importance_status))
+                   _scalar(expand), flavour, _opt(importance), _opt(importance_status),
+                   _opt(status))
             plan = _PLANS.get(key)
         except _UNKEYED:
             key = plan = None
     if plan is not None:
         return plan.run(SearchCall(Flattening(value, *plan.head, args, *plan.rest), plan.extra,
-                                   importance, importance_status))
+                                   importance, importance_status, status, observation))
     return _dispatch(
         "mse_search",
         key,
@@ -325,6 +331,8 @@ def mse_search(
         importance=importance,
         flavour=flavour,
         importance_status=importance_status,
+        status=status,
+        observation=observation,
     )
 
 

@@ -12,6 +12,7 @@ from compressed_tensors.quantization.lifecycle import fake_quantize
 from compressed_tensors.quantization.utils import calculate_qparams
 
 from obskernels.reference.flatten import flatten_for_calibration
+from obskernels.reference.stats import record
 from obskernels.spec.calls import SearchCall
 from obskernels.spec.record import IMPORTANCE_OK, STATUS_IMPORTANCE
 from obskernels.spec.layout import Flattening
@@ -88,4 +89,6 @@ def mse_search(call: SearchCall):
                 break
             if flavour == "imatrix" and patience > 0 and stale >= patience:
                 break
+    if call.status is not None:
+        record(call.status, flat.value, best_min, best_max, call.observation)
     return best_min, best_max

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from obskernels.kernels import quant
+from obskernels.kernels import stats as ST
 from obskernels.kernels._layout import store_exact
 from obskernels.kernels.mse_search_details._choose import _choice_range
 from obskernels.kernels.mse_search_details._step import (
@@ -27,17 +28,18 @@ from obskernels.kernels.mse_search_details._step import (
 )
 
 
-@triton.jit(do_not_specialize=_PER_CALL)
+@triton.jit(do_not_specialize=_PER_CALL + ["observation"])
 def _search_kernel(
     x_ptr, w_ptr, wmean_ptr, wcode_ptr, tiny, tab_ptr, grid32, grid_bits, exact32, bits_ptr,
-    flags_ptr, out_min_ptr, out_max_ptr,
+    flags_ptr, out_min_ptr, out_max_ptr, status_ptr,
     G, NR, lim_r, lim_e, geo, group_numel,
     n_steps, n_words, expand, best_init,
-    consts,
+    consts, observation,
     DTYPE: tl.constexpr, SYM: tl.constexpr, QTYPE: tl.constexpr, SCALE: tl.constexpr,
     ZP: tl.constexpr, NORM_MODE: tl.constexpr, IMATRIX: tl.constexpr, HAS_W: tl.constexpr,
     PAD: tl.constexpr, FAST: tl.constexpr, NORM_W: tl.constexpr, TRACK: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_J: tl.constexpr,
+    RECORD: tl.constexpr,
 ):
     """One program: BLOCK_G whole groups [BLOCK_G, BLOCK_E] in registers.
 
@@ -61,6 +63,9 @@ def _search_kernel(
     clearing before the launch; _choose_kernel ORs the programs' words).
     On a GPU (BLOCK_S 1) the step loop is a loop of 32 steps inside a loop
     over the words, so the words' stores stay out of the loop every step runs.
+    RECORD: the groups' NaN / +-inf counts and whether a base is not finite
+    (then so is the chosen range: the shrink factors are in (0, 1]) go into
+    the record ``status_ptr`` as observation ``observation`` (kernels/stats.py).
     """
     pid = tl.program_id(0)
     if HAS_W:
@@ -97,6 +102,11 @@ def _search_kernel(
     mn, mx = _nan_minmax(x, valid)
     bmin = quant.rd(mn * expand, DTYPE)
     bmax = quant.rd(mx * expand, DTYPE)
+    if RECORD:
+        nan, pos, neg = ST.count_nonfinite(x, valid)
+        finite = (tl.abs(bmin) < float("inf")) & (tl.abs(bmax) < float("inf"))  # NaN: False
+        ST.record(status_ptr, nan, pos, neg, tl.max((gmask & ~finite).to(tl.int32), axis=0) > 0,
+                  observation)
     if not TRACK:
         # the base goes where the choice will: a value of the output dtype
         store_exact(out_min_ptr + g, bmin, gmask)

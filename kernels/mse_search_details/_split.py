@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from obskernels.kernels import quant
+from obskernels.kernels import stats as ST
 from obskernels.kernels._layout import store_exact
 from obskernels.kernels.mse_search_details._choose import _last_improving, _stop_step, _write_choice
 from obskernels.kernels.mse_search_details._step import (
@@ -26,17 +27,23 @@ from obskernels.kernels.mse_search_details._step import (
 )
 
 
-@triton.jit(do_not_specialize=_PER_CALL)
+@triton.jit(do_not_specialize=_PER_CALL + ["observation"])
 def _minmax_part_kernel(
-    x_ptr, part_ptr, tickets_ptr, flags_ptr,
+    x_ptr, part_ptr, tickets_ptr, flags_ptr, status_ptr,
     G, NR, lim_r, lim_e, geo, group_numel,
-    K, chunks_per_split, n_words,
+    K, chunks_per_split, n_words, expand, observation,
     PAD: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_W: tl.constexpr,
+    DTYPE: tl.constexpr, RECORD: tl.constexpr,
 ):
     """Program (g, k): NaN-propagating min/max of split k of group g (chunks
     k*cps .. (k+1)*cps - 1) -> part_ptr[0 or 1, g, k]. It also clears what
     the search launch counts and ORs into (group g's ticket; program (0, 0):
-    the all-groups ticket and the step flags), so the host zeroes nothing."""
+    the all-groups ticket and the step flags), so the host zeroes nothing.
+    RECORD: the split's NaN / +-inf counts and whether its elements make the
+    group's base range non-finite (a NaN or an infinity among them, or a
+    finite min / max times ``expand`` overflowing: the group's base is not
+    finite exactly when one of its splits' is) go into the record
+    ``status_ptr`` as observation ``observation`` (kernels/stats.py)."""
     gid = tl.program_id(0).to(tl.int64)
     k = tl.program_id(1).to(tl.int64)
     g = gid + tl.arange(0, 1)
@@ -56,6 +63,9 @@ def _minmax_part_kernel(
         hi = tl.where(valid & (x > hi), x, hi)
         nan = nan | (valid & (x != x))
     has_nan = tl.max(nan.to(tl.int32), axis=1) > 0
+    if RECORD:
+        _record_split(x_ptr, status_ptr, g, k, e0, lo, hi, has_nan, group_numel, G, NR, lim_r,
+                      lim_e, geo, chunks_per_split, expand, observation, PAD, BLOCK_E, DTYPE)
     mn = tl.where(has_nan, float("nan"), tl.min(lo, axis=1))
     mx = tl.where(has_nan, float("nan"), tl.max(hi, axis=1))
     tl.store(part_ptr + g * K + k, mn)
@@ -67,6 +77,41 @@ def _minmax_part_kernel(
     tl.store(flags_ptr + wv, wv * 0, mask=origin & (wv < n_words))
     tl.store(tickets_ptr + G + wv, wv * 0, mask=origin & (wv == 0))
 
+
+
+@triton.jit
+def _record_split(x_ptr, status_ptr, g, k, e0, lo, hi, has_nan, group_numel, G, NR, lim_r,
+                  lim_e, geo, chunks_per_split, expand, observation,
+                  PAD: tl.constexpr, BLOCK_E: tl.constexpr, DTYPE: tl.constexpr):
+    """``_minmax_part_kernel``'s record (RECORD). An infinity shows in the
+    running min / max, a NaN in its flag: only a split holding a non-finite
+    element walks its chunks again, to count them (a finite split, the usual
+    one, adds no pass and no per-element work)."""
+    lo1 = tl.min(lo, axis=1)
+    hi1 = tl.max(hi, axis=1)
+    nonfinite = tl.max((has_nan | (lo1 == float("-inf")) | (hi1 == float("inf"))).to(tl.int32),
+                       axis=0) > 0
+    nan = tl.zeros([], tl.int64)
+    pos = tl.zeros([], tl.int64)
+    neg = tl.zeros([], tl.int64)
+    if nonfinite:
+        for c in range(chunks_per_split):
+            e = (k * chunks_per_split + c) * BLOCK_E + e0
+            x, w, valid = _load_group(
+                x_ptr, x_ptr, g, e, group_numel,
+                G, NR, lim_r, lim_e, geo, PAD, False, False,
+            )
+            n, p, m = ST.count_nonfinite(x, valid)
+            nan += n
+            pos += p
+            neg += m
+    # the base range of the finite elements (none: lo > hi), times expand
+    seen = hi1 >= lo1
+    blo = quant.rd(lo1 * expand, DTYPE)
+    bhi = quant.rd(hi1 * expand, DTYPE)
+    overflow = seen & ((tl.abs(blo) == float("inf")) | (tl.abs(bhi) == float("inf")))
+    ST.record(status_ptr, nan, pos, neg, nonfinite | (tl.max(overflow.to(tl.int32), axis=0) > 0),
+              observation)
 
 
 @triton.jit

@@ -8,7 +8,8 @@ chooses a backend nor computes a number itself. Subclasses decide two things:
 
 - ``_measure_combined(...)``: the operations that measure one value and
   combine it with the held statistics (``ops.min_max``, whose epilogue
-  combines; or ``ops.mse_search`` then ``ops.combine_statistics``);
+  combines; or ``ops.mse_search``, which records the value, then
+  ``ops.combine_statistics`` where statistics are held);
 - ``_combine_rule()``: what the held statistics are combined with, stated
   once: replace, running min / max, or a moving average.
 
@@ -365,21 +366,23 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
         how an observer merges observations (default: keep the latest)."""
         return None, None
 
-    def _measure(self, value: torch.Tensor, g_idx: Optional[torch.Tensor]) -> MinMaxTuple:
-        """(min_vals, max_vals) of one value through an ``obskernels.ops`` operation."""
+    def _measure(self, value: torch.Tensor, g_idx: Optional[torch.Tensor], status=None,
+                 observation: int = 0) -> MinMaxTuple:
+        """(min_vals, max_vals) of one value through an ``obskernels.ops``
+        operation, which adds the value to the record ``status`` (when given)
+        as observation ``observation``."""
         raise NotImplementedError(f"{type(self).__name__} does not define _measure")
 
     def _measure_combined(self, value, g_idx, held, c, status, observation) -> MinMaxTuple:
-        """``_measure``, then ``ops.combine_statistics`` for the combination
-        (into the held statistics) and the record (into the new ones when
-        nothing is held; skipped when there is neither)."""
+        """With nothing held, ``_measure`` (recording the value itself);
+        otherwise ``_measure``, then ``ops.combine_statistics`` for the
+        combination into the held statistics and the record."""
+        if held is None:
+            return self._measure(value, g_idx, status, observation)
         min_vals, max_vals = self._measure(value, g_idx)
-        if held is None and status is None:
-            return min_vals, max_vals
         return ops.combine_statistics(
             value, self.base_name, self.args, min_vals, max_vals, held=held,
-            averaging_constant=c, status=status, observation=observation,
-            out=held if held is not None else (min_vals, max_vals),
+            averaging_constant=c, status=status, observation=observation, out=held,
         )
 
     def _merge_token_positions(self, value, g_idx, held, c, status, observation, new_shape):

@@ -179,27 +179,29 @@ class IMatrixMSEObserver(SearchKwargsMixin, Observer):
 
     # ------------------------------------------------------------ statistics
 
-    def _measure(self, value: torch.Tensor, g_idx=None) -> MinMaxTuple:
+    def _measure(self, value: torch.Tensor, g_idx=None, status=None, observation=0) -> MinMaxTuple:
         """The search with the importance, reading nothing: the reasons
         known without values are reported now; ``ops.importance`` writes the
         values' verdict into the record, which the search follows and
         get_qparams reads (``_judge_record``)."""
         self._importance_pending = None
+        rec = dict(status=status, observation=observation)  # the value's non-finite record
         now, later = self._fallback_reasons(value)
         if now is not None:
             self._fallback(*now)
-            return self._search(value, "imatrix", g_idx)
+            return self._search(value, "imatrix", g_idx, **rec)
         sums, count = self._imatrix_sum, self._imatrix_count
         if sums.device != value.device or count.device != value.device:
             # importance gathered on another device than the weight's
             sums, count = sums.to(value.device), count.to(value.device)
-        status = self._record(value.device)
-        imp = ops.importance(sums, count, status)
+        verdicts = self._record(value.device)
+        imp = ops.importance(sums, count, verdicts)
         # reported once the values passed: (None, None) reports only a failing verdict
         self._importance_pending = later if later is not None else (None, None)
         if later is not None:
-            return self._search(value, "imatrix", g_idx)
-        return self._search(value, "imatrix", g_idx, importance=imp, importance_status=status)
+            return self._search(value, "imatrix", g_idx, **rec)
+        return self._search(value, "imatrix", g_idx, importance=imp, importance_status=verdicts,
+                            **rec)
 
     def _fallback_reasons(self, value: torch.Tensor):
         """(now, later): why the search falls back to uniform weights, as

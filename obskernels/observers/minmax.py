@@ -17,8 +17,9 @@ class MemorylessMinMaxObserver(Observer):
 
     _act_sync_dict = {}
 
-    def _measure(self, value: torch.Tensor, g_idx=None) -> MinMaxTuple:
-        return ops.min_max(value, self.base_name, self.args, g_idx=g_idx)
+    def _measure(self, value: torch.Tensor, g_idx=None, status=None, observation=0) -> MinMaxTuple:
+        return ops.min_max(value, self.base_name, self.args, g_idx=g_idx, status=status,
+                           observation=observation)
 
     def _measure_combined(self, value, g_idx, held, c, status, observation) -> MinMaxTuple:
         # one operation: min_max's epilogue combines (into the held statistics)

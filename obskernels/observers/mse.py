@@ -93,13 +93,14 @@ class SearchKwargsMixin:
         return out
 
     def _search(self, value: torch.Tensor, flavour: str, g_idx=None, importance=None,
-                importance_status=None) -> MinMaxTuple:
+                importance_status=None, status=None, observation=0) -> MinMaxTuple:
         return search_with(self, value, flavour, importance, g_idx=g_idx,
-                           importance_status=importance_status)
+                           importance_status=importance_status, status=status,
+                           observation=observation)
 
 
 def search_with(observer, value: torch.Tensor, flavour: str, importance=None, *, g_idx=None,
-                importance_status=None) -> MinMaxTuple:
+                importance_status=None, status=None, observation=0) -> MinMaxTuple:
     """``ops.mse_search`` with the search settings held by ``observer``
     (base_name, args, maxshrink, patience, grid, norm, expand): obskernels'
     observers and the llm-compressor adapters both search this way.
@@ -108,7 +109,9 @@ def search_with(observer, value: torch.Tensor, flavour: str, importance=None, *,
     stable order of g_idx, which is how docs/spec.md §2 groups them; the
     importance follows. ``importance_status``: ``importance`` is the raw
     E[x²] of ``ops.importance`` with its verdict in that record (the search
-    normalises it, or searches uniformly when the verdict says so)."""
+    normalises it, or searches uniformly when the verdict says so). ``status``:
+    the non-finite record the search adds the value to (observation
+    ``observation``), as ``ops.mse_search`` does."""
     if g_idx is not None:
         value, importance = gather_columns(value, observer.base_name, observer.args, g_idx, importance)
     return ops.mse_search(
@@ -123,6 +126,8 @@ def search_with(observer, value: torch.Tensor, flavour: str, importance=None, *,
         importance=importance,
         flavour=flavour,
         importance_status=importance_status,
+        status=status,
+        observation=observation,
     )
 
 
@@ -161,8 +166,8 @@ class MemorylessMSEObserver(SearchKwargsMixin, Observer):
     def _default_triton_error_buffer(self):
         return default_triton_error_buffer(self.args)
 
-    def _measure(self, value: torch.Tensor, g_idx=None) -> MinMaxTuple:
-        return self._search(value, "mse", g_idx)
+    def _measure(self, value: torch.Tensor, g_idx=None, status=None, observation=0) -> MinMaxTuple:
+        return self._search(value, "mse", g_idx, status=status, observation=observation)
 
 
 @Observer.register("mse")

@@ -104,12 +104,16 @@ class SearchCall(NamedTuple):
     """``mse_search``: the flattening, the search parameters and the importance.
 
     ``importance_status`` not None: ``importance`` is raw E[x²] (fp32) whose
-    verdict lies in that record; its values were not read."""
+    verdict lies in that record; its values were not read. ``status``: the
+    record the value's non-finite elements and the statistics' are added
+    to, as observation ``observation`` (as ``MinMaxCall``'s)."""
 
     flat: Flattening
     params: SearchParams
     importance: torch.Tensor | None = None
     importance_status: torch.Tensor | None = None
+    status: torch.Tensor | None = None
+    observation: int = 0
 
 
 class CombineCall(NamedTuple):
@@ -180,9 +184,11 @@ def min_max(value, base_name, args, g_idx=None, *, held=None, averaging_constant
 
 
 def mse_search(value, base_name, args, *, maxshrink, patience, grid, norm, expand=1.0,
-               importance=None, flavour="mse", importance_status=None) -> SearchCall:
+               importance=None, flavour="mse", importance_status=None, status=None,
+               observation=0) -> SearchCall:
     params = SearchParams(maxshrink, patience, grid, norm, expand, flavour)
     check_importance_status(importance, importance_status)
+    check_status(status)
     flat = flattening(value, base_name, args)
     if importance is not None:
         # raw importance (with importance_status) is judged by its verdict on
@@ -195,7 +201,8 @@ def mse_search(value, base_name, args, *, maxshrink, patience, grid, norm, expan
             "mse_search: value is on the meta device; expected a device with data "
             "(where the search stops depends on the values)"
         )
-    return SearchCall(flat, params, importance, importance_status)
+    _check_on_device(value, status=status)
+    return SearchCall(flat, params, importance, importance_status, status, observation)
 
 
 def combine_statistics(value, base_name, args, new_min, new_max, *, held=None,

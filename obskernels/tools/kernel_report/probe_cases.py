@@ -188,6 +188,14 @@ def cases() -> List[Case]:
         C("imatrix raw int4 g128", "mse_search", lambda m: checked(m.mse_search, w(*W), "weight", g128, importance=imp, importance_status=rec(), **imx)),
         C("imatrix raw int8 channel 16384 (split)", "mse_search", lambda m: checked(m.mse_search, w(512, 16384, dtype=f16), "weight", QA(num_bits=8, strategy="channel"), importance=torch.rand(16384) + 0.5, importance_status=rec(), **imx)),
     ]
+    # An observer's search under nonfinite="error": the search records the
+    # value itself (RECORD) on the register path, its TRACK form and the split path.
+    out += [
+        C("int4 g128 sym norm 2.4 record", "mse_search", lambda m: checked(m.mse_search, w(*W), "weight", g128, status=rec(), observation=1, **mse)),
+        C("nvfp4 g16 (expanded) record", "mse_search", lambda m: checked(m.mse_search, w(*W), "weight", QA(strategy="tensor_group", group_size=16, **nvfp4), status=rec(), **nvx)),
+        C("imatrix raw int4 g128 record", "mse_search", lambda m: checked(m.mse_search, w(*W), "weight", g128, importance=imp, importance_status=rec(), status=rec(), **imx)),
+        C("fp8 block 128 (split) record", "mse_search", lambda m: checked(m.mse_search, w(*W), "weight", QA(num_bits=8, type="float", strategy="block", block_structure=[128, 128]), status=rec(), **mse)),
+    ]
     # Search parameters only: same format, shape and mode switches each time.
     r = lambda *s: w(*s)  # noqa: E731
     for grid, patience, maxshrink, expand, norm in [
