@@ -280,15 +280,17 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
 
     # -------------------------------------------------------------- observing
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, value, g_idx=None):
         # nn.Module.__call__ calls forward directly when no hook is registered
         # (on this observer or globally) and the call is neither compiled nor
         # traced; that case is checked here without its two generic frames
         if (_GLOBAL_HOOKS is None or self._forward_pre_hooks or self._forward_hooks
                 or self._backward_pre_hooks or self._backward_hooks or any(_GLOBAL_HOOKS)
                 or self._compiled_call_impl is not None or torch._C._get_tracing_state()):
-            return torch.nn.Module.__call__(self, *args, **kwargs)
-        return self.forward(*args, **kwargs)
+            if g_idx is None:  # the arguments as given: hooks see them so
+                return torch.nn.Module.__call__(self, value)
+            return torch.nn.Module.__call__(self, value, g_idx)
+        return self.forward(value, g_idx)
 
     def forward(self, value: torch.Tensor, g_idx: Optional[torch.Tensor] = None) -> "Observer":
         """Update the statistics from ``value``; returns the observer itself.
