@@ -258,13 +258,18 @@ class Repeat:
         marks = (low._version, low.data_ptr(), high._version, high.data_ptr())
         return marks if status is None else (*marks, status._version, status.data_ptr())
 
+    @staticmethod
+    def _signature(value, base_name, args, averaging_constant) -> tuple:
+        """What the key reads of the call but its held tensors and record."""
+        return (get_backend(), _t(value), base_name, type(args), args_key(args),
+                None if averaging_constant is None else _scalar(averaging_constant))
+
     def remember(self, plan, value, base_name, args, held, averaging_constant, status) -> None:
         if plan is None:
             self.forget()
             return
         self.plan, self.tensors = plan, (held[0], held[1], status)
-        self.sig = (get_backend(), _t(value), base_name, type(args), args_key(args),
-                    None if averaging_constant is None else _scalar(averaging_constant))
+        self.sig = self._signature(value, base_name, args, averaging_constant)
         self.marks = self.marks_now()
 
     def matches(self, value, base_name, args, held, averaging_constant, status) -> bool:
@@ -273,8 +278,7 @@ class Repeat:
                 or status is not tensors[2]:
             return False
         try:
-            sig = (get_backend(), _t(value), base_name, type(args), args_key(args),
-                   None if averaging_constant is None else _scalar(averaging_constant))
+            sig = self._signature(value, base_name, args, averaging_constant)
         except _UNKEYED:
             return False
         return sig == self.sig and self.marks_now() == self.marks
