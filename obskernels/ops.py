@@ -340,16 +340,21 @@ def mse_search(
     )
 
 
-def accumulate_sq(x, sum_buf, count_buf):
-    """sum_buf += sum over tokens of x**2 (fp32); count_buf += tokens. In place."""
+def _on_tensors(op: str, call_type, *tensors):
+    """An operation of tensors only, keyed by their signatures."""
     try:
-        key = (get_backend(), "accumulate_sq", _t(x), _t(sum_buf), _t(count_buf))
+        key = (get_backend(), op, *[_t(t) for t in tensors])
         plan = _PLANS.get(key)
     except _UNKEYED:  # not keyed (the check will say what is wrong), or unhashable
         key = plan = None
     if plan is not None:
-        return plan.run(AccumulateCall(x, sum_buf, count_buf))
-    return _dispatch("accumulate_sq", key, x, sum_buf, count_buf)
+        return plan.run(call_type(*tensors))
+    return _dispatch(op, key, *tensors)
+
+
+def accumulate_sq(x, sum_buf, count_buf):
+    """sum_buf += sum over tokens of x**2 (fp32); count_buf += tokens. In place."""
+    return _on_tensors("accumulate_sq", AccumulateCall, x, sum_buf, count_buf)
 
 
 def calculate_qparams(min_vals, max_vals, args, global_scale=None, *, fused=None, widen=False,
@@ -404,11 +409,4 @@ def importance(sum_buf, count_buf, status):
     """The imatrix importance ``sum_buf / fp32(count_buf)`` (fp32, per input
     column); its verdict (spec.record.IMPORTANCE_*: usable, or why not) goes
     into ``status[STATUS_IMPORTANCE]``, on the device, unread."""
-    try:
-        key = (get_backend(), "importance", _t(sum_buf), _t(count_buf), _t(status))
-        plan = _PLANS.get(key)
-    except _UNKEYED:  # not keyed (the check will say what is wrong), or unhashable
-        key = plan = None
-    if plan is not None:
-        return plan.run(ImportanceCall(sum_buf, count_buf, status))
-    return _dispatch("importance", key, sum_buf, count_buf, status)
+    return _on_tensors("importance", ImportanceCall, sum_buf, count_buf, status)
