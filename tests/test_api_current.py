@@ -30,7 +30,6 @@ from obskernels import (
     NVFP4ExpandedMSEObserver,
     Observer,
     ops,
-    use_backend,
 )
 from obskernels.calibration import (
     end_calibration,

@@ -412,7 +412,7 @@ def plot(records: Sequence[Record], out_dir: str) -> List[str]:
             width = 0.8 / max(1, len(shown))
             positive = False
             for k, b in enumerate(shown):
-                vals, hatch = [], []
+                vals = []
                 for c in xs:
                     g = rows[(c, op)]
                     r, ref = g.get(b), g.get("reference")
