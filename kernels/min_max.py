@@ -311,7 +311,8 @@ def prepare(call: MinMaxCall):
     # bits by the kernels themselves (kernels/stats.py), no view here
     new_stats = allocator(qshape, dtype, dev)
     context = launch_context(dev)
-    new_parts = allocator((split, Q), dtype, dev)
+    if split > 1:
+        new_parts = allocator((split, Q), dtype, dev)
     held_contiguous = call.held is None or (call.held[0].is_contiguous()
                                             and call.held[1].is_contiguous())
 
