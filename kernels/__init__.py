@@ -22,13 +22,14 @@ if __name__ == "obskernels.kernels":
     from obskernels.kernels.accumulate_sq import accumulate_sq
     from obskernels.kernels.flatten import flatten_for_calibration
     from obskernels.kernels.importance import importance
-    from obskernels.kernels.min_max import min_max
+    from obskernels.kernels.min_max import min_max, min_max_qparams
     from obskernels.kernels.mse_search import mse_search
     from obskernels.kernels.qparams import calculate_qparams
     from obskernels.kernels.stats import combine_statistics
 
     from obskernels.kernels.importance import prepare as _prepare_importance
     from obskernels.kernels.min_max import prepare as _prepare_min_max
+    from obskernels.kernels.min_max import prepare_qparams as _prepare_min_max_qparams
     from obskernels.kernels.mse_search import prepare as _prepare_mse_search
     from obskernels.kernels.qparams import prepare as _prepare_qparams
     from obskernels.kernels.stats import prepare as _prepare_combine
@@ -37,6 +38,7 @@ if __name__ == "obskernels.kernels":
     #: made once and kept by obskernels.ops for later calls of that signature
     PREPARE = {
         "min_max": _prepare_min_max,
+        "min_max_qparams": _prepare_min_max_qparams,
         "mse_search": _prepare_mse_search,
         "calculate_qparams": _prepare_qparams,
         "combine_statistics": _prepare_combine,
@@ -44,6 +46,6 @@ if __name__ == "obskernels.kernels":
     }
 
     __all__ = ["flatten_for_calibration", "min_max", "mse_search", "accumulate_sq", "calculate_qparams", "combine_statistics",
-               "importance", "PREPARE", "INTERPRETED"]
+               "importance", "min_max_qparams", "PREPARE", "INTERPRETED"]
 else:
     __all__ = []

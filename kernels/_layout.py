@@ -63,6 +63,7 @@ __all__ = [
     "widen",
     "store_exact",
     "INTERPRETED",
+    "gpu_arith",
 ]
 
 
@@ -359,3 +360,21 @@ def store_exact(ptr, x, mask):
 #: when triton decorated them): the kernels run on CPU tensors then, with the
 #: interpreter's casts, never the GPU's hardware conversions.
 INTERPRETED = not isinstance(widen, triton.runtime.JITFunction)
+
+
+def gpu_arith(config, value: torch.Tensor, op: str) -> bool:
+    """Whether a launch uses the GPU's own conversions, exact by definition
+    (``quant``'s FAST): the launch configuration's ``gpu_arith``, by default
+    on a CUDA tensor outside the interpreter (NVIDIA only: the GPU section of
+    quant.py is PTX; a ROCm build keeps the emulation). Pinned on under the
+    interpreter, whose casts are not the hardware's, it is a
+    KernelUnsupportedError naming ``op``."""
+    fast = config.gpu_arith
+    if fast is None:
+        return value.is_cuda and torch.version.hip is None and not INTERPRETED
+    if fast and INTERPRETED:
+        raise KernelUnsupportedError(
+            f"{op}: the GPU arithmetic (gpu_arith=True) needs a GPU build; the "
+            "interpreter's casts are not the hardware's"
+        )
+    return bool(fast)

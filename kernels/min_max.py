@@ -29,6 +29,8 @@ group, from the lanes, puts it back.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -37,6 +39,7 @@ from obskernels.kernels._layout import (
     allocator,
     check_kernel_dtype,
     check_launchable,
+    gpu_arith,
     group_layout,
     load_tile_lanes,
     launch_context,
@@ -56,10 +59,20 @@ from obskernels.kernels.launch import (
     num_warps_for,
 )
 from obskernels.kernels import stats as ST
-from obskernels.kernels.quant import DTYPE_CODE
-from obskernels.spec.calls import MinMaxCall
+from obskernels.kernels.qparams import (
+    QParamsConstants,
+    group_qparams,
+    qparams_format,
+    store_qparams,
+)
+from obskernels.kernels.qparams import prepare as prepare_calculate_qparams
+from obskernels.kernels.quant import DTYPE_CODE, GS_NONE
+from obskernels.spec.calls import MinMaxCall, MinMaxQParamsCall, QParamsCall
+from obskernels.spec.record import STATUS_INIT, new_record
 
-__all__ = ["min_max", "prepare"]
+__all__ = ["min_max", "prepare", "min_max_qparams", "prepare_qparams"]
+
+_N_STATUS: tl.constexpr = tl.constexpr(len(STATUS_INIT))
 
 
 @triton.jit
@@ -119,12 +132,14 @@ def _count_slice(x_ptr, perm_ptr, qa, qb, q_ok, r_lo, r_hi, geo, lim_r, lim_e,
 
 @triton.jit
 def _reduce_store(lo, hi, qa, qb, q_ok, out_base, geo, min_ptr, max_ptr, held_min_ptr,
-                  held_max_ptr, avg_a, avg_c, MODE: tl.constexpr, DTYPE: tl.constexpr,
-                  BITS16: tl.constexpr, RECORD: tl.constexpr):
+                  held_max_ptr, avg_a, avg_c, qp, MODE: tl.constexpr, DTYPE: tl.constexpr,
+                  BITS16: tl.constexpr, RECORD: tl.constexpr, QP: tl.constexpr):
     """Reduce the running lanes to each group's (min, max) and store them
-    through the epilogue at out_base + q. Returns, per group (RECORD; else
-    0), 1 where a real group's result is not finite (a NaN, +inf or -inf was
-    read)."""
+    through the epilogue at out_base + q; with QP (a first observation,
+    nothing held), also its scale and zero point (``_qparams``). Returns,
+    per group, (RECORD; else 0) 1 where a real group's result is not finite
+    (a NaN, +inf or -inf was read) and (QP; else 0) 1 where its scale is not
+    finite."""
     # [BLOCK_A, BLOCK_B, 1, 1]: a NaN lane sets the flag (min and max hold it alike)
     has_nan = tl.max(tl.max((lo != lo).to(tl.int32), axis=3, keep_dims=True),
                      axis=2, keep_dims=True) > 0
@@ -135,10 +150,32 @@ def _reduce_store(lo, hi, qa, qb, q_ok, out_base, geo, min_ptr, max_ptr, held_mi
     qq = qa * geo.QB + qb
     _epilogue(min_ptr, max_ptr, out_base + qq, lo_q, hi_q, qq, q_ok, held_min_ptr, held_max_ptr,
               avg_a, avg_c, MODE, DTYPE, BITS16)
+    bad_scale = 0
+    if QP is not None:
+        bad_scale = _qparams(lo_q, hi_q, qq, q_ok, qp, DTYPE, QP)
     if RECORD:
-        return (q_ok & (has_nan | (hi_q == float("inf")) | (lo_q == float("-inf")))).to(tl.int32)
+        bad = (q_ok & (has_nan | (hi_q == float("inf")) | (lo_q == float("-inf")))).to(tl.int32)
+        return bad, bad_scale
     else:
-        return 0
+        return 0, bad_scale
+
+
+@triton.jit
+def _qparams(mn, mx, qq, q_ok, qp, DTYPE: tl.constexpr, QP: tl.constexpr):
+    """The qparams of groups qq from their statistics (mn, mx):
+    ``kernels.qparams``' arithmetic with no global scale, stored at qq of
+    ``qp.scale_ptr`` / ``qp.zp_ptr``; 1 (int64) where a scale is not finite.
+    QP: the format's switches (SDTYPE, SYM, SCALE, ZP, WIDEN) and FAST (the
+    GPU's conversions)."""
+    SDTYPE: tl.constexpr = QP[0]
+    SYM: tl.constexpr = QP[1]
+    SCALE: tl.constexpr = QP[2]
+    ZP: tl.constexpr = QP[3]
+    WIDEN: tl.constexpr = QP[4]
+    FAST: tl.constexpr = QP[5]
+    scale, zp = group_qparams(mn, mx, 1.0, qp.c, DTYPE, SDTYPE, SYM, SCALE, ZP, GS_NONE, WIDEN,
+                              FAST)
+    return store_qparams(qp.scale_ptr, qp.zp_ptr, qq, scale, zp, q_ok, SDTYPE, ZP)
 
 
 @triton.jit
@@ -155,11 +192,12 @@ def _any(bad):
 def _min_max_kernel(
     x_ptr, perm_ptr, min_ptr, max_ptr,
     Q, NR, lim_r, lim_e, geo,
-    rows_per_split, held_min_ptr, held_max_ptr, status_ptr, avg_a, avg_c, observation,
+    rows_per_split, held_min_ptr, held_max_ptr, status_ptr, avg_a, avg_c, observation, qp,
     BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr,
     ROW_LEVELS: tl.constexpr, SHORT_E: tl.constexpr, ROW_TAIL: tl.constexpr,
     GROUP_TAIL: tl.constexpr, GROUP_LOOP: tl.constexpr, PAD: tl.constexpr, GATHER: tl.constexpr,
     MODE: tl.constexpr, DTYPE: tl.constexpr, BITS16: tl.constexpr, RECORD: tl.constexpr,
+    QP: tl.constexpr,
 ):
     """Program (i, s): the BLOCK_A x BLOCK_B groups of block i
     (``tile_groups``), rows [s*rows_per_split, (s+1)*rows_per_split), every
@@ -175,21 +213,27 @@ def _min_max_kernel(
     Epilogue (kernels/stats.py), without a split only: MODE combines the
     results with the held statistics before they are stored (BITS16: bf16
     statistics addressed as their bits); RECORD adds this slice's NaN / +-inf
-    counts to the observer's non-finite record.
+    counts to the observer's non-finite record. QP (nothing held, no split):
+    the groups' qparams too (``qp``: ``QParamsOut``), and one non-finite-scale
+    flag per program at status_ptr[len(STATUS_INIT) + program].
     """
     pid_s = tl.program_id(1)
     r_lo = pid_s * rows_per_split
     r_hi = tl.minimum(r_lo + rows_per_split, NR)
     out_base = pid_s.to(tl.int64) * Q
-    epi = (geo, min_ptr, max_ptr, held_min_ptr, held_max_ptr, avg_a, avg_c)
+    epi = (geo, min_ptr, max_ptr, held_min_ptr, held_max_ptr, avg_a, avg_c, qp)
     pa, pb, step, n_a, QA = tile_blocks(Q, geo, BLOCK_A, BLOCK_B)
     if GROUP_LOOP:
         bad = tl.zeros([BLOCK_A, BLOCK_B, 1, 1], tl.int32)
+        bad_scale = tl.zeros([BLOCK_A, BLOCK_B, 1, 1], tl.int64)
         for blk in range(pa, n_a, step):
             qa, qb, q_ok = tile_groups(blk, pb, QA, geo, BLOCK_A, BLOCK_B, GROUP_TAIL)
             x = _tile(x_ptr, perm_ptr, qa, qb, r_lo, 0, r_hi, geo, lim_r, lim_e,
                       BLOCK_R, BLOCK_E, ROW_LEVELS, SHORT_E, ROW_TAIL, PAD, GATHER)
-            bad = bad | _reduce_store(x, x, qa, qb, q_ok, out_base, *epi, MODE, DTYPE, BITS16, RECORD)
+            b, bs = _reduce_store(x, x, qa, qb, q_ok, out_base, *epi, MODE, DTYPE, BITS16, RECORD,
+                                  QP)
+            bad = bad | b
+            bad_scale = bad_scale | bs
         if RECORD:
             any_bad = _any(bad)
             c_nan = any_bad.to(tl.int64) * 0
@@ -221,7 +265,8 @@ def _min_max_kernel(
             wrap = c == n_e
             c = tl.where(wrap, 0, c)
             r0 = tl.where(wrap, r0 + BLOCK_R, r0)
-        bad = _reduce_store(lo, hi, qa, qb, q_ok, out_base, *epi, MODE, DTYPE, BITS16, RECORD)
+        bad, bad_scale = _reduce_store(lo, hi, qa, qb, q_ok, out_base, *epi, MODE, DTYPE, BITS16,
+                                       RECORD, QP)
         if RECORD:
             # nothing extra in the hot loop: a NaN, +inf or -inf shows in the
             # results; counting re-reads this program's slice only when one did
@@ -234,6 +279,10 @@ def _min_max_kernel(
                                                    lim_r, lim_e, BLOCK_R, BLOCK_E, ROW_LEVELS, PAD,
                                                    GATHER)
             ST.record(status_ptr, c_nan, c_pos, c_neg, any_bad, observation)
+    if QP is not None:
+        one = tl.arange(0, 1)
+        flag = _any(bad_scale).to(tl.int64)
+        tl.store(status_ptr + _N_STATUS + tl.program_id(0) + one, flag + one * 0)
 
 
 @triton.jit(do_not_specialize=["Q", "SPLIT"])
@@ -275,12 +324,17 @@ def min_max(call: MinMaxCall):
     return prepare(call)(call)
 
 
-def prepare(call: MinMaxCall):
+def prepare(call: MinMaxCall, qparams: bool = False):
     """The launch of ``call``, prepared from its signature: layout, blocks,
     split and warps are chosen here once; the returned function launches any
     call of the same signature (value, held, status and out of the same
     shapes, strides, dtypes and devices; the same args and options), reading
-    only that call's tensors and observation index."""
+    only that call's tensors and observation index.
+
+    ``qparams`` (``prepare_qparams``: nothing held, no out): the launch of a
+    ``MinMaxQParamsCall`` of that signature computing the qparams in the
+    epilogue, or None where a group's rows are split across programs,
+    groups are small (``QP_MIN_GROUP``) or gathered (g_idx)."""
     value, held = call.flat.value, call.held
     check_kernel_dtype(value)
     check_launchable(value, "min_max")
@@ -291,6 +345,8 @@ def prepare(call: MinMaxCall):
     config = current_config("min_max")
     tile = min_max_tile(layout, value.element_size(), config)
     Q, split = layout.num_groups, tile.split
+    if qparams and split > 1:
+        return None  # no program holds a whole group
     qshape, dtype, dev = layout.qshape, value.dtype, value.device
     perm, layout_args = layout.perm, (*layout.kernel_args(), tile.rows_per_split)
     record = call.status is not None
@@ -311,6 +367,9 @@ def prepare(call: MinMaxCall):
     # bits by the kernels themselves (kernels/stats.py), no view here
     new_stats = allocator(qshape, dtype, dev)
     context = launch_context(dev)
+    if qparams:
+        return _qparams_launch(call.flat, layout, grid, first, (perm, layout_args, avg_a, avg_c),
+                               new_stats, context, token)
     if split > 1:
         new_parts = allocator((split, Q), dtype, dev)
     held_contiguous = call.held is None or (call.held[0].is_contiguous()
@@ -338,12 +397,98 @@ def prepare(call: MinMaxCall):
             _min_max_kernel[grid](
                 value, perm if perm is not None else value,  # perm: unread unless GATHER
                 pmin, pmax, *layout_args, held_min, held_max,
-                status if status is not None else pmin, avg_a, avg_c, call.observation, **first,
+                status if status is not None else pmin, avg_a, avg_c, call.observation, None,
+                **first, QP=None,
             )
             if split > 1:
                 _min_max_finish_kernel[finish_grid](
                     pmin, pmax, mins, maxs, Q, split, held_min, held_max, avg_a, avg_c, **finish,
                 )
         return mins, maxs
+
+    return launch
+
+
+# --------------------------------------------------------------------------- #
+# min_max_qparams: a first observation's statistics and qparams
+# --------------------------------------------------------------------------- #
+class QParamsOut(NamedTuple):
+    """``_min_max_kernel``'s qparams outputs (one argument): scale, zero
+    point and the format's ``QParamsConstants``."""
+
+    scale_ptr: torch.Tensor
+    zp_ptr: torch.Tensor
+    c: QParamsConstants
+
+
+def min_max_qparams(call: MinMaxQParamsCall):
+    """Triton twin of ``reference.min_max.min_max_qparams``: (min_vals,
+    max_vals, scale, zero_point, status), bit-identical."""
+    return prepare_qparams(call)(call)
+
+
+#: The fewest elements per group for qparams in the epilogue, without and
+#: with the float64 redo compiled in (asymmetric, MX scales): each thread
+#: computes its group's qparams once (~400 SASS instructions, ~800 with the
+#: redo) after streaming the group's elements; below these sizes that would
+#: take a 64 MB weight's program past the streaming kernels' instruction
+#: targets (the compile check), and two launches are made instead.
+QP_MIN_GROUP = {False: 128, True: 512}
+
+
+def prepare_qparams(call: MinMaxQParamsCall):
+    """The launch of ``call``'s signature: ONE launch of ``_min_max_kernel``
+    whose epilogue computes the qparams (``QP``) where every program holds
+    whole groups; otherwise (rows split across programs) the launches of
+    ``min_max`` and ``calculate_qparams``, the record carried between them."""
+    flat, dev = call.flat, call.flat.value.device
+    proto = new_record(dev) if call.record else None
+    fused = prepare(MinMaxCall(flat, status=proto), qparams=True)
+    if fused is not None:
+        return fused
+    min_max_launch = prepare(MinMaxCall(flat, status=proto))
+    stats = min_max_launch(MinMaxCall(flat, status=proto))  # prototypes of the statistics
+    qparams_launch = prepare_calculate_qparams(
+        QParamsCall(*stats, flat.args, widen=True, carry=proto))
+
+    def launch(call: MinMaxQParamsCall):
+        return call.by_parts(min_max_launch, qparams_launch)
+
+    return launch
+
+
+def _qparams_launch(flat, layout, grid, first, launch_args, new_stats, context, token):
+    """``prepare(..., qparams=True)``'s launch (see there); None where the
+    groups are too small for it (``QP_MIN_GROUP``) or gathered."""
+    dtype, dev = flat.value.dtype, flat.value.device
+    fmt, constants, switches = qparams_format(flat.args, dtype, dtype, torch.float32,
+                                              GS_NONE.value, widen=True)
+    # a thread computes its group's qparams once, after streaming the group:
+    # worth it where that costs little per element of the group, and not
+    # for gathered columns (g_idx), whose loads take triton 3.6 to its bound
+    if layout.gather or flat.value.numel() < layout.num_groups * QP_MIN_GROUP[switches["WIDEN"]]:
+        return None
+    qp_switches = (switches["SDTYPE"], switches["SYM"], switches["SCALE"], switches["ZP"],
+                   switches["WIDEN"], gpu_arith(current_config("min_max"), flat.value, "min_max"))
+    shape = layout.qshape if len(layout.qshape) > 0 else (1,)
+    new_scale, new_zero_point = allocator(shape, dtype, dev), allocator(shape, fmt.zp_dtype, dev)
+    # the status: a fresh record, then one flag per program (each program writes its own)
+    template = torch.tensor(STATUS_INIT + (0,) * grid[0], dtype=torch.int64, device=dev)
+    perm, layout_args, avg_a, avg_c = launch_args
+    options = dict(first, enable_fp_fusion=False)  # torch's roundings, one operation each
+
+    def launch(call: MinMaxQParamsCall):
+        if config_token() is not token:  # a launch_config block changed the policy
+            return min_max_qparams(call)
+        value = call.flat.value
+        mins, maxs = new_stats(), new_stats()
+        scale, zero_point, status = new_scale(), new_zero_point(), template.clone()
+        with context():
+            _min_max_kernel[grid](
+                value, perm if perm is not None else value, mins, maxs, *layout_args, mins, maxs,
+                status, avg_a, avg_c, 0, QParamsOut(scale, zero_point, constants), **options,
+                QP=qp_switches,
+            )
+        return mins, maxs, scale, zero_point, status
 
     return launch

@@ -90,11 +90,11 @@ import torch
 
 from obskernels.kernels import quant, quant_pow
 from obskernels.kernels._layout import (
-    INTERPRETED,
     GroupLayout,
     allocator,
     check_kernel_dtype,
     check_launchable,
+    gpu_arith,
     group_layout,
     launch_context,
 )
@@ -273,15 +273,7 @@ def prepare(call: SearchCall):
     config = current_config("mse_search")
     # The GPU's own conversions where they are exact by definition (FAST):
     # a CUDA tensor outside the interpreter, or a compile check pinning it.
-    fast = config.gpu_arith
-    if fast is None:
-        # NVIDIA only: the GPU section of quant.py is PTX (a ROCm build keeps the emulation)
-        fast = value.is_cuda and torch.version.hip is None and not INTERPRETED
-    elif fast and INTERPRETED:
-        raise KernelUnsupportedError(
-            "mse_search: the GPU arithmetic (gpu_arith=True) needs a GPU build; the "
-            "interpreter's casts are not the hardware's"
-        )
+    fast = gpu_arith(config, value, "mse_search")
     tab, pw0 = None, 0.0
     if fast and not imatrix and dtype != torch.float32 and switches["NORM_MODE"] == quant_pow.P_GENERAL.value:
         tab, pw0 = _pow_table(dev, dtype, float(norm)), quant_pow.pow_window(norm_run)

@@ -50,7 +50,8 @@ from obskernels.spec.checks import FLOAT_DTYPES
 from obskernels.spec.record import STATUS_FIRST_BAD, STATUS_INIT
 from obskernels.spec.errors import KernelUnsupportedError
 
-__all__ = ["calculate_qparams", "prepare"]
+__all__ = ["calculate_qparams", "prepare", "group_qparams", "store_qparams", "qparams_format",
+           "QParamsConstants"]
 
 
 
@@ -196,6 +197,55 @@ def _wide(mn, mx, g, c, SYM: tl.constexpr, SCALE: tl.constexpr, ZP: tl.constexpr
     return s64.to(tl.float32), zp
 
 
+@triton.jit
+def group_qparams(mn, mx, g, c, DTYPE: tl.constexpr, SDTYPE: tl.constexpr, SYM: tl.constexpr,
+                  SCALE: tl.constexpr, ZP: tl.constexpr, GS: tl.constexpr, WIDEN: tl.constexpr,
+                  FAST: tl.constexpr = False):
+    """(scale, zp) of groups with statistics (mn, mx) (fp32 holding DTYPE
+    values) and global scale ``g`` (GS): compressed-tensors' arithmetic, the
+    scale rounded into SDTYPE; WIDEN: groups with finite statistics and a
+    non-finite scale redone in float64. ``c``: ``QParamsConstants``; FAST:
+    the GPU's conversions (``quant.qparams``), the same results."""
+    # eps 0 keeps zeros: compressed-tensors replaces them only after the
+    # global scale and the scale_dtype rounding
+    # (the scale_dtype's rounding comes after the global scale)
+    scale, zp = quant.qparams(
+        mn, mx, c.rng, c.half, c.qmin, c.qmax, 0.0, c.zlo, c.zhi, c.mx_offset,
+        DTYPE, SYM, S_MX if SCALE == S_MX else S_NONE, ZP, FAST,
+    )
+    if GS != GS_NONE:
+        scale = g * scale
+    scale = _round_scale_dtype(scale, c.sd_max, SCALE, SDTYPE)
+    scale = tl.where(scale == 0, c.eps, scale)
+    if WIDEN:
+        finite = (mn == mn) & (mx == mx) & (tl.abs(mn) != float("inf")) & (tl.abs(mx) != float("inf"))
+        redo = finite & ((scale != scale) | (tl.abs(scale) == float("inf")))
+        if tl.max(redo.to(tl.int32)) > 0:  # rare (an overflowed range): float64 off the common path
+            ws, wz = _wide(mn, mx, g, c, SYM, SCALE, ZP, GS)
+            scale = tl.where(redo, quant.rd(ws, SDTYPE), scale)
+            zp = tl.where(redo, wz, zp)
+    return scale, zp
+
+
+@triton.jit
+def store_qparams(scale_ptr, zp_ptr, offs, scale, zp, mask, SDTYPE: tl.constexpr,
+                  ZP: tl.constexpr):
+    """Store scale (SDTYPE) and zp (zp_dtype); returns 1 where a stored
+    scale is not finite (int64, 0 elsewhere and off ``mask``)."""
+    # every value stored is exact in its dtype; bf16 and fp8 go as bits (the
+    # interpreter flushes bf16 subnormals and mangles fp8 NaN in its casts)
+    if SDTYPE == quant.BF16:
+        tl.store(as_bits(scale_ptr, tl.uint16) + offs,
+                 (scale.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16), mask=mask)
+    else:
+        tl.store(scale_ptr + offs, scale.to(scale_ptr.dtype.element_ty), mask=mask)
+    if ZP == quant.Z_FP8:
+        tl.store(as_bits(zp_ptr, tl.uint8) + offs, _e4m3_bits(zp), mask=mask)
+    else:
+        tl.store(zp_ptr + offs, zp.to(zp_ptr.dtype.element_ty), mask=mask)
+    return (mask & ((scale != scale) | (tl.abs(scale) == float("inf")))).to(tl.int64)
+
+
 @triton.jit(do_not_specialize=["N", "n_parts"])
 def _qparams_kernel(
     min_ptr, max_ptr, scale_ptr, zp_ptr, gs_ptr, parts_ptr, gs_out_ptr, carry_ptr, status_ptr,
@@ -213,13 +263,6 @@ def _qparams_kernel(
     mask = offs < N
     mn = load_stat(min_ptr, offs, mask, DTYPE == quant.BF16)
     mx = load_stat(max_ptr, offs, mask, DTYPE == quant.BF16)
-    # eps 0 keeps zeros: compressed-tensors replaces them only after the
-    # global scale and the scale_dtype rounding
-    # (the scale_dtype's rounding comes after the global scale)
-    scale, zp = quant.qparams(
-        mn, mx, c.rng, c.half, c.qmin, c.qmax, 0.0, c.zlo, c.zhi, c.mx_offset,
-        DTYPE, SYM, S_MX if SCALE == S_MX else S_NONE, ZP,
-    )
     g = 1.0
     if GS == GS_GIVEN:
         g = tl.load(gs_ptr)
@@ -236,31 +279,10 @@ def _qparams_kernel(
         g = _gparam(a, c.tiny, ADTYPE)
         one = tl.arange(0, 1)
         tl.store(gs_out_ptr + one, g + one * 0.0, mask=(one + pid) == 0)
-    if GS != GS_NONE:
-        scale = g * scale
-    scale = _round_scale_dtype(scale, c.sd_max, SCALE, SDTYPE)
-    scale = tl.where(scale == 0, c.eps, scale)
-    if WIDEN:
-        finite = (mn == mn) & (mx == mx) & (tl.abs(mn) != float("inf")) & (tl.abs(mx) != float("inf"))
-        redo = finite & ((scale != scale) | (tl.abs(scale) == float("inf")))
-        ws, wz = _wide(mn, mx, g, c, SYM, SCALE, ZP, GS)
-        scale = tl.where(redo, quant.rd(ws, SDTYPE), scale)
-        zp = tl.where(redo, wz, zp)
-    # every value stored is exact in its dtype; bf16 and fp8 go as bits (the
-    # interpreter flushes bf16 subnormals and mangles fp8 NaN in its casts)
-    if SDTYPE == quant.BF16:
-        tl.store(as_bits(scale_ptr, tl.uint16) + offs,
-                 (scale.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16), mask=mask)
-    else:
-        tl.store(scale_ptr + offs, scale.to(scale_ptr.dtype.element_ty), mask=mask)
-    if ZP == quant.Z_FP8:
-        tl.store(as_bits(zp_ptr, tl.uint8) + offs, _e4m3_bits(zp), mask=mask)
-    else:
-        tl.store(zp_ptr + offs, zp.to(zp_ptr.dtype.element_ty), mask=mask)
-
-    bad = mask & ((scale != scale) | (tl.abs(scale) == float("inf")))
+    scale, zp = group_qparams(mn, mx, g, c, DTYPE, SDTYPE, SYM, SCALE, ZP, GS, WIDEN)
+    bad = store_qparams(scale_ptr, zp_ptr, offs, scale, zp, mask, SDTYPE, ZP)
     one = tl.arange(0, 1)
-    tl.store(status_ptr + _N_STATUS + pid + one, tl.max(bad.to(tl.int64), axis=0) + one * 0)
+    tl.store(status_ptr + _N_STATUS + pid + one, tl.max(bad, axis=0) + one * 0)
     first = (one + pid) == 0
     for i in range(_N_STATUS):
         init = tl.where(i == _FIRST_BAD, _FIRST_BAD_INIT, 0) + one.to(tl.int64) * 0
@@ -279,6 +301,33 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     """Contiguous statistics (read at the flat index, whatever their shape;
     bf16 is read as its bits by the kernels, see stats.load_stat)."""
     return t if t.is_contiguous() else t.contiguous()
+
+
+def qparams_format(args, dtype: torch.dtype, sdtype: torch.dtype, a_dtype: torch.dtype,
+                   gs_mode: int, widen: bool):
+    """(``quant.Format``, ``QParamsConstants``, switches SDTYPE / SYM / SCALE /
+    ZP / WIDEN) of ``group_qparams`` for statistics of ``dtype``, scales of
+    ``sdtype`` and a global scale (``gs_mode``) computed in ``a_dtype``; or
+    KernelUnsupportedError for a format the kernels do not cover."""
+    fmt = quant.qformat(args, dtype, "calculate_qparams", sdtype)
+    if fmt.zp == quant.Z_INT.value and torch.iinfo(fmt.zp_dtype).bits > 16:
+        # the stored integer of a NaN zero point: the integer's minimum on the CPU, 0 on a GPU
+        raise KernelUnsupportedError(f"calculate_qparams: zp_dtype {fmt.zp_dtype}")
+    if fmt.scale == S_MX.value and gs_mode != GS_NONE.value:
+        raise KernelUnsupportedError("calculate_qparams: MX scales with a global scale")
+    constants = QParamsConstants(fmt.rng, fmt.half, fmt.qmin, fmt.qmax, fmt.eps, fmt.zlo, fmt.zhi,
+                                 fmt.mx_offset, float(torch.finfo(a_dtype).tiny), fmt.sd_max,
+                                 fmt.wrng, fmt.whalf, fmt.sd_max64, fmt.weps)
+    # a symmetric scale max(|mn|, |mx|) / half with half >= 1 and no global
+    # scale is at most its finite statistics, kept (no scale_dtype) or clamped
+    # to +-448 (fp8): it cannot overflow, and the float64 redo would never run
+    # (a float scale_dtype can: its bound rounded into the scales' dtype may
+    # exceed it, as fp16's 65504 does in bf16)
+    bounded = (fmt.sym and gs_mode == GS_NONE.value and fmt.half >= 1
+               and fmt.scale in (S_NONE.value, S_FP8.value))
+    switches = dict(SDTYPE=quant.DTYPE_CODE[sdtype], SYM=fmt.sym, SCALE=fmt.scale, ZP=fmt.zp,
+                    WIDEN=bool(widen) and not bounded)
+    return fmt, constants, switches
 
 
 def calculate_qparams(call: QParamsCall):
@@ -316,13 +365,8 @@ def prepare(call: QParamsCall):
             raise KernelUnsupportedError(f"calculate_qparams: fused statistics of dtype {a_dtype}")
         gs_mode = GS_FUSED.value
     sdtype = torch.float32 if gs_mode != GS_NONE.value else dtype
-    fmt = quant.qformat(args, dtype, "calculate_qparams", sdtype)
+    fmt, qconstants, qswitches = qparams_format(args, dtype, sdtype, a_dtype, gs_mode, widen)
     zp_dtype = fmt.zp_dtype
-    if fmt.zp == quant.Z_INT.value and torch.iinfo(zp_dtype).bits > 16:
-        # the stored integer of a NaN zero point: the integer's minimum on the CPU, 0 on a GPU
-        raise KernelUnsupportedError(f"calculate_qparams: zp_dtype {zp_dtype}")
-    if fmt.scale == S_MX.value and gs_mode != GS_NONE.value:
-        raise KernelUnsupportedError("calculate_qparams: MX scales with a global scale")
 
     shape = min_vals.shape if min_vals.dim() > 0 else (1,)
     N = min_vals.numel()
@@ -334,16 +378,10 @@ def prepare(call: QParamsCall):
     counts = [max(1, min(cdiv(mn.numel(), 8 * QPARAMS_BLOCK), QPARAMS_MAX_PARTS, fill))
               for mn, _ in pairs]
     n_parts = sum(counts)
-    constants = (
-        N, n_parts,
-        QParamsConstants(fmt.rng, fmt.half, fmt.qmin, fmt.qmax, fmt.eps, fmt.zlo, fmt.zhi,
-                         fmt.mx_offset, float(torch.finfo(a_dtype).tiny), fmt.sd_max,
-                         fmt.wrng, fmt.whalf, fmt.sd_max64, fmt.weps),
-    )
+    constants = (N, n_parts, qconstants)
     switches = dict(
-        DTYPE=quant.DTYPE_CODE[dtype], SDTYPE=quant.DTYPE_CODE[sdtype],
-        ADTYPE=quant.DTYPE_CODE[a_dtype], SYM=fmt.sym, SCALE=fmt.scale, ZP=fmt.zp, GS=gs_mode,
-        WIDEN=bool(widen), CARRY=carry is not None,
+        DTYPE=quant.DTYPE_CODE[dtype], ADTYPE=quant.DTYPE_CODE[a_dtype], **qswitches, GS=gs_mode,
+        CARRY=carry is not None,
         BLOCK=QPARAMS_BLOCK, BLOCK_P=pow2_at_most(max(n_parts, 1), 128), enable_fp_fusion=False,
     )
     new_scale, new_zero_point = allocator(shape, sdtype, dev), allocator(shape, zp_dtype, dev)

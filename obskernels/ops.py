@@ -34,19 +34,21 @@ from obskernels.backends import (
     resolve_backend,
 )
 from obskernels.spec import calls
+from obskernels.spec.record import STATUS_INIT
 from obskernels.spec.calls import (
     AccumulateCall,
     CombineCall,
     Flattening,
     ImportanceCall,
     MinMaxCall,
+    MinMaxQParamsCall,
     QParamsCall,
     SearchCall,
     args_key,
 )
 
 __all__ = ["flatten_for_calibration", "min_max", "mse_search", "accumulate_sq", "calculate_qparams",
-           "combine_statistics", "importance", "Repeat"]
+           "combine_statistics", "importance", "min_max_qparams", "Ahead", "Repeat"]
 
 _fallbacks_logged: set[str] = set()
 
@@ -54,7 +56,7 @@ _fallbacks_logged: set[str] = set()
 # reference computes those (its empty result, or its error), whichever backend
 # was chosen -- not a fallback, the same answer.
 _EMPTY_ON_REFERENCE = frozenset(
-    ("flatten_for_calibration", "min_max", "mse_search", "accumulate_sq"))
+    ("flatten_for_calibration", "min_max", "mse_search", "accumulate_sq", "min_max_qparams"))
 
 #: signature -> _Plan; at most _MAX_PLANS (then it starts afresh)
 _PLANS: dict = {}
@@ -222,6 +224,63 @@ def min_max(value, base_name, args, g_idx=None, *, held=None, averaging_constant
     if repeat is not None and key is not None and held is not None and out is held:
         repeat.remember(_PLANS.get(key), value, base_name, args, held, averaging_constant, status)
     return result
+
+
+def min_max_qparams(value, base_name, args, g_idx=None, *, record=False):
+    """(min_vals, max_vals, scale, zero_point, status) of a first
+    observation in one operation: ``min_max(value, ...)`` with nothing held
+    (``record``: its non-finite elements counted into a fresh record), then
+    ``calculate_qparams(min_vals, max_vals, args, widen=True, carry=that
+    record)`` -- the same tensors, bit for bit, as those two calls. The
+    triton backend computes the qparams in min_max's epilogue (one launch)
+    where a program holds whole groups. ``status`` is calculate_qparams':
+    the record, then the scale flags; the caller reads it once."""
+    try:
+        key = None if g_idx is not None else (
+            get_backend(), "min_max_qparams", _t(value), base_name, type(args), args_key(args),
+            _scalar(record))
+        plan = _PLANS.get(key)
+    except _UNKEYED:  # not keyed (the check will say what is wrong), or unhashable
+        key = plan = None
+    if plan is not None:
+        return plan.run(MinMaxQParamsCall(Flattening(value, *plan.head, args, *plan.rest),
+                                          record))
+    return _dispatch("min_max_qparams", key, value, base_name, args, g_idx=g_idx, record=record)
+
+
+class Ahead:
+    """The qparams of ``min_max_qparams``, kept by the caller with the
+    statistics they were computed from, until it calls for them:
+    ``take(min_vals, max_vals, args)`` returns (scale, zero_point, status) --
+    what ``calculate_qparams(min_vals, max_vals, args, widen=True, carry=the
+    record)`` would -- when those are the same statistics (the same objects,
+    their version counters unchanged: no in-place change since), the args'
+    key and the requested backend are the same; None otherwise (then the
+    caller calls ``calculate_qparams``, carrying ``record()``)."""
+
+    __slots__ = ("stats", "marks", "qparams")
+
+    def __init__(self, result, args):
+        mins, maxs, scale, zero_point, status = result
+        self.stats, self.qparams = (mins, maxs), (scale, zero_point, status)
+        self.marks = self._marks(args)
+
+    def _marks(self, args):
+        mins, maxs = self.stats
+        return (get_backend(), args_key(args), mins._version, maxs._version)
+
+    def take(self, min_vals, max_vals, args):
+        if min_vals is not self.stats[0] or max_vals is not self.stats[1]:
+            return None
+        try:
+            same = self._marks(args) == self.marks
+        except _UNKEYED:
+            return None
+        return self.qparams if same else None
+
+    def record(self) -> torch.Tensor:
+        """The record the observation was counted into: the head of status."""
+        return self.qparams[2][:len(STATUS_INIT)]
 
 
 class Repeat:

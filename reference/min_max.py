@@ -11,10 +11,11 @@ from __future__ import annotations
 import torch
 
 from obskernels.reference.flatten import flatten_for_calibration
+from obskernels.reference.qparams import calculate_qparams
 from obskernels.reference.stats import combine, deliver, record
-from obskernels.spec.calls import MinMaxCall
+from obskernels.spec.calls import MinMaxCall, MinMaxQParamsCall
 
-__all__ = ["min_max"]
+__all__ = ["min_max", "min_max_qparams"]
 
 
 def min_max(call: MinMaxCall):
@@ -28,3 +29,9 @@ def min_max(call: MinMaxCall):
     if call.status is not None:
         record(call.status, call.flat.value, mn, mx, call.observation)
     return deliver(result, call.out)
+
+
+def min_max_qparams(call: MinMaxQParamsCall):
+    """(min_vals, max_vals, scale, zero_point, status): ``min_max``, then
+    ``calculate_qparams(widen=True)`` carrying the value's record."""
+    return call.by_parts(min_max, calculate_qparams)

@@ -39,6 +39,8 @@ from helpers import qargs as _qargs
 
 MSE = dict(maxshrink=0.2, patience=5, grid=20, norm=2.4)
 VALUE_OPS = ("flatten_for_calibration", "min_max", "mse_search")
+#: and a first observation's statistics with its qparams: the same checks of the value
+CHECKED_OPS = VALUE_OPS + ("min_max_qparams",)
 
 
 def qargs(strategy="channel", **kw):  # the rows below default to per-channel args
@@ -135,7 +137,7 @@ ERRORS = [
 ]
 
 
-@pytest.mark.parametrize("op", VALUE_OPS)
+@pytest.mark.parametrize("op", CHECKED_OPS)
 @pytest.mark.parametrize("row", ERRORS, ids=[r[0] for r in ERRORS])
 def test_value_op_rejects(backend, op, row):
     _, value, base_name, args, error, match = row
@@ -157,7 +159,7 @@ G_IDX = [
 ]
 
 
-@pytest.mark.parametrize("op", ("flatten_for_calibration", "min_max"))
+@pytest.mark.parametrize("op", ("flatten_for_calibration", "min_max", "min_max_qparams"))
 @pytest.mark.parametrize("row", G_IDX, ids=[r[0] for r in G_IDX])
 def test_g_idx_rejected(backend, op, row):
     _, g_idx, error, match = row
@@ -165,7 +167,7 @@ def test_g_idx_rejected(backend, op, row):
         call(op, torch.randn(4, 8), "weight", qargs("group", group_size=2), g_idx=g_idx)
 
 
-@pytest.mark.parametrize("op", ("flatten_for_calibration", "min_max"))
+@pytest.mark.parametrize("op", ("flatten_for_calibration", "min_max", "min_max_qparams"))
 def test_g_idx_with_another_strategy_rejected(backend, op):
     with pytest.raises(ValueError, match=r"g_idx applies only to weights with the 'group' strategy"):
         call(op, torch.randn(4, 8), "weight", qargs("channel"), g_idx=torch.arange(8) // 2)
@@ -234,10 +236,10 @@ def test_every_error_is_the_same_on_every_backend():
     """Same type and message, reference vs triton, for every row above."""
     calls = []
     for name, value, base_name, args, _, _ in ERRORS:
-        for op in VALUE_OPS:
+        for op in CHECKED_OPS:
             calls.append((f"{name} {op}", lambda op=op, v=value, b=base_name, a=args: call(op, v, b, a)))
     for name, g_idx, _, _ in G_IDX:
-        for op in ("flatten_for_calibration", "min_max"):
+        for op in ("flatten_for_calibration", "min_max", "min_max_qparams"):
             calls.append((f"g_idx {name} {op}", lambda op=op, g=g_idx: call(
                 op, torch.ones(4, 8), "weight", qargs("group", group_size=2), g_idx=g)))
     for name, imp, base_name, args, _, _ in IMPORTANCE:
@@ -413,7 +415,7 @@ def test_device_errors_are_the_same_on_every_backend():
 
 
 @pytest.mark.parametrize("dtype", (torch.float32, torch.float64), ids=("fp32", "fp64-fallback"))
-@pytest.mark.parametrize("op", VALUE_OPS + ("combine_statistics",))
+@pytest.mark.parametrize("op", CHECKED_OPS + ("combine_statistics",))
 def test_a_call_is_checked_once(op, dtype, monkeypatch):
     """The front checks a call once and hands the checked call down: the
     value's flatten checks run once per call on every backend, also when
@@ -439,6 +441,7 @@ def test_a_call_is_checked_once(op, dtype, monkeypatch):
     run = {
         "flatten_for_calibration": lambda: ops.flatten_for_calibration(w, "weight", args),
         "min_max": lambda: ops.min_max(w, "weight", args),
+        "min_max_qparams": lambda: ops.min_max_qparams(w, "weight", args, record=True),
         "mse_search": lambda: ops.mse_search(w, "weight", args, importance=imp, flavour="imatrix", **MSE),
         "combine_statistics": lambda: ops.combine_statistics(
             w, "weight", args, torch.zeros(8, 4, dtype=dtype), torch.ones(8, 4, dtype=dtype)),
@@ -528,7 +531,7 @@ def test_float64_reference_computes_in_float64():
         assert bool(((base_min * grid == smin) & (base_max * grid == smax)).any(1).all())
 
 
-@pytest.mark.parametrize("op", VALUE_OPS)
+@pytest.mark.parametrize("op", CHECKED_OPS)
 def test_float64_forced_triton_is_a_clear_error(op):
     if triton_unavailable_reason(None) is not None:
         pytest.skip(f"triton backend unavailable: {triton_unavailable_reason(None)}")
@@ -545,7 +548,7 @@ def test_float64_bad_input_still_names_the_argument_on_triton():
         ops.min_max(torch.randn(2, 4, 8, dtype=torch.float64), "weight", qargs())
 
 
-@pytest.mark.parametrize("op", VALUE_OPS)
+@pytest.mark.parametrize("op", CHECKED_OPS)
 def test_float64_auto_falls_back_once_with_a_log(op, monkeypatch, caplog):
     if triton_unavailable_reason(None) is not None:
         pytest.skip(f"triton backend unavailable: {triton_unavailable_reason(None)}")

@@ -239,6 +239,10 @@ OBSERVER_FORWARD = {
     "imatrix_mse": (3, 1, 0),
     "nvfp4_expanded_imatrix": (2, 1, 0),
 }
+# a min/max observer's weight (not TENSOR_GROUP) is observed with its qparams
+# (ops.min_max_qparams: in min_max's epilogue at these shapes, one launch):
+# its get_qparams launches nothing and still reads once
+QPARAMS_AHEAD = {"memoryless_minmax", "static_minmax", "minmax"}
 # search observers whose later observations combine with held statistics:
 # + one combine_statistics launch (the moving average, and the record)
 SEARCH_COMBINES = {"mse"}
@@ -311,7 +315,8 @@ def test_observer_host_overhead(kind, shape, scheme, name):
     assert len(fwd_reads) <= max_reads, what
     assert fwd.syncs == 0, what
     tensor_group = case.spec.strategy == "tensor_group"
-    assert qp.triton_launches == 1 + tensor_group, what
+    ahead = kind == "weight" and name in QPARAMS_AHEAD and not tensor_group
+    assert qp.triton_launches == (0 if ahead else 1 + tensor_group), what
     assert qp.aten_ops == 0, what
     assert len(qp_reads) == 1, what
     assert fwd.triton_launches + qp.triton_launches <= FAMILY_LAUNCHES[name], what

@@ -163,6 +163,12 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
     #: attributes that make up the per-group statistics
     _stats_attrs: Tuple[str, ...] = ("min_vals", "max_vals")
 
+    #: whether a weight's statistics are ``_measure``'s min_max, so that its
+    #: observation can compute the qparams in the same operation
+    #: (``ops.min_max_qparams``); ``get_qparams`` takes them if the
+    #: statistics are unchanged
+    _qparams_ahead: bool = False
+
     @classmethod
     def load_from_registry(cls, name: str, **constructor_kwargs) -> "Observer":
         """The observer registered as ``name``, built with ``constructor_kwargs``
@@ -269,10 +275,12 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
         )
 
     def _record(self, device: torch.device) -> torch.Tensor:
-        """The record on ``device`` (made there, or moved with what it holds)."""
+        """The record on ``device`` (made there, or moved with what it holds;
+        after an observation with qparams ahead, the record it counted into)."""
         status = self._status
         if status is None:
-            status = new_record(device)
+            ahead = self.__dict__.get("_ahead")
+            status = new_record(device) if ahead is None else ahead.record()
         elif status.device != device:
             status = status.to(device)
         self.__dict__["_status"] = status
@@ -344,6 +352,11 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
         device = value.device
         if held is not None and held[0].device != device:
             self._raise_other_device(value, held[0])
+        if (held is None and self._qparams_ahead and self.base_name == WEIGHT
+                and not self._observations and device.type != "meta"
+                and self.args.strategy != QuantizationStrategy.TENSOR_GROUP):
+            self._observe_with_qparams(value, g_idx, tokens)
+            return
         status = None
         if self.nonfinite == "error" and device.type != "meta":
             status = self._status
@@ -360,6 +373,22 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
         if status is not None:
             self._observations.append((value.shape, value.dtype, tokens))
         self.__dict__["min_vals"], self.__dict__["max_vals"] = min_vals, max_vals
+
+    def _observe_with_qparams(self, value, g_idx, tokens: int) -> None:
+        """A weight's observation (nothing held, no observation pending) that
+        computes the qparams too: ``ops.min_max_qparams`` (on the triton
+        backend one launch, the qparams in min_max's epilogue), the value
+        counted into a fresh record under nonfinite="error". The qparams
+        wait in ``_ahead`` (``ops.Ahead``) for get_qparams; the record is
+        the head of their status (``_record``)."""
+        record = self.nonfinite == "error"
+        result = ops.min_max_qparams(value, self.base_name, self.args, g_idx, record=record)
+        if record:
+            self._observations.append((value.shape, value.dtype, tokens))
+        state = self.__dict__
+        state["min_vals"], state["max_vals"] = result[0], result[1]
+        state["_status"] = None  # the record is the qparams' status head (see _record)
+        state["_ahead"] = ops.Ahead(result, self.args)
 
     def _combine_rule(self):
         """(held, averaging_constant): the held (min_vals, max_vals) to combine
@@ -435,21 +464,14 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
         queues work on the device.
         """
         self._require_statistics()
-        fused = None
-        if self.args.strategy == QuantizationStrategy.TENSOR_GROUP:
-            fused = tuple((st["min_vals"], st["max_vals"]) for st in self._fused_statistics())
-        min_vals, max_vals = self.__dict__["min_vals"], self.__dict__["max_vals"]
-        carry = self._record(min_vals.device) if self._record_pending() else None
-        grad = torch.is_grad_enabled()
-        if grad:
-            torch._C._set_grad_enabled(False)  # torch.no_grad() without its Python frames
-        try:
-            scale, zero_point, global_scale, status = ops.calculate_qparams(
-                min_vals, max_vals, self.args, fused=fused, widen=True, carry=carry
-            )
-        finally:
-            if grad:
-                torch._C._set_grad_enabled(True)
+        state = self.__dict__
+        min_vals, max_vals = state["min_vals"], state["max_vals"]
+        ahead = state.get("_ahead")
+        taken = None if ahead is None else ahead.take(min_vals, max_vals, self.args)
+        if taken is not None:  # computed with the statistics, which are unchanged
+            (scale, zero_point, status), global_scale = taken, None
+        else:
+            scale, zero_point, global_scale, status = self._calculate_qparams(min_vals, max_vals)
         self._check_qparams(scale, status)
         if self._fused_with:
             self.delete_statistics()  # a fused observer waits for its group
@@ -457,6 +479,23 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
             self._drop_statistics()
         self.__dict__["_consumed_by_get_qparams"] = not self.has_statistics
         return {"scale": scale, "zero_point": zero_point, "global_scale": global_scale}
+
+    def _calculate_qparams(self, min_vals, max_vals):
+        """``ops.calculate_qparams`` of the statistics (widened, fused, the
+        record carried when one is pending)."""
+        fused = None
+        if self.args.strategy == QuantizationStrategy.TENSOR_GROUP:
+            fused = tuple((st["min_vals"], st["max_vals"]) for st in self._fused_statistics())
+        carry = self._record(min_vals.device) if self._record_pending() else None
+        grad = torch.is_grad_enabled()
+        if grad:
+            torch._C._set_grad_enabled(False)  # torch.no_grad() without its Python frames
+        try:
+            return ops.calculate_qparams(min_vals, max_vals, self.args, fused=fused, widen=True,
+                                         carry=carry)
+        finally:
+            if grad:
+                torch._C._set_grad_enabled(True)
 
     def get_global_scale(self) -> Optional[torch.Tensor]:
         """``generate_gparam(-a, a)`` over the fusion group for TENSOR_GROUP
@@ -467,13 +506,17 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
         return ops.calculate_qparams(self.min_vals, self.max_vals, self.args, fused=fused)[2]
 
     def _drop_statistics(self) -> None:
+        state = self.__dict__
+        device = None if state.get("min_vals") is None else state["min_vals"].device
         for a in self._stats_attrs:
-            self.__dict__.pop(a, None)
-        self.__dict__.pop("_repeat", None)  # it holds the statistics dropped
+            state.pop(a, None)
+        state.pop("_repeat", None)  # it holds the statistics dropped
+        state.pop("_ahead", None)  # their qparams
         if self._observations:
             # what was recorded belongs to the statistics dropped
             self._observations = []
-            self._status = new_record(self._status.device)
+            status = self._status
+            self._status = new_record(status.device if status is not None else device)
         # what the last sync saw is gone with the statistics
         self.__dict__.pop(SNAPSHOTS, None)
 

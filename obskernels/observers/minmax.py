@@ -16,6 +16,7 @@ class MemorylessMinMaxObserver(Observer):
     """min_vals / max_vals of the latest value only."""
 
     _act_sync_dict = {}
+    _qparams_ahead = True
 
     def _measure(self, value: torch.Tensor, g_idx=None, status=None, observation=0) -> MinMaxTuple:
         return ops.min_max(value, self.base_name, self.args, g_idx=g_idx, status=status,

@@ -50,6 +50,7 @@ from obskernels.spec.checks import (
     check_status,
 )
 from obskernels.spec.layout import Flattening, flattening
+from obskernels.spec.record import new_record
 from obskernels.spec.search import SearchParams
 
 __all__ = [
@@ -60,6 +61,7 @@ __all__ = [
     "CombineCall",
     "AccumulateCall",
     "QParamsCall",
+    "MinMaxQParamsCall",
     "ImportanceCall",
     "flatten_for_calibration",
     "min_max",
@@ -67,6 +69,7 @@ __all__ = [
     "combine_statistics",
     "accumulate_sq",
     "calculate_qparams",
+    "min_max_qparams",
     "importance",
 ]
 
@@ -151,6 +154,26 @@ class QParamsCall(NamedTuple):
     carry: torch.Tensor | None = None
 
 
+class MinMaxQParamsCall(NamedTuple):
+    """``min_max_qparams``: the flattening of a first observation, and
+    whether its non-finite elements are recorded (into a fresh record)."""
+
+    flat: Flattening
+    record: bool = False
+
+    def by_parts(self, min_max, calculate_qparams):
+        """The operation as its definition, with a backend's two operations:
+        ``min_max`` of the value (into a fresh record when ``record``), then
+        ``calculate_qparams(min_vals, max_vals, args, widen=True,
+        carry=record)``. Returns (min_vals, max_vals, scale, zero_point,
+        status)."""
+        record = new_record(self.flat.value.device) if self.record else None
+        mins, maxs = min_max(MinMaxCall(self.flat, status=record))
+        scale, zero_point, _, status = calculate_qparams(
+            QParamsCall(mins, maxs, self.flat.args, widen=True, carry=record))
+        return mins, maxs, scale, zero_point, status
+
+
 class ImportanceCall(NamedTuple):
     """``importance``: fp32 per-column sums, one int64 count, an observer's record."""
 
@@ -228,6 +251,14 @@ def calculate_qparams(min_vals, max_vals, args, global_scale=None, *, fused=None
     fused = None if fused is None else tuple(fused)  # read once, even from an iterator
     check_qparams_args(min_vals, max_vals, args, global_scale, fused, carry)
     return QParamsCall(min_vals, max_vals, args, global_scale, fused, bool(widen), carry)
+
+
+def min_max_qparams(value, base_name, args, g_idx=None, *, record=False) -> MinMaxQParamsCall:
+    flat = flattening(value, base_name, args, g_idx)
+    check_groups_nonempty(flat.flat_shape, value, "min_max_qparams")
+    if not isinstance(record, bool):
+        raise TypeError(f"record must be a bool, got {type(record).__name__}")
+    return MinMaxQParamsCall(flat, record)
 
 
 def importance(sum_buf, count_buf, status) -> ImportanceCall:

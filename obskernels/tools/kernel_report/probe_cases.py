@@ -64,6 +64,7 @@ def cases() -> List[Case]:
         C("weight tensor (split)", "min_max", lambda m: checked(m.min_max, w(*W), "weight", QA(num_bits=8, strategy="tensor"))),
         C("weight channel fp16", "min_max", lambda m: checked(m.min_max, w(*W, dtype=f16), "weight", QA(num_bits=8, strategy="channel"))),
         C("weight g_idx g128", "min_max", lambda m: checked(m.min_max, w(*W), "weight", g128, g_idx=g_idx)),
+        C("qparams int4 g32 asym, record (two launches)", "min_max", lambda m: checked(m.min_max_qparams, w(*W), "weight", QA(num_bits=4, symmetric=False, strategy="group", group_size=32), record=True)),
         C("weight block 128 partial (pad)", "min_max", lambda m: checked(m.min_max, w(4000, 4000), "weight", QA(num_bits=8, type="float", strategy="block", block_structure=[128, 128]))),
         C("weight block 8x16 partial fp32 (pad)", "min_max", lambda m: checked(m.min_max, w(4097, 4095, dtype=f32), "weight", QA(num_bits=8, strategy="block", block_structure=[8, 16]))),
         C("weight block 128 transposed (pad)", "min_max", lambda m: checked(m.min_max, w(4000, 4000).t(), "weight", QA(num_bits=8, type="float", strategy="block", block_structure=[128, 128]))),
@@ -121,6 +122,19 @@ def cases() -> List[Case]:
         mm("act token 3-D bf16 running, record", lambda: w(4, 2048, 4096), "input", QA(num_bits=8, strategy="token", dynamic=True), held=held_stats(2048, bf), status=torch.tensor(STATUS_INIT, dtype=torch.int64), observation=3),
         mm("weight int4 g128 bf16 14336x4096 average", lambda: w(14336, 4096), "weight", g128, held=held_stats((14336, 32), bf), averaging_constant=0.01),
         mm("weight nvfp4 g16 bf16 14336x4096 running, record", lambda: w(14336, 4096), "weight", QA(strategy="tensor_group", group_size=16, **nvfp4), held=held_stats((14336, 256), bf), status=torch.tensor(STATUS_INIT, dtype=torch.int64), observation=4),
+    ]
+    # A weight's first observation with its qparams in min_max's epilogue
+    # (min_max_qparams: one launch where groups are large enough, else
+    # min_max and calculate_qparams), the formats weight observers use
+    mq = lambda name, value, args, **kw: R(  # noqa: E731
+        f"64MB qparams {name}", "min_max", lambda m: checked(m.min_max_qparams, value(), "weight", args, **kw))
+    out += [
+        mq("int4 g128 bf16 14336x4096, record", lambda: w(14336, 4096), g128, record=True),
+        mq("int4 g128 asym fp16 14336x4096, record", lambda: w(14336, 4096, dtype=f16), QA(num_bits=4, symmetric=False, strategy="group", group_size=128), record=True),
+        mq("mxfp4 g32 fp32 4096x4096", lambda: w(4096, 4096, dtype=f32), QA(num_bits=4, type="float", symmetric=True, strategy="group", group_size=32, scale_dtype=torch.uint8)),
+        mq("int8 channel fp16 8192x4096, record", lambda: w(8192, 4096, dtype=f16), QA(num_bits=8, strategy="channel"), record=True),
+        mq("fp8 block 128 bf16 8192x4096, record", lambda: w(8192, 4096), blk(128, 128), record=True),
+        mq("g_idx g128 bf16 14336x4096, record", lambda: w(14336, 4096), g128, g_idx=g_idx14, record=True),
     ]
     fl = lambda name, value, args, **kw: R(  # noqa: E731
         f"64MB {name}", "flatten", lambda m: checked(m.flatten_for_calibration, value(), "weight", args, **kw))

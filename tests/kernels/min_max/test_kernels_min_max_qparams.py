@@ -1,0 +1,125 @@
+"""A first observation's statistics and qparams in one operation:
+``min_max_qparams`` (min_max, then calculate_qparams(widen=True) carrying the
+value's record).
+
+The oracle is the reference's two operations, called as an observer would:
+``min_max`` into a fresh record, then ``calculate_qparams`` of those
+statistics with that record carried. Both backends must give the same
+statistics, scale and zero point bit for bit, the same record at the head of
+the status, and a non-finite-scale flag after it exactly when the reference
+sets one (the number of flags is the backend's: one per program). The
+triton backend computes the qparams in min_max's epilogue where a program
+holds whole, large enough groups, and makes the two launches otherwise;
+both paths are taken here (and checked to be).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+from compressed_tensors.quantization import QuantizationArgs
+
+from obskernels.reference.min_max import min_max as reference_min_max
+from obskernels.reference.qparams import calculate_qparams as reference_qparams
+from obskernels.spec import calls
+from obskernels.spec.calls import MinMaxCall
+from obskernels.spec.record import STATUS_INIT, new_record
+
+from helpers import assert_same, call_backend
+
+pytestmark = pytest.mark.kernel
+pytest.importorskip("triton", reason="the Triton kernels need triton")
+
+kernel_module = importlib.import_module("obskernels.kernels.min_max")
+reference_module = importlib.import_module("obskernels.reference.min_max")
+N = len(STATUS_INIT)
+
+# name -> (args, shape, dtype, one launch on the triton backend)
+FORMATS = {
+    "int4 g128 sym bf16": (dict(num_bits=4, strategy="group", group_size=128), (8, 512), torch.bfloat16, True),
+    "int8 channel sym fp16": (dict(num_bits=8, strategy="channel"), (16, 512), torch.float16, True),
+    "fp8 channel fp32": (dict(num_bits=8, type="float", strategy="channel"), (16, 256), torch.float32, True),
+    "int8 channel asym fp16 (redo)": (dict(num_bits=8, strategy="channel", symmetric=False), (8, 512), torch.float16, True),
+    "int8 channel asym bf16 (redo)": (dict(num_bits=8, strategy="channel", symmetric=False), (8, 1024), torch.bfloat16, True),
+    "int1 channel sym bf16 (redo compiled: half 0.5)": (dict(num_bits=1, strategy="channel"), (8, 512), torch.bfloat16, True),
+    "int8 channel sym bf16, fp16 scale (redo)": (dict(num_bits=8, strategy="channel", scale_dtype=torch.float16), (8, 512), torch.bfloat16, True),
+    "int4 g128 fp8-scale bf16": (dict(num_bits=4, strategy="group", group_size=128, scale_dtype=torch.float8_e4m3fn), (8, 256), torch.bfloat16, True),
+    "int4 g32 asym bf16 (small groups)": (dict(num_bits=4, strategy="group", group_size=32, symmetric=False), (8, 256), torch.bfloat16, False),
+    "int4 g128 asym fp16 (small for the redo)": (dict(num_bits=4, strategy="group", group_size=128, symmetric=False), (8, 256), torch.float16, False),
+    "mxfp4 g32 fp32": (dict(num_bits=4, type="float", strategy="group", group_size=32, scale_dtype=torch.uint8), (8, 256), torch.float32, False),
+    "fp8 tensor bf16 (split)": (dict(num_bits=8, type="float", strategy="tensor"), (64, 1024), torch.bfloat16, False),
+}
+
+
+def _value(shape, dtype, kind):
+    v = torch.randn(*shape, generator=torch.Generator().manual_seed(7)).to(dtype)
+    big = torch.finfo(dtype).max
+    if kind == "nan":
+        v[1, 3] = float("nan")
+    elif kind == "inf":
+        v[2, 5] = float("inf")
+        v[3, 9] = float("-inf")
+    elif kind == "wide":  # finite, but max - min overflows the dtype: the float64 redo
+        v[0, 0], v[0, 1] = big, -big
+        v[4, 2] = big
+        v[4, 7] = -big / 2
+    return v
+
+
+def _oracle(value, args, record):
+    """The reference's min_max into a fresh record, then calculate_qparams carrying it."""
+    status = new_record(value.device) if record else None
+    mins, maxs = call_backend(reference_min_max, value, "weight", args, status=status)
+    scale, zp, _, out = call_backend(reference_qparams, mins, maxs, args, widen=True, carry=status)
+    return mins, maxs, scale, zp, out
+
+
+def _assert_matches(got, want, name):
+    for what, g, w in zip(("min_vals", "max_vals", "scale", "zero_point"), got[:4], want[:4]):
+        assert_same(g, w, f"{name}: {what}", stats=want[:2] if what == "scale" else None)
+    status, expected = got[4].tolist(), want[4].tolist()
+    assert got[4].dtype == torch.int64
+    assert status[:N] == expected[:N], f"{name}: record {status[:N]} != {expected[:N]}"
+    assert any(status[N:]) == any(expected[N:]), f"{name}: scale flags {status[N:]} vs {expected[N:]}"
+
+
+@pytest.mark.parametrize("record", [True, False], ids=["record", "no-record"])
+@pytest.mark.parametrize("kind", ["finite", "nan", "inf", "wide"])
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_min_max_qparams_is_min_max_then_calculate_qparams(name, kind, record):
+    fields, shape, dtype, _ = FORMATS[name]
+    args = QuantizationArgs(**fields)
+    value = _value(shape, dtype, kind)
+    want = _oracle(value, args, record)
+    for backend, module in (("reference", reference_module), ("triton", kernel_module)):
+        got = call_backend(module.min_max_qparams, value, "weight", args, record=record)
+        _assert_matches(got, want, f"{backend} {name} {kind}")
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_the_epilogue_is_taken_where_groups_are_whole_and_large(name):
+    """The triton backend's choice, structurally: one launch (qparams in the
+    epilogue) for the formats marked so, the two operations' launches for
+    small groups, a redo needing larger groups, and a split reduction."""
+    fields, shape, dtype, fused = FORMATS[name]
+    flat = calls.flatten_for_calibration(torch.zeros(shape, dtype=dtype), "weight",
+                                         QuantizationArgs(**fields))
+    launch = kernel_module.prepare(MinMaxCall(flat, status=new_record("cpu")), qparams=True)
+    assert (launch is not None) == fused
+
+
+def test_a_launch_is_made_once_per_signature_and_reused():
+    """The prepared one-launch path gives each call its own outputs and a
+    fresh record: two values in a row, the second NaN-free after a NaN one."""
+    args = QuantizationArgs(**FORMATS["int4 g128 sym bf16"][0])
+    call_nan = calls.min_max_qparams(_value((8, 512), torch.bfloat16, "nan"), "weight", args,
+                                     record=True)
+    launch = kernel_module.prepare_qparams(call_nan)
+    first = launch(call_nan)
+    clean = _value((8, 512), torch.bfloat16, "finite")
+    second = launch(calls.min_max_qparams(clean, "weight", args, record=True))
+    assert first[4][0].item() == 1 and second[4].tolist()[:N] == list(STATUS_INIT)
+    _assert_matches(second, _oracle(clean, args, True), "second call")
+    assert all(a.data_ptr() != b.data_ptr() for a, b in zip(first, second))
