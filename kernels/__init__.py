@@ -23,7 +23,7 @@ if __name__ == "obskernels.kernels":
     from obskernels.kernels.flatten import flatten_for_calibration
     from obskernels.kernels.importance import importance
     from obskernels.kernels.min_max import min_max, min_max_qparams
-    from obskernels.kernels.mse_search import mse_search
+    from obskernels.kernels.mse_search import mse_search, mse_search_qparams
     from obskernels.kernels.qparams import calculate_qparams
     from obskernels.kernels.stats import combine_statistics
 
@@ -31,6 +31,7 @@ if __name__ == "obskernels.kernels":
     from obskernels.kernels.min_max import prepare as _prepare_min_max
     from obskernels.kernels.min_max import prepare_qparams as _prepare_min_max_qparams
     from obskernels.kernels.mse_search import prepare as _prepare_mse_search
+    from obskernels.kernels.mse_search import prepare_qparams as _prepare_mse_search_qparams
     from obskernels.kernels.qparams import prepare as _prepare_qparams
     from obskernels.kernels.stats import prepare as _prepare_combine
 
@@ -40,12 +41,13 @@ if __name__ == "obskernels.kernels":
         "min_max": _prepare_min_max,
         "min_max_qparams": _prepare_min_max_qparams,
         "mse_search": _prepare_mse_search,
+        "mse_search_qparams": _prepare_mse_search_qparams,
         "calculate_qparams": _prepare_qparams,
         "combine_statistics": _prepare_combine,
         "importance": _prepare_importance,
     }
 
     __all__ = ["flatten_for_calibration", "min_max", "mse_search", "accumulate_sq", "calculate_qparams", "combine_statistics",
-               "importance", "min_max_qparams", "PREPARE", "INTERPRETED"]
+               "importance", "min_max_qparams", "mse_search_qparams", "PREPARE", "INTERPRETED"]
 else:
     __all__ = []

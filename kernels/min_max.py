@@ -29,8 +29,6 @@ group, from the lanes, puts it back.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
@@ -59,14 +57,9 @@ from obskernels.kernels.launch import (
     num_warps_for,
 )
 from obskernels.kernels import stats as ST
-from obskernels.kernels.qparams import (
-    QParamsConstants,
-    group_qparams,
-    qparams_format,
-    store_qparams,
-)
+from obskernels.kernels.qparams import epilogue_plan, epilogue_qparams
 from obskernels.kernels.qparams import prepare as prepare_calculate_qparams
-from obskernels.kernels.quant import DTYPE_CODE, GS_NONE
+from obskernels.kernels.quant import DTYPE_CODE
 from obskernels.spec.calls import MinMaxCall, MinMaxQParamsCall, QParamsCall
 from obskernels.spec.record import STATUS_INIT, new_record
 
@@ -136,7 +129,7 @@ def _reduce_store(lo, hi, qa, qb, q_ok, out_base, geo, min_ptr, max_ptr, held_mi
                   BITS16: tl.constexpr, RECORD: tl.constexpr, QP: tl.constexpr):
     """Reduce the running lanes to each group's (min, max) and store them
     through the epilogue at out_base + q; with QP (a first observation,
-    nothing held), also its scale and zero point (``_qparams``). Returns,
+    nothing held), also its scale and zero point (``epilogue_qparams``). Returns,
     per group, (RECORD; else 0) 1 where a real group's result is not finite
     (a NaN, +inf or -inf was read) and (QP; else 0) 1 where its scale is not
     finite."""
@@ -152,30 +145,12 @@ def _reduce_store(lo, hi, qa, qb, q_ok, out_base, geo, min_ptr, max_ptr, held_mi
               avg_a, avg_c, MODE, DTYPE, BITS16)
     bad_scale = 0
     if QP is not None:
-        bad_scale = _qparams(lo_q, hi_q, qq, q_ok, qp, DTYPE, QP)
+        bad_scale = epilogue_qparams(lo_q, hi_q, qq, q_ok, qp, DTYPE, QP)
     if RECORD:
         bad = (q_ok & (has_nan | (hi_q == float("inf")) | (lo_q == float("-inf")))).to(tl.int32)
         return bad, bad_scale
     else:
         return 0, bad_scale
-
-
-@triton.jit
-def _qparams(mn, mx, qq, q_ok, qp, DTYPE: tl.constexpr, QP: tl.constexpr):
-    """The qparams of groups qq from their statistics (mn, mx):
-    ``kernels.qparams``' arithmetic with no global scale, stored at qq of
-    ``qp.scale_ptr`` / ``qp.zp_ptr``; 1 (int64) where a scale is not finite.
-    QP: the format's switches (SDTYPE, SYM, SCALE, ZP, WIDEN) and FAST (the
-    GPU's conversions)."""
-    SDTYPE: tl.constexpr = QP[0]
-    SYM: tl.constexpr = QP[1]
-    SCALE: tl.constexpr = QP[2]
-    ZP: tl.constexpr = QP[3]
-    WIDEN: tl.constexpr = QP[4]
-    FAST: tl.constexpr = QP[5]
-    scale, zp = group_qparams(mn, mx, 1.0, qp.c, DTYPE, SDTYPE, SYM, SCALE, ZP, GS_NONE, WIDEN,
-                              FAST)
-    return store_qparams(qp.scale_ptr, qp.zp_ptr, qq, scale, zp, q_ok, SDTYPE, ZP)
 
 
 @triton.jit
@@ -412,15 +387,6 @@ def prepare(call: MinMaxCall, qparams: bool = False):
 # --------------------------------------------------------------------------- #
 # min_max_qparams: a first observation's statistics and qparams
 # --------------------------------------------------------------------------- #
-class QParamsOut(NamedTuple):
-    """``_min_max_kernel``'s qparams outputs (one argument): scale, zero
-    point and the format's ``QParamsConstants``."""
-
-    scale_ptr: torch.Tensor
-    zp_ptr: torch.Tensor
-    c: QParamsConstants
-
-
 def min_max_qparams(call: MinMaxQParamsCall):
     """Triton twin of ``reference.min_max.min_max_qparams``: (min_vals,
     max_vals, scale, zero_point, status), bit-identical."""
@@ -460,20 +426,14 @@ def prepare_qparams(call: MinMaxQParamsCall):
 def _qparams_launch(flat, layout, grid, first, launch_args, new_stats, context, token):
     """``prepare(..., qparams=True)``'s launch (see there); None where the
     groups are too small for it (``QP_MIN_GROUP``) or gathered."""
-    dtype, dev = flat.value.dtype, flat.value.device
-    fmt, constants, switches = qparams_format(flat.args, dtype, dtype, torch.float32,
-                                              GS_NONE.value, widen=True)
+    value = flat.value
+    plan = epilogue_plan(flat.args, value, layout.qshape, grid[0],
+                         gpu_arith(current_config("min_max"), value, "min_max"))
     # a thread computes its group's qparams once, after streaming the group:
     # worth it where that costs little per element of the group, and not
     # for gathered columns (g_idx), whose loads take triton 3.6 to its bound
-    if layout.gather or flat.value.numel() < layout.num_groups * QP_MIN_GROUP[switches["WIDEN"]]:
+    if layout.gather or value.numel() < layout.num_groups * QP_MIN_GROUP[plan.widen]:
         return None
-    qp_switches = (switches["SDTYPE"], switches["SYM"], switches["SCALE"], switches["ZP"],
-                   switches["WIDEN"], gpu_arith(current_config("min_max"), flat.value, "min_max"))
-    shape = layout.qshape if len(layout.qshape) > 0 else (1,)
-    new_scale, new_zero_point = allocator(shape, dtype, dev), allocator(shape, fmt.zp_dtype, dev)
-    # the status: a fresh record, then one flag per program (each program writes its own)
-    template = torch.tensor(STATUS_INIT + (0,) * grid[0], dtype=torch.int64, device=dev)
     perm, layout_args, avg_a, avg_c = launch_args
     options = dict(first, enable_fp_fusion=False)  # torch's roundings, one operation each
 
@@ -482,13 +442,12 @@ def _qparams_launch(flat, layout, grid, first, launch_args, new_stats, context, 
             return min_max_qparams(call)
         value = call.flat.value
         mins, maxs = new_stats(), new_stats()
-        scale, zero_point, status = new_scale(), new_zero_point(), template.clone()
+        qp, status = plan.outputs()
         with context():
             _min_max_kernel[grid](
                 value, perm if perm is not None else value, mins, maxs, *layout_args, mins, maxs,
-                status, avg_a, avg_c, 0, QParamsOut(scale, zero_point, constants), **options,
-                QP=qp_switches,
+                status, avg_a, avg_c, 0, qp, **options, QP=plan.switches,
             )
-        return mins, maxs, scale, zero_point, status
+        return mins, maxs, qp.scale_ptr, qp.zp_ptr, status
 
     return launch

@@ -117,12 +117,14 @@ from obskernels.kernels.mse_search_details._register import _search_kernel
 from obskernels.kernels.mse_search_details._split import _minmax_part_kernel, _search_part_kernel
 from obskernels.kernels.mse_search_details._step import StepConstants
 from obskernels.kernels.mse_search_details._step import _shrink  # noqa: F401 - the step rule, tested
-from obskernels.spec.calls import SearchCall
-from obskernels.spec.record import STATUS_IMPORTANCE
+from obskernels.kernels.qparams import epilogue_plan
+from obskernels.kernels.qparams import prepare as prepare_calculate_qparams
+from obskernels.spec.calls import QParamsCall, SearchCall, SearchQParamsCall
+from obskernels.spec.record import STATUS_IMPORTANCE, new_record
 from obskernels.spec.errors import KernelUnsupportedError
 from obskernels.spec.search import search_args
 
-__all__ = ["mse_search", "prepare"]
+__all__ = ["mse_search", "prepare", "mse_search_qparams", "prepare_qparams"]
 
 # Block sizes and work split: kernels/launch/ (tests pin smaller ones with
 # launch_config to reach the split path with tiny shapes). Only the work split
@@ -184,6 +186,32 @@ def mse_search(call: SearchCall):
     return prepare(call)(call)
 
 
+def mse_search_qparams(call: SearchQParamsCall):
+    """Triton twin of ``reference.mse_search.mse_search_qparams``: (min_vals,
+    max_vals, scale, zero_point, status), bit-identical."""
+    return prepare_qparams(call)(call)
+
+
+def prepare_qparams(call: SearchQParamsCall):
+    """The launch of ``call``'s signature: the search with the qparams in its
+    choice's epilogue (no launch more), else the search's and
+    ``calculate_qparams``' launches, the record carried between them."""
+    proto = new_record(call.flat.value.device) if call.record else None
+    search = call.search(proto)
+    fused = prepare(search, qparams=True)
+    if fused is not None:
+        return fused
+    search_launch = prepare(search)
+    stats = search_launch(search)  # prototypes of the statistics
+    qparams_launch = prepare_calculate_qparams(
+        QParamsCall(*stats, call.flat.args, widen=True, carry=proto))
+
+    def launch(call: SearchQParamsCall):
+        return call.by_parts(search_launch, qparams_launch)
+
+    return launch
+
+
 class _Search(NamedTuple):
     """One search's launch arguments, shared by both paths: what ``prepare``
     derives from the call's signature, and (``None`` there) the tensors of
@@ -225,11 +253,16 @@ class _Search(NamedTuple):
         return (*self.layout.kernel_args(), self.group_numel)
 
 
-def prepare(call: SearchCall):
+def prepare(call: SearchCall, qparams: bool = False):
     """The launch of ``call``'s signature (see kernels/min_max.py ``prepare``):
     the layout, the format's constants, the step rule and the launch
     configuration are derived here once; the returned function launches any
-    call of that signature."""
+    call of that signature.
+
+    ``qparams`` (``prepare_qparams``): the launch of a ``SearchQParamsCall``
+    of that signature whose choice computes the qparams in its epilogue;
+    None where there is no choose launch (the split path, a search that
+    cannot stop early)."""
     flat, params = call.flat, call.params
     value = flat.value
     check_kernel_dtype(value)
@@ -296,6 +329,24 @@ def prepare(call: SearchCall):
     new_stats = allocator(layout.qshape, dtype, dev)
     context = launch_context(dev)
     fixed = prepared[:_Search._fields.index("tab")]  # the fields before the call's own
+    if qparams:
+        programs = getattr(run, "choose_programs", None)
+        if programs is None:
+            return None
+        plan = epilogue_plan(flat.args, value, layout.qshape, programs, fast)
+
+        def launch_qparams(call: SearchQParamsCall):
+            if config_token() is not token:  # a launch_config block changed the policy
+                return mse_search_qparams(call)
+            qp, status = plan.outputs()
+            value = call.flat.value
+            search = _Search(*fixed, value if tab is None else tab, dev, value,
+                             (value, value, value, _TINY), new_stats(), new_stats(), status, 0)
+            with context():
+                run(search, (qp, plan.switches))
+            return search.out_min, search.out_max, qp.scale_ptr, qp.zp_ptr, status
+
+        return launch_qparams
 
     def launch(call: SearchCall):
         if config_token() is not token:  # a launch_config block changed the policy
@@ -373,7 +424,9 @@ def _register_path(s: _Search, config: LaunchConfig):
         # one word per (program, 32 steps), each stored by its program: no clearing
         new_flags = allocator((programs, n_words), torch.int32, dev)
 
-    def run(s: _Search) -> None:
+    def run(s: _Search, qparams=None) -> None:
+        """``qparams``: (``QParamsOut``, its QP switches) for the choice's
+        epilogue (``s.status``: the status, a record at its head)."""
         if track:
             bits = flags = s.value  # unread
         else:
@@ -384,10 +437,14 @@ def _register_path(s: _Search, config: LaunchConfig):
             **search_switches,
         )
         if not track:
+            qp, switches = (None, None) if qparams is None else qparams
             _choose_kernel[choose_grid](
-                bits, flags, *s.steps, s.out_min, s.out_max, *choose_tail, **choose_switches,
+                bits, flags, *s.steps, s.out_min, s.out_max, *choose_tail,
+                s.status if qp is not None else flags, qp, **choose_switches, QP=switches,
             )
 
+    # the choice's programs, where it computes the qparams (None: no choose launch)
+    run.choose_programs = None if track else choose_grid[0]
     return run
 
 

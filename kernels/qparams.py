@@ -51,7 +51,7 @@ from obskernels.spec.record import STATUS_FIRST_BAD, STATUS_INIT
 from obskernels.spec.errors import KernelUnsupportedError
 
 __all__ = ["calculate_qparams", "prepare", "group_qparams", "store_qparams", "qparams_format",
-           "QParamsConstants"]
+           "QParamsConstants", "QParamsOut", "epilogue_qparams", "EpilogueQParams", "epilogue_plan"]
 
 
 
@@ -294,6 +294,33 @@ def _qparams_kernel(
             tl.store(status_ptr + i + one, init, mask=first)
 
 
+class QParamsOut(NamedTuple):
+    """A streaming or choosing kernel's qparams outputs (one argument,
+    ``epilogue_qparams``): scale, zero point and the format's ``QParamsConstants``."""
+
+    scale_ptr: torch.Tensor
+    zp_ptr: torch.Tensor
+    c: QParamsConstants
+
+
+@triton.jit
+def epilogue_qparams(mn, mx, offs, mask, qp, DTYPE: tl.constexpr, QP: tl.constexpr):
+    """Another kernel's epilogue computing the qparams of the groups at
+    ``offs`` from the statistics (mn, mx) it just wrote (fp32 holding DTYPE
+    values), with no global scale: ``group_qparams``, stored through ``qp``
+    (``QParamsOut``). Returns 1 (int64) where a scale is not finite. QP:
+    (SDTYPE, SYM, SCALE, ZP, WIDEN, FAST), ``EpilogueQParams.switches``."""
+    SDTYPE: tl.constexpr = QP[0]
+    SYM: tl.constexpr = QP[1]
+    SCALE: tl.constexpr = QP[2]
+    ZP: tl.constexpr = QP[3]
+    WIDEN: tl.constexpr = QP[4]
+    FAST: tl.constexpr = QP[5]
+    scale, zp = group_qparams(mn, mx, 1.0, qp.c, DTYPE, SDTYPE, SYM, SCALE, ZP, GS_NONE, WIDEN,
+                              FAST)
+    return store_qparams(qp.scale_ptr, qp.zp_ptr, offs, scale, zp, mask, SDTYPE, ZP)
+
+
 # --------------------------------------------------------------------------- #
 # host side
 # --------------------------------------------------------------------------- #
@@ -328,6 +355,44 @@ def qparams_format(args, dtype: torch.dtype, sdtype: torch.dtype, a_dtype: torch
     switches = dict(SDTYPE=quant.DTYPE_CODE[sdtype], SYM=fmt.sym, SCALE=fmt.scale, ZP=fmt.zp,
                     WIDEN=bool(widen) and not bounded)
     return fmt, constants, switches
+
+
+class EpilogueQParams(NamedTuple):
+    """A call's qparams computed in another kernel's epilogue (the host
+    side of ``epilogue_qparams``), prepared once per signature: the
+    constexpr switches, the format's constants, the outputs' allocators and
+    the status template (a fresh record, then one zero flag per program of
+    the epilogue's launch, each of which writes its own)."""
+
+    switches: tuple
+    constants: QParamsConstants
+    widen: bool
+    new_scale: object
+    new_zero_point: object
+    template: torch.Tensor
+
+    def outputs(self):
+        """(``QParamsOut`` of new outputs, a fresh status) for one call."""
+        return (QParamsOut(self.new_scale(), self.new_zero_point(), self.constants),
+                self.template.clone())
+
+
+def epilogue_plan(args, value: torch.Tensor, qshape, programs: int, fast: bool) -> EpilogueQParams:
+    """The ``EpilogueQParams`` of ``calculate_qparams(min_vals, max_vals,
+    args, widen=True)`` for statistics of ``value``'s dtype and device and
+    shape ``qshape``, computed by ``programs`` programs (``fast``: the GPU's
+    conversions); KernelUnsupportedError for a format the kernels do not cover."""
+    dtype, dev = value.dtype, value.device
+    fmt, constants, switches = qparams_format(args, dtype, dtype, torch.float32, GS_NONE.value,
+                                              widen=True)
+    shape = qshape if len(qshape) > 0 else (1,)
+    return EpilogueQParams(
+        (switches["SDTYPE"], switches["SYM"], switches["SCALE"], switches["ZP"], switches["WIDEN"],
+         bool(fast)),
+        constants, switches["WIDEN"], allocator(shape, dtype, dev),
+        allocator(shape, fmt.zp_dtype, dev),
+        torch.tensor(STATUS_INIT + (0,) * programs, dtype=torch.int64, device=dev),
+    )
 
 
 def calculate_qparams(call: QParamsCall):

@@ -44,11 +44,13 @@ from obskernels.spec.calls import (
     MinMaxQParamsCall,
     QParamsCall,
     SearchCall,
+    SearchQParamsCall,
     args_key,
 )
 
 __all__ = ["flatten_for_calibration", "min_max", "mse_search", "accumulate_sq", "calculate_qparams",
-           "combine_statistics", "importance", "min_max_qparams", "Ahead", "Repeat"]
+           "combine_statistics", "importance", "min_max_qparams", "mse_search_qparams", "Ahead",
+           "Repeat"]
 
 _fallbacks_logged: set[str] = set()
 
@@ -56,7 +58,8 @@ _fallbacks_logged: set[str] = set()
 # reference computes those (its empty result, or its error), whichever backend
 # was chosen -- not a fallback, the same answer.
 _EMPTY_ON_REFERENCE = frozenset(
-    ("flatten_for_calibration", "min_max", "mse_search", "accumulate_sq", "min_max_qparams"))
+    ("flatten_for_calibration", "min_max", "mse_search", "accumulate_sq", "min_max_qparams",
+     "mse_search_qparams"))
 
 #: signature -> _Plan; at most _MAX_PLANS (then it starts afresh)
 _PLANS: dict = {}
@@ -76,7 +79,7 @@ class _Plan:
         # a Flattening is (value, base_name, strategy, args, *rest): rebuilt per call
         self.head = None if flat is None else flat[1:3]
         self.rest = None if flat is None else flat[4:]
-        self.extra = checked.params if isinstance(checked, SearchCall) else None
+        self.extra = checked.params if isinstance(checked, (SearchCall, SearchQParamsCall)) else None
 
     def run(self, call):
         try:
@@ -397,6 +400,28 @@ def mse_search(
         status=status,
         observation=observation,
     )
+
+
+def mse_search_qparams(value, base_name, args, *, maxshrink, patience, grid, norm, expand=1.0,
+                       flavour="mse", record=False):
+    """``min_max_qparams`` for the search (no importance): (min_vals,
+    max_vals, scale, zero_point, status), the tensors of ``mse_search(...,
+    status=a fresh record when record)`` then ``calculate_qparams(widen=True,
+    carry=that record)``. The triton backend computes the qparams in the
+    search's choice (no launch more) where it makes one."""
+    try:
+        key = (get_backend(), "mse_search_qparams", _t(value), base_name, type(args),
+               args_key(args), _scalar(maxshrink), _scalar(patience), _scalar(grid),
+               _scalar(norm), _scalar(expand), flavour, _scalar(record))
+        plan = _PLANS.get(key)
+    except _UNKEYED:
+        key = plan = None
+    if plan is not None:
+        return plan.run(SearchQParamsCall(Flattening(value, *plan.head, args, *plan.rest),
+                                          plan.extra, record))
+    return _dispatch("mse_search_qparams", key, value, base_name, args, maxshrink=maxshrink,
+                     patience=patience, grid=grid, norm=norm, expand=expand, flavour=flavour,
+                     record=record)
 
 
 def _on_tensors(op: str, call_type, *tensors):

@@ -17,11 +17,11 @@ if __name__ == "obskernels.reference":
     from obskernels.reference.flatten import flatten_for_calibration
     from obskernels.reference.importance import importance
     from obskernels.reference.min_max import min_max, min_max_qparams
-    from obskernels.reference.mse_search import mse_search
+    from obskernels.reference.mse_search import mse_search, mse_search_qparams
     from obskernels.reference.qparams import calculate_qparams
     from obskernels.reference.stats import combine_statistics
 
     __all__ = ["flatten_for_calibration", "min_max", "mse_search", "accumulate_sq", "calculate_qparams", "combine_statistics",
-               "importance", "min_max_qparams"]
+               "importance", "min_max_qparams", "mse_search_qparams"]
 else:
     __all__ = []

@@ -12,13 +12,14 @@ from compressed_tensors.quantization.lifecycle import fake_quantize
 from compressed_tensors.quantization.utils import calculate_qparams
 
 from obskernels.reference.flatten import flatten_for_calibration
+from obskernels.reference.qparams import calculate_qparams as qparams_of
 from obskernels.reference.stats import record
-from obskernels.spec.calls import SearchCall
+from obskernels.spec.calls import SearchCall, SearchQParamsCall
 from obskernels.spec.record import IMPORTANCE_OK, STATUS_IMPORTANCE
 from obskernels.spec.layout import Flattening
 from obskernels.spec.search import search_args
 
-__all__ = ["mse_search", "broadcast_importance"]
+__all__ = ["mse_search", "mse_search_qparams", "broadcast_importance"]
 
 
 def broadcast_importance(importance: torch.Tensor, flat: Flattening) -> torch.Tensor:
@@ -92,3 +93,9 @@ def mse_search(call: SearchCall):
     if call.status is not None:
         record(call.status, flat.value, best_min, best_max, call.observation)
     return best_min, best_max
+
+
+def mse_search_qparams(call: SearchQParamsCall):
+    """(min_vals, max_vals, scale, zero_point, status): ``mse_search``, then
+    ``calculate_qparams(widen=True)`` carrying the value's record."""
+    return call.by_parts(mse_search, qparams_of)

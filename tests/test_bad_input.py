@@ -40,7 +40,7 @@ from helpers import qargs as _qargs
 MSE = dict(maxshrink=0.2, patience=5, grid=20, norm=2.4)
 VALUE_OPS = ("flatten_for_calibration", "min_max", "mse_search")
 #: and a first observation's statistics with its qparams: the same checks of the value
-CHECKED_OPS = VALUE_OPS + ("min_max_qparams",)
+CHECKED_OPS = VALUE_OPS + ("min_max_qparams", "mse_search_qparams")
 
 
 def qargs(strategy="channel", **kw):  # the rows below default to per-channel args
@@ -54,8 +54,8 @@ def unchecked(base="group", **update):
 
 
 def call(op, value, base_name, args, **kw):
-    if op == "mse_search":
-        return ops.mse_search(value, base_name, args, **{**MSE, **kw})
+    if op.startswith("mse_search"):
+        return getattr(ops, op)(value, base_name, args, **{**MSE, **kw})
     return getattr(ops, op)(value, base_name, args, **kw)
 
 
@@ -442,6 +442,7 @@ def test_a_call_is_checked_once(op, dtype, monkeypatch):
         "flatten_for_calibration": lambda: ops.flatten_for_calibration(w, "weight", args),
         "min_max": lambda: ops.min_max(w, "weight", args),
         "min_max_qparams": lambda: ops.min_max_qparams(w, "weight", args, record=True),
+        "mse_search_qparams": lambda: ops.mse_search_qparams(w, "weight", args, record=True, **MSE),
         "mse_search": lambda: ops.mse_search(w, "weight", args, importance=imp, flavour="imatrix", **MSE),
         "combine_statistics": lambda: ops.combine_statistics(
             w, "weight", args, torch.zeros(8, 4, dtype=dtype), torch.ones(8, 4, dtype=dtype)),

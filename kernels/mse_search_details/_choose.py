@@ -14,6 +14,10 @@ import triton.language as tl
 from obskernels.kernels import quant
 from obskernels.kernels._layout import store_exact, widen
 from obskernels.kernels.mse_search_details._step import _PER_CALL, _or, _shrink
+from obskernels.kernels.qparams import epilogue_qparams
+from obskernels.spec.record import STATUS_INIT
+
+_N_STATUS: tl.constexpr = tl.constexpr(len(STATUS_INIT))
 
 
 @triton.jit
@@ -101,23 +105,31 @@ def _last_improving(bits_ptr, g, gmask, G, n_words, S):
 @triton.jit(do_not_specialize=_PER_CALL + ["P", "groups_per_program"])
 def _choose_kernel(
     bits_ptr, flags_ptr, grid32, grid_bits, exact32, out_min_ptr, out_max_ptr,
-    G, P, groups_per_program, n_steps, n_words, patience,
-    DTYPE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_P: tl.constexpr,
+    G, P, groups_per_program, n_steps, n_words, patience, status_ptr, qp,
+    DTYPE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_P: tl.constexpr, QP: tl.constexpr,
 ):
     """One program: groups_per_program groups, BLOCK_G at a time. S from the
     search programs' words flags_ptr[P, n_words] (every program computes the
     same S), then each group's last improving step <= S:
     out = rd(base * p_step), or base when the group never improved (the
-    base read from out)."""
+    base read from out). QP (``epilogue_qparams``): the qparams of the
+    chosen ranges too, and this program's non-finite-scale flag at
+    status_ptr[len(STATUS_INIT) + program]."""
     pid = tl.program_id(0)
     S = _stop_step_parts(flags_ptr, P, n_words, n_steps, patience, BLOCK_P)
+    bad = tl.zeros([BLOCK_G], tl.int64)
     for g0 in range(0, groups_per_program, BLOCK_G):
         gl = g0 + tl.arange(0, BLOCK_G)
         g = pid.to(tl.int64) * groups_per_program + gl
         gmask = (g < G) & (gl < groups_per_program)
         choice = _last_improving(bits_ptr, g, gmask, G, n_words, S)
-        _write_choice(grid32, grid_bits, exact32, out_min_ptr, out_max_ptr, g, gmask, choice,
-                      DTYPE)
+        omin, omax = _write_choice(grid32, grid_bits, exact32, out_min_ptr, out_max_ptr, g, gmask,
+                                   choice, DTYPE)
+        if QP is not None:
+            bad = bad | epilogue_qparams(omin, omax, g, gmask, qp, DTYPE, QP)
+    if QP is not None:
+        one = tl.arange(0, 1)
+        tl.store(status_ptr + _N_STATUS + pid + one, tl.max(bad, axis=0) + one * 0)
 
 
 
@@ -142,3 +154,4 @@ def _write_choice(grid32, grid_bits, exact32, out_min_ptr, out_max_ptr, g, gmask
     # values are exact in the output dtype, so the store's cast cannot round
     store_exact(out_min_ptr + g, omin, gmask)
     store_exact(out_max_ptr + g, omax, gmask)
+    return omin, omax

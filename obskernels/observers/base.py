@@ -163,10 +163,9 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
     #: attributes that make up the per-group statistics
     _stats_attrs: Tuple[str, ...] = ("min_vals", "max_vals")
 
-    #: whether a weight's statistics are ``_measure``'s min_max, so that its
-    #: observation can compute the qparams in the same operation
-    #: (``ops.min_max_qparams``); ``get_qparams`` takes them if the
-    #: statistics are unchanged
+    #: whether a weight's observation computes the qparams in the same
+    #: operation (``_measure_with_qparams``); ``get_qparams`` takes them if
+    #: the statistics are unchanged
     _qparams_ahead: bool = False
 
     @classmethod
@@ -376,13 +375,13 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
 
     def _observe_with_qparams(self, value, g_idx, tokens: int) -> None:
         """A weight's observation (nothing held, no observation pending) that
-        computes the qparams too: ``ops.min_max_qparams`` (on the triton
-        backend one launch, the qparams in min_max's epilogue), the value
-        counted into a fresh record under nonfinite="error". The qparams
-        wait in ``_ahead`` (``ops.Ahead``) for get_qparams; the record is
-        the head of their status (``_record``)."""
+        computes the qparams too (``_measure_with_qparams``: on the triton
+        backend in the epilogue of the last kernel, no launch more), the
+        value counted into a fresh record under nonfinite="error". The
+        qparams wait in ``_ahead`` (``ops.Ahead``) for get_qparams; the
+        record is the head of their status (``_record``)."""
         record = self.nonfinite == "error"
-        result = ops.min_max_qparams(value, self.base_name, self.args, g_idx, record=record)
+        result = self._measure_with_qparams(value, g_idx, record)
         if record:
             self._observations.append((value.shape, value.dtype, tokens))
         state = self.__dict__
@@ -403,6 +402,13 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
         operation, which adds the value to the record ``status`` (when given)
         as observation ``observation``."""
         raise NotImplementedError(f"{type(self).__name__} does not define _measure")
+
+    def _measure_with_qparams(self, value, g_idx, record: bool):
+        """``_measure`` of a weight with nothing held, and the qparams of its
+        statistics (``ops.min_max_qparams`` / ``ops.mse_search_qparams``):
+        (min_vals, max_vals, scale, zero_point, status). Subclasses setting
+        ``_qparams_ahead`` define it."""
+        raise NotImplementedError(f"{type(self).__name__} does not define _measure_with_qparams")
 
     def _measure_combined(self, value, g_idx, held, c, status, observation) -> MinMaxTuple:
         """With nothing held, ``_measure`` (recording the value itself);

@@ -22,6 +22,9 @@ class MemorylessMinMaxObserver(Observer):
         return ops.min_max(value, self.base_name, self.args, g_idx=g_idx, status=status,
                            observation=observation)
 
+    def _measure_with_qparams(self, value, g_idx, record: bool):
+        return ops.min_max_qparams(value, self.base_name, self.args, g_idx, record=record)
+
     def _measure_combined(self, value, g_idx, held, c, status, observation) -> MinMaxTuple:
         # one operation: min_max's epilogue combines (into the held statistics)
         # and records; a forward repeated in place goes straight to its plan

@@ -158,10 +158,18 @@ class MemorylessMSEObserver(SearchKwargsMixin, Observer):
 
     _act_sync_dict = {}
     _search_defaults = _MSE_DEFAULTS
+    _qparams_ahead = True
 
     def __init__(self, base_name, args, **observer_kwargs):
         super().__init__(base_name, args, **observer_kwargs)
         self._init_search()
+
+    def _measure_with_qparams(self, value, g_idx, record: bool):
+        if g_idx is not None:
+            value, _ = gather_columns(value, self.base_name, self.args, g_idx)
+        return ops.mse_search_qparams(
+            value, self.base_name, self.args, maxshrink=self.maxshrink, patience=self.patience,
+            grid=self.grid, norm=self.norm, expand=self.expand, record=record)
 
     def _default_triton_error_buffer(self):
         return default_triton_error_buffer(self.args)

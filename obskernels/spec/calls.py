@@ -62,6 +62,7 @@ __all__ = [
     "AccumulateCall",
     "QParamsCall",
     "MinMaxQParamsCall",
+    "SearchQParamsCall",
     "ImportanceCall",
     "flatten_for_calibration",
     "min_max",
@@ -70,6 +71,7 @@ __all__ = [
     "accumulate_sq",
     "calculate_qparams",
     "min_max_qparams",
+    "mse_search_qparams",
     "importance",
 ]
 
@@ -174,6 +176,30 @@ class MinMaxQParamsCall(NamedTuple):
         return mins, maxs, scale, zero_point, status
 
 
+class SearchQParamsCall(NamedTuple):
+    """``mse_search_qparams``: the search of a first observation (no
+    importance), and whether its non-finite elements are recorded (into a
+    fresh record)."""
+
+    flat: Flattening
+    params: SearchParams
+    record: bool = False
+
+    def search(self, status=None) -> SearchCall:
+        """The search alone, adding the value to ``status`` as observation 0."""
+        return SearchCall(self.flat, self.params, None, None, status, 0)
+
+    def by_parts(self, mse_search, calculate_qparams):
+        """The operation as its definition, with a backend's two operations
+        (as ``MinMaxQParamsCall.by_parts``): the search into a fresh record,
+        then ``calculate_qparams(widen=True)`` carrying it."""
+        record = new_record(self.flat.value.device) if self.record else None
+        mins, maxs = mse_search(self.search(record))
+        scale, zero_point, _, status = calculate_qparams(
+            QParamsCall(mins, maxs, self.flat.args, widen=True, carry=record))
+        return mins, maxs, scale, zero_point, status
+
+
 class ImportanceCall(NamedTuple):
     """``importance``: fp32 per-column sums, one int64 count, an observer's record."""
 
@@ -259,6 +285,15 @@ def min_max_qparams(value, base_name, args, g_idx=None, *, record=False) -> MinM
     if not isinstance(record, bool):
         raise TypeError(f"record must be a bool, got {type(record).__name__}")
     return MinMaxQParamsCall(flat, record)
+
+
+def mse_search_qparams(value, base_name, args, *, maxshrink, patience, grid, norm, expand=1.0,
+                       flavour="mse", record=False) -> SearchQParamsCall:
+    search = mse_search(value, base_name, args, maxshrink=maxshrink, patience=patience, grid=grid,
+                        norm=norm, expand=expand, flavour=flavour)
+    if not isinstance(record, bool):
+        raise TypeError(f"record must be a bool, got {type(record).__name__}")
+    return SearchQParamsCall(search.flat, search.params, record)
 
 
 def importance(sum_buf, count_buf, status) -> ImportanceCall:

@@ -205,6 +205,8 @@ def cases() -> List[Case]:
     # An observer's search under nonfinite="error": the search records the
     # value itself (RECORD) on the register path, its TRACK form and the split path.
     out += [
+        C("int4 g128 sym norm 2.4 qparams, record", "mse_search", lambda m: checked(m.mse_search_qparams, w(*W), "weight", g128, record=True, **mse)),
+        C("int8 asym channel fp16 qparams (redo)", "mse_search", lambda m: checked(m.mse_search_qparams, w(*W, dtype=f16), "weight", QA(num_bits=8, symmetric=False, strategy="channel"), **mse)),
         C("int4 g128 sym norm 2.4 record", "mse_search", lambda m: checked(m.mse_search, w(*W), "weight", g128, status=rec(), observation=1, **mse)),
         C("nvfp4 g16 (expanded) record", "mse_search", lambda m: checked(m.mse_search, w(*W), "weight", QA(strategy="tensor_group", group_size=16, **nvfp4), status=rec(), **nvx)),
         C("imatrix raw int4 g128 record", "mse_search", lambda m: checked(m.mse_search, w(*W), "weight", g128, importance=imp, importance_status=rec(), status=rec(), **imx)),

@@ -1,0 +1,105 @@
+"""A first observation's search and its qparams in one operation:
+``mse_search_qparams`` (the search, then calculate_qparams(widen=True)
+carrying the value's record).
+
+The oracle is the reference's two operations as an observer would call
+them: ``mse_search`` into a fresh record, then ``calculate_qparams`` of its
+ranges with that record carried. Both backends must give the same ranges,
+scale and zero point bit for bit, the same record at the head of the status,
+and a non-finite-scale flag after it exactly when the reference sets one. The
+triton backend computes the qparams in the choice's epilogue where the
+search makes a choose launch (the register path of a search that can stop
+early), and makes the search's and calculate_qparams' launches otherwise;
+both are taken here, and checked to be.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+from compressed_tensors.quantization import QuantizationArgs
+
+from obskernels.reference.mse_search import mse_search as reference_search
+from obskernels.reference.qparams import calculate_qparams as reference_qparams
+from obskernels.spec import calls
+from obskernels.spec.record import STATUS_INIT, new_record
+
+from helpers import assert_same, call_backend
+
+pytestmark = pytest.mark.kernel
+pytest.importorskip("triton", reason="the Triton kernels need triton")
+
+kernel_module = importlib.import_module("obskernels.kernels.mse_search")
+reference_module = importlib.import_module("obskernels.reference.mse_search")
+N = len(STATUS_INIT)
+MSE = dict(maxshrink=0.2, patience=5, grid=100, norm=2.4)  # 20 steps: the search can stop early
+
+# name -> (args, search keywords, shape, dtype, launch config, qparams in the choice)
+CASES = {
+    "int4 g16 sym bf16": (dict(num_bits=4, strategy="group", group_size=16), MSE, (8, 64), torch.bfloat16, None, True),
+    "int4 g16 asym fp16": (dict(num_bits=4, strategy="group", group_size=16, symmetric=False), MSE, (8, 64), torch.float16, None, True),
+    "int8 channel fp32": (dict(num_bits=8, strategy="channel"), dict(MSE, norm=2.0), (8, 64), torch.float32, None, True),
+    "int4 g16 sym bf16, fp8 scale": (dict(num_bits=4, strategy="group", group_size=16, scale_dtype=torch.float8_e4m3fn), MSE, (8, 64), torch.bfloat16, None, True),
+    "mxfp4 g32 bf16": (dict(num_bits=4, type="float", strategy="group", group_size=32, scale_dtype=torch.uint8), MSE, (8, 64), torch.bfloat16, None, True),
+    "int4 g16 sym bf16, cannot stop early": (dict(num_bits=4, strategy="group", group_size=16), dict(MSE, patience=1000), (8, 64), torch.bfloat16, None, False),
+    "int8 channel bf16 (split)": (dict(num_bits=8, strategy="channel"), MSE, (8, 64), torch.bfloat16, dict(max_reg_group=16, chunk=16, split=2), False),
+}
+
+
+def _value(shape, dtype, kind):
+    v = torch.randn(*shape, generator=torch.Generator().manual_seed(5)).to(dtype)
+    if kind == "nan":
+        v[1, 3] = float("nan")
+    elif kind == "inf":
+        v[2, 5] = float("inf")
+    elif kind == "wide":  # finite, but max - min overflows: the float64 redo
+        big = torch.finfo(dtype).max
+        v[0, 0], v[0, 1] = big, -big
+    return v
+
+
+def _oracle(value, args, kw, record):
+    status = new_record(value.device) if record else None
+    mins, maxs = call_backend(reference_search, value, "weight", args, status=status, **kw)
+    scale, zp, _, out = call_backend(reference_qparams, mins, maxs, args, widen=True, carry=status)
+    return mins, maxs, scale, zp, out
+
+
+# compressed-tensors' own MX scale of a non-finite group depends on the
+# tensor's size on the CPU (2^-127 for larger tensors, inf for a few groups):
+# there is no oracle for those at this size (test_kernels_qparams.py covers
+# them at its sizes), so they are not among the rows
+ROWS = [(name, kind) for name in sorted(CASES) for kind in ("finite", "nan", "inf", "wide")
+        if not (name.startswith("mx") and kind in ("nan", "inf"))]
+
+
+@pytest.mark.parametrize("record", [True, False], ids=["record", "no-record"])
+@pytest.mark.parametrize("name,kind", ROWS, ids=[f"{n}-{k}" for n, k in ROWS])
+def test_mse_search_qparams_is_the_search_then_calculate_qparams(name, kind, record, pin_launch):
+    fields, kw, shape, dtype, config, _ = CASES[name]
+    if config is not None:
+        pin_launch("mse_search", **config)
+    args = QuantizationArgs(**fields)
+    value = _value(shape, dtype, kind)
+    want = _oracle(value, args, kw, record)
+    for backend, module in (("reference", reference_module), ("triton", kernel_module)):
+        got = call_backend(module.mse_search_qparams, value, "weight", args, record=record, **kw)
+        what = f"{backend} {name} {kind}"
+        for part, g, w in zip(("min_vals", "max_vals", "scale", "zero_point"), got[:4], want[:4]):
+            assert_same(g, w, f"{what}: {part}")
+        status, expected = got[4].tolist(), want[4].tolist()
+        assert status[:N] == expected[:N], f"{what}: record {status[:N]} != {expected[:N]}"
+        assert any(status[N:]) == any(expected[N:]), f"{what}: flags {status[N:]} vs {expected[N:]}"
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_choice_computes_the_qparams_where_the_search_makes_one(name, pin_launch):
+    fields, kw, shape, dtype, config, fused = CASES[name]
+    if config is not None:
+        pin_launch("mse_search", **config)
+    call = calls.mse_search_qparams(torch.zeros(shape, dtype=dtype), "weight",
+                                    QuantizationArgs(**fields), record=True, **kw)
+    launch = kernel_module.prepare(call.search(new_record("cpu")), qparams=True)
+    assert (launch is not None) == fused
