@@ -167,12 +167,12 @@ def _any(bad):
 def _min_max_kernel(
     x_ptr, perm_ptr, min_ptr, max_ptr,
     Q, NR, lim_r, lim_e, geo,
-    rows_per_split, held_min_ptr, held_max_ptr, status_ptr, avg_a, avg_c, observation, qp,
+    rows_per_split, held_min_ptr, held_max_ptr, status_ptr, avg_a, avg_c, observation,
     BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr,
     ROW_LEVELS: tl.constexpr, SHORT_E: tl.constexpr, ROW_TAIL: tl.constexpr,
     GROUP_TAIL: tl.constexpr, GROUP_LOOP: tl.constexpr, PAD: tl.constexpr, GATHER: tl.constexpr,
     MODE: tl.constexpr, DTYPE: tl.constexpr, BITS16: tl.constexpr, RECORD: tl.constexpr,
-    QP: tl.constexpr,
+    qp=None, QP: tl.constexpr = None,
 ):
     """Program (i, s): the BLOCK_A x BLOCK_B groups of block i
     (``tile_groups``), rows [s*rows_per_split, (s+1)*rows_per_split), every
@@ -372,8 +372,7 @@ def prepare(call: MinMaxCall, qparams: bool = False):
             _min_max_kernel[grid](
                 value, perm if perm is not None else value,  # perm: unread unless GATHER
                 pmin, pmax, *layout_args, held_min, held_max,
-                status if status is not None else pmin, avg_a, avg_c, call.observation, None,
-                **first, QP=None,
+                status if status is not None else pmin, avg_a, avg_c, call.observation, **first,
             )
             if split > 1:
                 _min_max_finish_kernel[finish_grid](
@@ -413,9 +412,9 @@ def prepare_qparams(call: MinMaxQParamsCall):
     if fused is not None:
         return fused
     min_max_launch = prepare(MinMaxCall(flat, status=proto))
-    stats = min_max_launch(MinMaxCall(flat, status=proto))  # prototypes of the statistics
+    stats = torch.empty(flat.qshape, dtype=flat.value.dtype, device=dev)  # a prototype
     qparams_launch = prepare_calculate_qparams(
-        QParamsCall(*stats, flat.args, widen=True, carry=proto))
+        QParamsCall(stats, stats, flat.args, widen=True, carry=proto))
 
     def launch(call: MinMaxQParamsCall):
         return call.by_parts(min_max_launch, qparams_launch)
@@ -446,7 +445,7 @@ def _qparams_launch(flat, layout, grid, first, launch_args, new_stats, context, 
         with context():
             _min_max_kernel[grid](
                 value, perm if perm is not None else value, mins, maxs, *layout_args, mins, maxs,
-                status, avg_a, avg_c, 0, qp, **options, QP=plan.switches,
+                status, avg_a, avg_c, 0, **options, qp=qp, QP=plan.switches,
             )
         return mins, maxs, qp.scale_ptr, qp.zp_ptr, status
 

@@ -202,9 +202,10 @@ def prepare_qparams(call: SearchQParamsCall):
     if fused is not None:
         return fused
     search_launch = prepare(search)
-    stats = search_launch(search)  # prototypes of the statistics
+    flat = call.flat
+    stats = torch.empty(flat.qshape, dtype=flat.value.dtype, device=flat.value.device)  # a prototype
     qparams_launch = prepare_calculate_qparams(
-        QParamsCall(*stats, call.flat.args, widen=True, carry=proto))
+        QParamsCall(stats, stats, flat.args, widen=True, carry=proto))
 
     def launch(call: SearchQParamsCall):
         return call.by_parts(search_launch, qparams_launch)
@@ -329,6 +330,12 @@ def prepare(call: SearchCall, qparams: bool = False):
     new_stats = allocator(layout.qshape, dtype, dev)
     context = launch_context(dev)
     fixed = prepared[:_Search._fields.index("tab")]  # the fields before the call's own
+
+    def search_of(value, weights, status, observation) -> _Search:
+        """A call's search: its tensors, new outputs (the table is unread without the fast pow)."""
+        return _Search(*fixed, value if tab is None else tab, dev, value, (*weights, _TINY),
+                       new_stats(), new_stats(), status, observation)
+
     if qparams:
         programs = getattr(run, "choose_programs", None)
         if programs is None:
@@ -340,8 +347,7 @@ def prepare(call: SearchCall, qparams: bool = False):
                 return mse_search_qparams(call)
             qp, status = plan.outputs()
             value = call.flat.value
-            search = _Search(*fixed, value if tab is None else tab, dev, value,
-                             (value, value, value, _TINY), new_stats(), new_stats(), status, 0)
+            search = search_of(value, (value, value, value), status, 0)  # no importance
             with context():
                 run(search, (qp, plan.switches))
             return search.out_min, search.out_max, qp.scale_ptr, qp.zp_ptr, status
@@ -355,11 +361,7 @@ def prepare(call: SearchCall, qparams: bool = False):
         w = importance.to(torch.float32).contiguous() if has_w else value
         wmean = w.mean() if norm_w else w
         wcode = call.importance_status[STATUS_IMPORTANCE:] if norm_w else w
-        search = _Search(
-            *fixed, value if tab is None else tab,  # the table is unread without the fast pow
-            dev, value, (w, wmean, wcode, _TINY),
-            new_stats(), new_stats(), call.status, call.observation,
-        )
+        search = search_of(value, (w, wmean, wcode), call.status, call.observation)
         with context():
             run(search)
         return search.out_min, search.out_max
@@ -436,11 +438,14 @@ def _register_path(s: _Search, config: LaunchConfig):
             s.status if s.record else flags, *layout_args, *search_tail, s.observation,
             **search_switches,
         )
-        if not track:
-            qp, switches = (None, None) if qparams is None else qparams
+        if qparams is not None:
             _choose_kernel[choose_grid](
-                bits, flags, *s.steps, s.out_min, s.out_max, *choose_tail,
-                s.status if qp is not None else flags, qp, **choose_switches, QP=switches,
+                bits, flags, *s.steps, s.out_min, s.out_max, *choose_tail, **choose_switches,
+                status_ptr=s.status, qp=qparams[0], QP=qparams[1],
+            )
+        elif not track:
+            _choose_kernel[choose_grid](
+                bits, flags, *s.steps, s.out_min, s.out_max, *choose_tail, **choose_switches,
             )
 
     # the choice's programs, where it computes the qparams (None: no choose launch)

@@ -252,8 +252,9 @@ def min_max_qparams(value, base_name, args, g_idx=None, *, record=False):
 
 
 class Ahead:
-    """The qparams of ``min_max_qparams``, kept by the caller with the
-    statistics they were computed from, until it calls for them:
+    """The qparams of ``min_max_qparams`` / ``mse_search_qparams``, kept by
+    the caller with the statistics they were computed from, until it calls
+    for them:
     ``take(min_vals, max_vals, args)`` returns (scale, zero_point, status) --
     what ``calculate_qparams(min_vals, max_vals, args, widen=True, carry=the
     record)`` would -- when those are the same statistics (the same objects,

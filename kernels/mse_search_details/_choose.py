@@ -105,8 +105,9 @@ def _last_improving(bits_ptr, g, gmask, G, n_words, S):
 @triton.jit(do_not_specialize=_PER_CALL + ["P", "groups_per_program"])
 def _choose_kernel(
     bits_ptr, flags_ptr, grid32, grid_bits, exact32, out_min_ptr, out_max_ptr,
-    G, P, groups_per_program, n_steps, n_words, patience, status_ptr, qp,
-    DTYPE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_P: tl.constexpr, QP: tl.constexpr,
+    G, P, groups_per_program, n_steps, n_words, patience,
+    DTYPE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_P: tl.constexpr,
+    status_ptr=None, qp=None, QP: tl.constexpr = None,
 ):
     """One program: groups_per_program groups, BLOCK_G at a time. S from the
     search programs' words flags_ptr[P, n_words] (every program computes the

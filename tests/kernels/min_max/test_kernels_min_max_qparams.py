@@ -27,7 +27,7 @@ from obskernels.spec import calls
 from obskernels.spec.calls import MinMaxCall
 from obskernels.spec.record import STATUS_INIT, new_record
 
-from helpers import assert_same, call_backend
+from helpers import RecordingKernel, assert_same, call_backend
 
 pytestmark = pytest.mark.kernel
 pytest.importorskip("triton", reason="the Triton kernels need triton")
@@ -123,3 +123,22 @@ def test_a_launch_is_made_once_per_signature_and_reused():
     assert first[4][0].item() == 1 and second[4].tolist()[:N] == list(STATUS_INIT)
     _assert_matches(second, _oracle(clean, args, True), "second call")
     assert all(a.data_ptr() != b.data_ptr() for a, b in zip(first, second))
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_preparing_launches_nothing(name, monkeypatch):
+    """Preparing a signature launches nothing of its own; a call makes one
+    launch (qparams in the epilogue) or more (min_max, with a split its
+    finish pass, then calculate_qparams)."""
+    qparams_module = importlib.import_module("obskernels.kernels.qparams")
+    sink = []
+    for module, attr in ((kernel_module, "_min_max_kernel"), (kernel_module, "_min_max_finish_kernel"),
+                         (qparams_module, "_qparams_kernel")):
+        monkeypatch.setattr(module, attr, RecordingKernel(getattr(module, attr), sink))
+    fields, shape, dtype, fused = FORMATS[name]
+    args = QuantizationArgs(**fields)
+    call = calls.min_max_qparams(_value(shape, dtype, "finite"), "weight", args, record=True)
+    launch = kernel_module.prepare_qparams(call)
+    assert sink == [], f"preparing launched {len(sink)} kernel(s)"
+    launch(call)
+    assert (len(sink) == 1) == fused and len(sink) >= 1, len(sink)

@@ -26,7 +26,7 @@ from obskernels.reference.qparams import calculate_qparams as reference_qparams
 from obskernels.spec import calls
 from obskernels.spec.record import STATUS_INIT, new_record
 
-from helpers import assert_same, call_backend
+from helpers import RecordingKernel, assert_same, call_backend
 
 pytestmark = pytest.mark.kernel
 pytest.importorskip("triton", reason="the Triton kernels need triton")
@@ -103,3 +103,23 @@ def test_the_choice_computes_the_qparams_where_the_search_makes_one(name, pin_la
                                     QuantizationArgs(**fields), record=True, **kw)
     launch = kernel_module.prepare(call.search(new_record("cpu")), qparams=True)
     assert (launch is not None) == fused
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_preparing_launches_nothing(name, pin_launch, monkeypatch):
+    """Preparing a signature runs no search of its own (its statistics'
+    prototype is allocated, not computed)."""
+    from obskernels.kernels.mse_search_details import _choose, _register, _split
+
+    sink = []
+    for module in (kernel_module, _register, _split, _choose):
+        for attr in dir(module):
+            if attr.endswith("_kernel") and not isinstance(getattr(module, attr), RecordingKernel):
+                monkeypatch.setattr(module, attr, RecordingKernel(getattr(module, attr), sink))
+    fields, kw, shape, dtype, config, _ = CASES[name]
+    if config is not None:
+        pin_launch("mse_search", **config)
+    call = calls.mse_search_qparams(_value(shape, dtype, "finite"), "weight",
+                                    QuantizationArgs(**fields), record=True, **kw)
+    kernel_module.prepare_qparams(call)
+    assert sink == [], f"preparing launched {[s[0] for s in sink]}"
