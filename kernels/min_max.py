@@ -57,11 +57,10 @@ from obskernels.kernels.launch import (
     num_warps_for,
 )
 from obskernels.kernels import stats as ST
-from obskernels.kernels.qparams import epilogue_plan, epilogue_qparams
-from obskernels.kernels.qparams import prepare as prepare_calculate_qparams
+from obskernels.kernels.qparams import epilogue_plan, epilogue_qparams, prepare_with_qparams
 from obskernels.kernels.quant import DTYPE_CODE
-from obskernels.spec.calls import MinMaxCall, MinMaxQParamsCall, QParamsCall
-from obskernels.spec.record import STATUS_INIT, new_record
+from obskernels.spec.calls import MinMaxCall, MinMaxQParamsCall
+from obskernels.spec.record import STATUS_INIT
 
 __all__ = ["min_max", "prepare", "min_max_qparams", "prepare_qparams"]
 
@@ -404,22 +403,9 @@ QP_MIN_GROUP = {False: 128, True: 512}
 def prepare_qparams(call: MinMaxQParamsCall):
     """The launch of ``call``'s signature: ONE launch of ``_min_max_kernel``
     whose epilogue computes the qparams (``QP``) where every program holds
-    whole groups; otherwise (rows split across programs) the launches of
-    ``min_max`` and ``calculate_qparams``, the record carried between them."""
-    flat, dev = call.flat, call.flat.value.device
-    proto = new_record(dev) if call.record else None
-    fused = prepare(MinMaxCall(flat, status=proto), qparams=True)
-    if fused is not None:
-        return fused
-    min_max_launch = prepare(MinMaxCall(flat, status=proto))
-    stats = torch.empty(flat.qshape, dtype=flat.value.dtype, device=dev)  # a prototype
-    qparams_launch = prepare_calculate_qparams(
-        QParamsCall(stats, stats, flat.args, widen=True, carry=proto))
-
-    def launch(call: MinMaxQParamsCall):
-        return call.by_parts(min_max_launch, qparams_launch)
-
-    return launch
+    whole, large enough groups; otherwise the launches of ``min_max`` and
+    ``calculate_qparams`` (``qparams.prepare_with_qparams``)."""
+    return prepare_with_qparams(call, prepare)
 
 
 def _qparams_launch(flat, layout, grid, first, launch_args, new_stats, context, token):

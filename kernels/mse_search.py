@@ -117,10 +117,9 @@ from obskernels.kernels.mse_search_details._register import _search_kernel
 from obskernels.kernels.mse_search_details._split import _minmax_part_kernel, _search_part_kernel
 from obskernels.kernels.mse_search_details._step import StepConstants
 from obskernels.kernels.mse_search_details._step import _shrink  # noqa: F401 - the step rule, tested
-from obskernels.kernels.qparams import epilogue_plan
-from obskernels.kernels.qparams import prepare as prepare_calculate_qparams
-from obskernels.spec.calls import QParamsCall, SearchCall, SearchQParamsCall
-from obskernels.spec.record import STATUS_IMPORTANCE, new_record
+from obskernels.kernels.qparams import epilogue_plan, prepare_with_qparams
+from obskernels.spec.calls import SearchCall, SearchQParamsCall
+from obskernels.spec.record import STATUS_IMPORTANCE
 from obskernels.spec.errors import KernelUnsupportedError
 from obskernels.spec.search import search_args
 
@@ -194,23 +193,9 @@ def mse_search_qparams(call: SearchQParamsCall):
 
 def prepare_qparams(call: SearchQParamsCall):
     """The launch of ``call``'s signature: the search with the qparams in its
-    choice's epilogue (no launch more), else the search's and
-    ``calculate_qparams``' launches, the record carried between them."""
-    proto = new_record(call.flat.value.device) if call.record else None
-    search = call.search(proto)
-    fused = prepare(search, qparams=True)
-    if fused is not None:
-        return fused
-    search_launch = prepare(search)
-    flat = call.flat
-    stats = torch.empty(flat.qshape, dtype=flat.value.dtype, device=flat.value.device)  # a prototype
-    qparams_launch = prepare_calculate_qparams(
-        QParamsCall(stats, stats, flat.args, widen=True, carry=proto))
-
-    def launch(call: SearchQParamsCall):
-        return call.by_parts(search_launch, qparams_launch)
-
-    return launch
+    choice's epilogue (no launch more) where it makes a choice; otherwise the
+    search's and ``calculate_qparams``' launches (``qparams.prepare_with_qparams``)."""
+    return prepare_with_qparams(call, prepare)
 
 
 class _Search(NamedTuple):

@@ -47,11 +47,12 @@ from obskernels.kernels.launch import (
 from obskernels.kernels.stats import as_bits, load_stat
 from obskernels.spec.calls import QParamsCall
 from obskernels.spec.checks import FLOAT_DTYPES
-from obskernels.spec.record import STATUS_FIRST_BAD, STATUS_INIT
+from obskernels.spec.record import STATUS_FIRST_BAD, STATUS_INIT, new_record
 from obskernels.spec.errors import KernelUnsupportedError
 
 __all__ = ["calculate_qparams", "prepare", "group_qparams", "store_qparams", "qparams_format",
-           "QParamsConstants", "QParamsOut", "epilogue_qparams", "EpilogueQParams", "epilogue_plan"]
+           "QParamsConstants", "QParamsOut", "epilogue_qparams", "EpilogueQParams", "epilogue_plan",
+           "prepare_with_qparams"]
 
 
 
@@ -393,6 +394,29 @@ def epilogue_plan(args, value: torch.Tensor, qshape, programs: int, fast: bool) 
         allocator(shape, fmt.zp_dtype, dev),
         torch.tensor(STATUS_INIT + (0,) * programs, dtype=torch.int64, device=dev),
     )
+
+
+def prepare_with_qparams(call, prepare_measuring):
+    """The launch of a ``*QParamsCall``'s signature (``min_max_qparams``,
+    ``mse_search_qparams``): ``prepare_measuring(call.measuring(record),
+    qparams=True)``, the measuring kernels computing the qparams in their
+    epilogue, where it gives one; otherwise the measuring operation's launch
+    and ``calculate_qparams``', the record carried between them (the
+    statistics' prototype allocated, not computed: preparing launches nothing)."""
+    flat = call.flat
+    proto = new_record(flat.value.device) if call.record else None
+    measuring = call.measuring(proto)
+    fused = prepare_measuring(measuring, qparams=True)
+    if fused is not None:
+        return fused
+    measure = prepare_measuring(measuring)
+    stats = torch.empty(flat.qshape, dtype=flat.value.dtype, device=flat.value.device)
+    qparams = prepare(QParamsCall(stats, stats, flat.args, widen=True, carry=proto))
+
+    def launch(call):
+        return call.by_parts(measure, qparams)
+
+    return launch
 
 
 def calculate_qparams(call: QParamsCall):

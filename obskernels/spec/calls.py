@@ -156,6 +156,19 @@ class QParamsCall(NamedTuple):
     carry: torch.Tensor | None = None
 
 
+def _measured_then_qparams(call, measure, calculate_qparams):
+    """A ``*QParamsCall`` as its definition, with a backend's two
+    operations: ``measure`` of ``call.measuring(record)`` (a fresh record
+    when ``call.record``), then ``calculate_qparams(min_vals, max_vals, args,
+    widen=True, carry=record)``. Returns (min_vals, max_vals, scale,
+    zero_point, status)."""
+    record = new_record(call.flat.value.device) if call.record else None
+    mins, maxs = measure(call.measuring(record))
+    scale, zero_point, _, status = calculate_qparams(
+        QParamsCall(mins, maxs, call.flat.args, widen=True, carry=record))
+    return mins, maxs, scale, zero_point, status
+
+
 class MinMaxQParamsCall(NamedTuple):
     """``min_max_qparams``: the flattening of a first observation, and
     whether its non-finite elements are recorded (into a fresh record)."""
@@ -163,17 +176,13 @@ class MinMaxQParamsCall(NamedTuple):
     flat: Flattening
     record: bool = False
 
+    def measuring(self, status=None) -> MinMaxCall:
+        """The min_max alone, adding the value to ``status`` as observation 0."""
+        return MinMaxCall(self.flat, status=status)
+
     def by_parts(self, min_max, calculate_qparams):
-        """The operation as its definition, with a backend's two operations:
-        ``min_max`` of the value (into a fresh record when ``record``), then
-        ``calculate_qparams(min_vals, max_vals, args, widen=True,
-        carry=record)``. Returns (min_vals, max_vals, scale, zero_point,
-        status)."""
-        record = new_record(self.flat.value.device) if self.record else None
-        mins, maxs = min_max(MinMaxCall(self.flat, status=record))
-        scale, zero_point, _, status = calculate_qparams(
-            QParamsCall(mins, maxs, self.flat.args, widen=True, carry=record))
-        return mins, maxs, scale, zero_point, status
+        """The operation as its definition (``_measured_then_qparams``)."""
+        return _measured_then_qparams(self, min_max, calculate_qparams)
 
 
 class SearchQParamsCall(NamedTuple):
@@ -185,19 +194,13 @@ class SearchQParamsCall(NamedTuple):
     params: SearchParams
     record: bool = False
 
-    def search(self, status=None) -> SearchCall:
+    def measuring(self, status=None) -> SearchCall:
         """The search alone, adding the value to ``status`` as observation 0."""
         return SearchCall(self.flat, self.params, None, None, status, 0)
 
     def by_parts(self, mse_search, calculate_qparams):
-        """The operation as its definition, with a backend's two operations
-        (as ``MinMaxQParamsCall.by_parts``): the search into a fresh record,
-        then ``calculate_qparams(widen=True)`` carrying it."""
-        record = new_record(self.flat.value.device) if self.record else None
-        mins, maxs = mse_search(self.search(record))
-        scale, zero_point, _, status = calculate_qparams(
-            QParamsCall(mins, maxs, self.flat.args, widen=True, carry=record))
-        return mins, maxs, scale, zero_point, status
+        """The operation as its definition (``_measured_then_qparams``)."""
+        return _measured_then_qparams(self, mse_search, calculate_qparams)
 
 
 class ImportanceCall(NamedTuple):

@@ -101,7 +101,7 @@ def test_the_choice_computes_the_qparams_where_the_search_makes_one(name, pin_la
         pin_launch("mse_search", **config)
     call = calls.mse_search_qparams(torch.zeros(shape, dtype=dtype), "weight",
                                     QuantizationArgs(**fields), record=True, **kw)
-    launch = kernel_module.prepare(call.search(new_record("cpu")), qparams=True)
+    launch = kernel_module.prepare(call.measuring(new_record("cpu")), qparams=True)
     assert (launch is not None) == fused
 
 
