@@ -11,6 +11,7 @@ of its inputs), so they equal the reference bit for bit.
 Launches: one, or two when the rows of a group tile are split across
 programs to fill a GPU (a whole-tensor reduction): the first writes one
 partial min/max per (split, group), the second reduces the partials.
+``min_max_qparams`` computes the qparams in the epilogue of the last of them.
 ``prepare`` makes the launch of a call's signature once (obskernels.ops
 keeps it for later calls of that signature).
 
@@ -265,10 +266,13 @@ def _min_max_finish_kernel(
     held_min_ptr, held_max_ptr, avg_a, avg_c,
     BLOCK_Q: tl.constexpr, BLOCK_S: tl.constexpr,
     MODE: tl.constexpr, DTYPE: tl.constexpr, BITS16: tl.constexpr,
+    status_ptr=None, qp=None, QP: tl.constexpr = None,
 ):
     """min_vals[q] = min over s of pmin[s, q] (NaN if any partial is NaN); max alike.
     One program reduces BLOCK_Q groups over all SPLIT partials; the MODE
-    epilogue as in _min_max_kernel."""
+    epilogue as in _min_max_kernel. QP (nothing held): also the groups'
+    qparams, and the program's non-finite-scale flag after the record in
+    status, as _min_max_kernel's epilogue does without a split."""
     q = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)[None, :]
     lo = tl.full([BLOCK_S, BLOCK_Q], float("inf"), tl.float32)
     hi = tl.full([BLOCK_S, BLOCK_Q], float("-inf"), tl.float32)
@@ -286,6 +290,11 @@ def _min_max_finish_kernel(
     qq = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
     _epilogue(min_ptr, max_ptr, qq, lo_q, hi_q, qq, qq < Q, held_min_ptr, held_max_ptr,
               avg_a, avg_c, MODE, DTYPE, BITS16)
+    if QP is not None:
+        bad_scale = epilogue_qparams(lo_q, hi_q, qq, qq < Q, qp, DTYPE, QP)
+        one = tl.arange(0, 1)
+        flag = (tl.max(bad_scale, axis=0) > 0).to(tl.int64)
+        tl.store(status_ptr + _N_STATUS + tl.program_id(0) + one, flag + one * 0)
 
 
 def min_max(call: MinMaxCall):
@@ -307,8 +316,9 @@ def prepare(call: MinMaxCall, qparams: bool = False):
 
     ``qparams`` (``prepare_qparams``: nothing held, no out): the launch of a
     ``MinMaxQParamsCall`` of that signature computing the qparams in the
-    epilogue, or None where a group's rows are split across programs,
-    groups are small (``QP_MIN_GROUP``) or gathered (g_idx)."""
+    epilogue of its last kernel (the finish pass where a group's rows are
+    split across programs), or None where the streaming kernel reduces
+    whole groups that are small (``QP_MIN_GROUP``) or gathered (g_idx)."""
     value, held = call.flat.value, call.held
     check_kernel_dtype(value)
     check_launchable(value, "min_max")
@@ -319,8 +329,6 @@ def prepare(call: MinMaxCall, qparams: bool = False):
     config = current_config("min_max")
     tile = min_max_tile(layout, value.element_size(), config)
     Q, split = layout.num_groups, tile.split
-    if qparams and split > 1:
-        return None  # no program holds a whole group
     qshape, dtype, dev = layout.qshape, value.dtype, value.device
     perm, layout_args = layout.perm, (*layout.kernel_args(), tile.rows_per_split)
     record = call.status is not None
@@ -331,6 +339,7 @@ def prepare(call: MinMaxCall, qparams: bool = False):
         **(epilogue if split == 1 else dict(MODE=ST.MODE_REPLACE.value, DTYPE=epilogue["DTYPE"],
                                             BITS16=False)),
     )
+    finish = finish_grid = None
     if split > 1:
         FQ, FS = finish_blocks(Q, split, config)
         finish = dict(BLOCK_Q=FQ, BLOCK_S=FS, **epilogue,
@@ -341,11 +350,12 @@ def prepare(call: MinMaxCall, qparams: bool = False):
     # bits by the kernels themselves (kernels/stats.py), no view here
     new_stats = allocator(qshape, dtype, dev)
     context = launch_context(dev)
-    if qparams:
-        return _qparams_launch(call.flat, layout, grid, first, (perm, layout_args, avg_a, avg_c),
-                               new_stats, context, token)
     if split > 1:
         new_parts = allocator((split, Q), dtype, dev)
+    if qparams:
+        return _qparams_launch(call.flat, layout, (grid, first), (finish_grid, finish),
+                               (perm, layout_args, avg_a, avg_c), new_stats,
+                               new_parts if split > 1 else None, context, token)
     held_contiguous = call.held is None or (call.held[0].is_contiguous()
                                             and call.held[1].is_contiguous())
 
@@ -401,26 +411,42 @@ QP_MIN_GROUP = {False: 128, True: 512}
 
 
 def prepare_qparams(call: MinMaxQParamsCall):
-    """The launch of ``call``'s signature: ONE launch of ``_min_max_kernel``
-    whose epilogue computes the qparams (``QP``) where every program holds
-    whole, large enough groups; otherwise the launches of ``min_max`` and
+    """The launch of ``call``'s signature: min_max's launches, the last of
+    which computes the qparams in its epilogue (``QP``): ONE launch of
+    ``_min_max_kernel`` where every program holds whole, large enough
+    groups, its launch and the finish pass's where the groups' rows are
+    split across programs; otherwise the launches of ``min_max`` and
     ``calculate_qparams`` (``qparams.prepare_with_qparams``)."""
     return prepare_with_qparams(call, prepare)
 
 
-def _qparams_launch(flat, layout, grid, first, launch_args, new_stats, context, token):
-    """``prepare(..., qparams=True)``'s launch (see there); None where the
-    groups are too small for it (``QP_MIN_GROUP``) or gathered."""
+def _qparams_launch(flat, layout, main, finish, launch_args, new_stats, new_parts, context, token):
+    """``prepare(..., qparams=True)``'s launch (see there): the qparams in the
+    epilogue of the launch that gives the statistics -- ``_min_max_kernel``'s
+    (``main``: grid and options), or with a split the finish pass's
+    (``finish``: grid and options, None without a split; ``new_parts``: the
+    partials' allocator). None where the groups, reduced by the streaming
+    kernel itself, are too small for it (``QP_MIN_GROUP``) or gathered."""
     value = flat.value
-    plan = epilogue_plan(flat.args, value, layout.qshape, grid[0],
+    (grid, first), (finish_grid, finish) = main, finish
+    split = grid[1]
+    plan = epilogue_plan(flat.args, value, layout.qshape,
+                         grid[0] if split == 1 else finish_grid[0],
                          gpu_arith(current_config("min_max"), value, "min_max"))
-    # a thread computes its group's qparams once, after streaming the group:
-    # worth it where that costs little per element of the group, and not
-    # for gathered columns (g_idx), whose loads take triton 3.6 to its bound
-    if layout.gather or value.numel() < layout.num_groups * QP_MIN_GROUP[plan.widen]:
+    # a streaming thread computes its group's qparams once, after streaming
+    # the group: worth it where that costs little per element of the group,
+    # and not for gathered columns (g_idx), whose loads take triton 3.6 to its
+    # bound; the finish pass computes one group's per lane, at any size
+    if split == 1 and (layout.gather
+                       or value.numel() < layout.num_groups * QP_MIN_GROUP[plan.widen]):
         return None
     perm, layout_args, avg_a, avg_c = launch_args
-    options = dict(first, enable_fp_fusion=False)  # torch's roundings, one operation each
+    # torch's roundings, one operation each, where the qparams are computed
+    if split == 1:
+        first = dict(first, enable_fp_fusion=False)
+    else:
+        finish = dict(finish, enable_fp_fusion=False)
+    Q = layout.num_groups
 
     def launch(call: MinMaxQParamsCall):
         if config_token() is not token:  # a launch_config block changed the policy
@@ -429,10 +455,21 @@ def _qparams_launch(flat, layout, grid, first, launch_args, new_stats, context, 
         mins, maxs = new_stats(), new_stats()
         qp, status = plan.outputs()
         with context():
-            _min_max_kernel[grid](
-                value, perm if perm is not None else value, mins, maxs, *layout_args, mins, maxs,
-                status, avg_a, avg_c, 0, **options, qp=qp, QP=plan.switches,
-            )
+            if split == 1:
+                _min_max_kernel[grid](
+                    value, perm if perm is not None else value, mins, maxs, *layout_args, mins,
+                    maxs, status, avg_a, avg_c, 0, **first, qp=qp, QP=plan.switches,
+                )
+            else:
+                pmin, pmax = new_parts(), new_parts()
+                _min_max_kernel[grid](
+                    value, perm if perm is not None else value, pmin, pmax, *layout_args, mins,
+                    maxs, status, avg_a, avg_c, 0, **first,
+                )
+                _min_max_finish_kernel[finish_grid](
+                    pmin, pmax, mins, maxs, Q, split, mins, maxs, avg_a, avg_c, **finish,
+                    status_ptr=status, qp=qp, QP=plan.switches,
+                )
         return mins, maxs, qp.scale_ptr, qp.zp_ptr, status
 
     return launch

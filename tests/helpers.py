@@ -272,7 +272,8 @@ def run_snippet(snippet: Snippet, cwd: Path, timeout: int = 600) -> subprocess.C
 # launches
 # --------------------------------------------------------------------------- #
 class RecordingKernel:
-    """Wraps a triton kernel; records each launch's grid, arguments and keywords."""
+    """Wraps a triton kernel; records each launch as (kernel name, grid,
+    arguments, keywords)."""
 
     def __init__(self, kernel, sink):
         self.kernel, self.sink = kernel, sink
@@ -281,7 +282,7 @@ class RecordingKernel:
         launch = self.kernel[grid]
 
         def run(*args, **kwargs):
-            self.sink.append((grid, args, kwargs))
+            self.sink.append((self.kernel.fn.__name__, grid, args, kwargs))
             return launch(*args, **kwargs)
 
         return run

@@ -14,6 +14,8 @@ one set of observers, what a single process would hold and compares exactly:
 - imatrix_mse (SUM of x**2 sums and token counts): one forward per rank, so
   that one process adding the two batches' sums performs the same single fp32
   addition; the weight's qparams after the sync are compared too.
+- the qparams of the observers that saw one value per rank, computed with
+  that value's statistics before the sync changed them.
 AVG on gloo is a division by the world size (2: exact) followed by SUM.
 """
 
@@ -51,6 +53,7 @@ def _observers():
     make = Observer.load_from_registry
     obs = {
         "static_minmax": make("static_minmax", base_name="input", args=QuantizationArgs(**group)),
+        "static_minmax_once": make("static_minmax", base_name="input", args=QuantizationArgs(**group)),
         "minmax_one_half": make("minmax", base_name="input", args=QuantizationArgs(**group), averaging_constant=0.5),
         "minmax_default": make("minmax", base_name="input", args=QuantizationArgs(**group)),
         "mse_one_half": make("mse", base_name="input", args=QuantizationArgs(**group), averaging_constant=0.5),
@@ -62,12 +65,19 @@ def _observers():
     return obs
 
 
+#: observers whose qparams are compared after the sync: each rank's observed
+#: one value, so its qparams were computed with that value's statistics;
+#: the sync changes the statistics in place, and the qparams must follow
+QPARAMS_AFTER_SYNC = ("static_minmax_once", "minmax_one_half", "mse_one_half")
+
+
 def _feed(obs, lin, values):
     """One rank's (or one process's) observations."""
     for v in values:
         obs["static_minmax"](v)
         obs["minmax_default"](v)
     # one value each for the c = 0.5 observers; one forward for imatrix
+    obs["static_minmax_once"](values[0])
     obs["minmax_one_half"](values[0])
     obs["mse_one_half"](values[0])
     lin(torch.cat(values))
@@ -99,6 +109,8 @@ def _worker(rank, init_file, out_dir):
         result = _snapshot(obs)
         qp = obs["imatrix"](lin.weight).get_qparams()
         result["imatrix.scale"] = qp["scale"]
+        for name in QPARAMS_AFTER_SYNC:  # one observation each: qparams computed with it
+            result[f"{name}.scale"] = obs[name].get_qparams()["scale"]
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -117,11 +129,14 @@ def test_sync_activation_stats_two_ranks(tmp_path):
         for v in values[0] + values[1]:
             single["static_minmax"](v)
         for r in range(WORLD):
+            single["static_minmax_once"](values[r][0])
             single["minmax_one_half"](values[r][0])
             single["mse_one_half"](values[r][0])
             lin(torch.cat(values[r]))
         expected = _snapshot(single, skip=("minmax_default",))
         expected["imatrix.scale"] = single["imatrix"](lin.weight).get_qparams()["scale"]
+        for name in QPARAMS_AFTER_SYNC:
+            expected[f"{name}.scale"] = single[name].get_qparams()["scale"]
 
         # minmax with c = 0.01 over several values: the mean of the ranks' averages
         per_rank = []

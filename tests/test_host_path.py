@@ -519,3 +519,68 @@ def test_a_refused_weight_is_reported_as_without_qparams_ahead(backend_name, pol
         assert got[0] == want[0], (rebind, got[0], want[0])
         assert got[1].shape == want[1].shape and not got[1].isnan().any()
     assert want[0][0] == ("error" if policy == "error" else "ok")
+
+
+@pytest.mark.parametrize("backend_name", ["reference", "triton"])
+@pytest.mark.parametrize("policy", ["error", "propagate"])
+@pytest.mark.parametrize("name", ["memoryless_minmax", "static_minmax", "minmax", "memoryless_mse",
+                                  "mse"])
+def test_an_activation_computes_qparams_ahead_with_its_first_observation_only(
+        name, policy, backend_name, monkeypatch):
+    """An activation observer's first observation (since construction or the
+    last get_qparams) computes the qparams too; a later one replaces the
+    statistics or combines into them in place (kernels leave version counters
+    alone), and get_qparams then calculates from what is held. Either way the
+    answer is the reference's qparams of the statistics at get_qparams. The
+    value is per tensor: on the triton backend, a reduction split across
+    programs, the qparams in its finish pass."""
+    args = QuantizationArgs(num_bits=8, type="float", strategy="tensor")
+    value = torch.randn(4, 64, 256).to(torch.bfloat16)
+    obs = Observer.load_from_registry(name, base_name="input", args=args, nonfinite=policy)
+    calls = _counting_calculate_qparams(monkeypatch)
+    for n in (1, 3, 1):
+        with use_backend(backend_name):
+            for i in range(n):
+                obs(value * (i + 1))
+        assert ("_ahead" in obs.__dict__) == (n == 1 or name.startswith("memoryless")), n
+        want = _reference_qparams(obs.min_vals, obs.max_vals, args)
+        calls.clear()
+        with use_backend(backend_name):
+            got = obs.get_qparams()
+        _same((got["scale"], got["zero_point"]), want, f"{name}, {n} observations")
+        assert len(calls) == (0 if n == 1 else 1), f"{name}, {n}: {len(calls)} calculations"
+
+
+@pytest.mark.parametrize("backend_name", ["reference", "triton"])
+@pytest.mark.parametrize("name", ["memoryless_minmax", "static_minmax", "minmax", "mse"])
+def test_a_refused_first_activation_stays_reported_after_later_observations(
+        backend_name, name, monkeypatch):
+    """An activation's first observation counts into the status of the
+    qparams it computes ahead; when a later observation lets those go, the
+    record stays: a NaN first value is the same error at get_qparams as with
+    nothing computed ahead (the oracle), after two clean ones."""
+    kind = type(Observer.load_from_registry(name, base_name="input",
+                                            args=QuantizationArgs(num_bits=8)))
+    args = QuantizationArgs(num_bits=8, type="float", strategy="tensor")
+    refused = torch.randn(4, 64, 256)
+    refused[1, 2, 3] = float("nan")
+
+    def outcome_of(ahead):
+        monkeypatch.setattr(kind, "_qparams_ahead", ahead)
+        obs = Observer.load_from_registry(name, base_name="input", args=args)
+        with use_backend(backend_name):
+            obs(refused)
+            assert ("_ahead" in obs.__dict__) == ahead
+            for _ in range(2):
+                obs(torch.randn(4, 64, 256))
+            try:
+                obs.get_qparams()
+                result = ("ok",)
+            except ValueError as exc:
+                result = ("error", str(exc))
+        monkeypatch.undo()
+        return result
+
+    want = outcome_of(False)
+    assert want[0] == "error"
+    assert outcome_of(True) == want

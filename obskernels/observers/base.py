@@ -163,9 +163,9 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
     #: attributes that make up the per-group statistics
     _stats_attrs: Tuple[str, ...] = ("min_vals", "max_vals")
 
-    #: whether a weight's observation computes the qparams in the same
-    #: operation (``_measure_with_qparams``); ``get_qparams`` takes them if
-    #: the statistics are unchanged
+    #: whether a first observation (nothing held) computes the qparams in
+    #: the same operation (``_measure_with_qparams``); ``get_qparams`` takes
+    #: them if the statistics are unchanged
     _qparams_ahead: bool = False
 
     @classmethod
@@ -351,11 +351,19 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
         device = value.device
         if held is not None and held[0].device != device:
             self._raise_other_device(value, held[0])
-        if (held is None and self._qparams_ahead and self.base_name == WEIGHT
-                and not self._observations and device.type != "meta"
-                and self.args.strategy != QuantizationStrategy.TENSOR_GROUP):
-            self._observe_with_qparams(value, g_idx, tokens)
-            return
+        state = self.__dict__
+        if held is None:
+            # a first observation (a weight's only one; an activation's first
+            # since construction or the last get_qparams): its qparams ahead
+            if (self._qparams_ahead and not self._observations and device.type != "meta"
+                    and self.args.strategy != QuantizationStrategy.TENSOR_GROUP
+                    and (self.base_name == WEIGHT or state.get("min_vals") is None)):
+                self._observe_with_qparams(value, g_idx, tokens)
+                return
+        elif "_ahead" in state:
+            # the held statistics are combined into in place (kernels do not
+            # advance version counters): the qparams ahead no longer hold
+            self._drop_ahead()
         status = None
         if self.nonfinite == "error" and device.type != "meta":
             status = self._status
@@ -371,10 +379,10 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
                 value, g_idx, held, c, status, observation, exc.new_shape)
         if status is not None:
             self._observations.append((value.shape, value.dtype, tokens))
-        self.__dict__["min_vals"], self.__dict__["max_vals"] = min_vals, max_vals
+        state["min_vals"], state["max_vals"] = min_vals, max_vals
 
     def _observe_with_qparams(self, value, g_idx, tokens: int) -> None:
-        """A weight's observation (nothing held, no observation pending) that
+        """A first observation (nothing held, no observation pending) that
         computes the qparams too (``_measure_with_qparams``: on the triton
         backend in the epilogue of the last kernel, no launch more), the
         value counted into a fresh record under nonfinite="error". The
@@ -388,6 +396,14 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
         state["min_vals"], state["max_vals"] = result[0], result[1]
         state["_status"] = None  # the record is the qparams' status head (see _record)
         state["_ahead"] = ops.Ahead(result, self.args)
+
+    def _drop_ahead(self) -> None:
+        """Let the qparams computed ahead go (the statistics are about to
+        change in place), keeping the record they carry at their status head."""
+        state = self.__dict__
+        ahead = state.pop("_ahead", None)
+        if ahead is not None and state["_status"] is None:
+            state["_status"] = ahead.record()
 
     def _combine_rule(self):
         """(held, averaging_constant): the held (min_vals, max_vals) to combine
@@ -404,7 +420,7 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
         raise NotImplementedError(f"{type(self).__name__} does not define _measure")
 
     def _measure_with_qparams(self, value, g_idx, record: bool):
-        """``_measure`` of a weight with nothing held, and the qparams of its
+        """``_measure`` of a value with nothing held, and the qparams of its
         statistics (``ops.min_max_qparams`` / ``ops.mse_search_qparams``):
         (min_vals, max_vals, scale, zero_point, status). Subclasses setting
         ``_qparams_ahead`` define it."""
@@ -544,6 +560,7 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
             raise RuntimeError(
                 "sync_activation_stats needs an initialized torch.distributed process group"
             )
+        self._drop_ahead()  # the statistics change in place
         return sync_statistics(self, self._act_sync_dict)
 
     # ---------------------------------------------------------------- hooks

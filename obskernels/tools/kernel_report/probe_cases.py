@@ -123,9 +123,10 @@ def cases() -> List[Case]:
         mm("weight int4 g128 bf16 14336x4096 average", lambda: w(14336, 4096), "weight", g128, held=held_stats((14336, 32), bf), averaging_constant=0.01),
         mm("weight nvfp4 g16 bf16 14336x4096 running, record", lambda: w(14336, 4096), "weight", QA(strategy="tensor_group", group_size=16, **nvfp4), held=held_stats((14336, 256), bf), status=torch.tensor(STATUS_INIT, dtype=torch.int64), observation=4),
     ]
-    # A weight's first observation with its qparams in min_max's epilogue
-    # (min_max_qparams: one launch where groups are large enough, else
-    # min_max and calculate_qparams), the formats weight observers use
+    # A first observation with its qparams in min_max's epilogue
+    # (min_max_qparams: one launch where groups are large enough, the finish
+    # pass's where a reduction is split, else min_max and calculate_qparams),
+    # the formats observers use
     mq = lambda name, value, args, **kw: R(  # noqa: E731
         f"64MB qparams {name}", "min_max", lambda m: checked(m.min_max_qparams, value(), "weight", args, **kw))
     out += [
@@ -135,6 +136,8 @@ def cases() -> List[Case]:
         mq("int8 channel fp16 8192x4096, record", lambda: w(8192, 4096, dtype=f16), QA(num_bits=8, strategy="channel"), record=True),
         mq("fp8 block 128 bf16 8192x4096, record", lambda: w(8192, 4096), blk(128, 128), record=True),
         mq("g_idx g128 bf16 14336x4096, record", lambda: w(14336, 4096), g128, g_idx=g_idx14, record=True),
+        mq("fp8 tensor bf16 8192x4096 (split), record", lambda: w(8192, 4096), QA(num_bits=8, type="float", strategy="tensor"), record=True),
+        mq("int8 tensor asym fp16 8192x4096 (split, redo), record", lambda: w(8192, 4096, dtype=f16), QA(num_bits=8, symmetric=False, strategy="tensor"), record=True),
     ]
     fl = lambda name, value, args, **kw: R(  # noqa: E731
         f"64MB {name}", "flatten", lambda m: checked(m.flatten_for_calibration, value(), "weight", args, **kw))

@@ -151,7 +151,7 @@ def test_tile_paths_reach_every_mode(monkeypatch, device):
             with use_backend("triton"):
                 ops.flatten_for_calibration(value, "weight", args, g_idx=g_idx)
     seen, looped, shifted = {}, False, False
-    for grid, a, kw in sink:
+    for _, grid, a, kw in sink:
         for key in ("GROUP_LOOP", "GROUP_TAIL", "ROW_TAIL", "SHORT_E", "PAD", "GATHER"):
             seen.setdefault(key, set()).add(kw[key])
         Q, geo = a[3], a[7]

@@ -8,9 +8,11 @@ statistics with that record carried. Both backends must give the same
 statistics, scale and zero point bit for bit, the same record at the head of
 the status, and a non-finite-scale flag after it exactly when the reference
 sets one (the number of flags is the backend's: one per program). The
-triton backend computes the qparams in min_max's epilogue where a program
-holds whole, large enough groups, and makes the two launches otherwise;
-both paths are taken here (and checked to be).
+triton backend computes the qparams in the epilogue of min_max's last
+launch -- the streaming kernel's where a program holds whole, large enough
+groups, the finish pass's where a group's rows are split across programs --
+and makes calculate_qparams' launch after min_max's otherwise; every path is
+taken here (and checked to be).
 """
 
 from __future__ import annotations
@@ -36,20 +38,27 @@ kernel_module = importlib.import_module("obskernels.kernels.min_max")
 reference_module = importlib.import_module("obskernels.reference.min_max")
 N = len(STATUS_INIT)
 
-# name -> (args, shape, dtype, one launch on the triton backend)
+# name -> (args, shape, dtype, the triton backend's launches: ONE (the qparams
+# in the streaming kernel's epilogue), SPLIT (in the finish pass's) or TWO
+# (min_max, then calculate_qparams))
+ONE, SPLIT, TWO = ("_min_max_kernel",), ("_min_max_kernel", "_min_max_finish_kernel"), (
+    "_min_max_kernel", "_qparams_kernel")
 FORMATS = {
-    "int4 g128 sym bf16": (dict(num_bits=4, strategy="group", group_size=128), (8, 512), torch.bfloat16, True),
-    "int8 channel sym fp16": (dict(num_bits=8, strategy="channel"), (16, 512), torch.float16, True),
-    "fp8 channel fp32": (dict(num_bits=8, type="float", strategy="channel"), (16, 256), torch.float32, True),
-    "int8 channel asym fp16 (redo)": (dict(num_bits=8, strategy="channel", symmetric=False), (8, 512), torch.float16, True),
-    "int8 channel asym bf16 (redo)": (dict(num_bits=8, strategy="channel", symmetric=False), (8, 1024), torch.bfloat16, True),
-    "int1 channel sym bf16 (redo compiled: half 0.5)": (dict(num_bits=1, strategy="channel"), (8, 512), torch.bfloat16, True),
-    "int8 channel sym bf16, fp16 scale (redo)": (dict(num_bits=8, strategy="channel", scale_dtype=torch.float16), (8, 512), torch.bfloat16, True),
-    "int4 g128 fp8-scale bf16": (dict(num_bits=4, strategy="group", group_size=128, scale_dtype=torch.float8_e4m3fn), (8, 256), torch.bfloat16, True),
-    "int4 g32 asym bf16 (small groups)": (dict(num_bits=4, strategy="group", group_size=32, symmetric=False), (8, 256), torch.bfloat16, False),
-    "int4 g128 asym fp16 (small for the redo)": (dict(num_bits=4, strategy="group", group_size=128, symmetric=False), (8, 256), torch.float16, False),
-    "mxfp4 g32 fp32": (dict(num_bits=4, type="float", strategy="group", group_size=32, scale_dtype=torch.uint8), (8, 256), torch.float32, False),
-    "fp8 tensor bf16 (split)": (dict(num_bits=8, type="float", strategy="tensor"), (64, 1024), torch.bfloat16, False),
+    "int4 g128 sym bf16": (dict(num_bits=4, strategy="group", group_size=128), (8, 512), torch.bfloat16, ONE),
+    "int8 channel sym fp16": (dict(num_bits=8, strategy="channel"), (16, 512), torch.float16, ONE),
+    "fp8 channel fp32": (dict(num_bits=8, type="float", strategy="channel"), (16, 256), torch.float32, ONE),
+    "int8 channel asym fp16 (redo)": (dict(num_bits=8, strategy="channel", symmetric=False), (8, 512), torch.float16, ONE),
+    "int8 channel asym bf16 (redo)": (dict(num_bits=8, strategy="channel", symmetric=False), (8, 1024), torch.bfloat16, ONE),
+    "int1 channel sym bf16 (redo compiled: half 0.5)": (dict(num_bits=1, strategy="channel"), (8, 512), torch.bfloat16, ONE),
+    "int8 channel sym bf16, fp16 scale (redo)": (dict(num_bits=8, strategy="channel", scale_dtype=torch.float16), (8, 512), torch.bfloat16, ONE),
+    "int4 g128 fp8-scale bf16": (dict(num_bits=4, strategy="group", group_size=128, scale_dtype=torch.float8_e4m3fn), (8, 256), torch.bfloat16, ONE),
+    "int4 g32 asym bf16 (small groups)": (dict(num_bits=4, strategy="group", group_size=32, symmetric=False), (8, 256), torch.bfloat16, TWO),
+    "int4 g128 asym fp16 (small for the redo)": (dict(num_bits=4, strategy="group", group_size=128, symmetric=False), (8, 256), torch.float16, TWO),
+    "mxfp4 g32 fp32": (dict(num_bits=4, type="float", strategy="group", group_size=32, scale_dtype=torch.uint8), (8, 256), torch.float32, TWO),
+    "fp8 tensor bf16 (split)": (dict(num_bits=8, type="float", strategy="tensor"), (64, 1024), torch.bfloat16, SPLIT),
+    "int8 tensor asym fp16 (split, redo)": (dict(num_bits=8, strategy="tensor", symmetric=False), (64, 1024), torch.float16, SPLIT),
+    "int4 tensor sym fp32 (split)": (dict(num_bits=4, strategy="tensor"), (256, 512), torch.float32, SPLIT),
+    "fp8 block256 bf16 (split)": (dict(num_bits=8, type="float", strategy="block", block_structure=[256, 256]), (256, 512), torch.bfloat16, SPLIT),
 }
 
 
@@ -99,15 +108,15 @@ def test_min_max_qparams_is_min_max_then_calculate_qparams(name, kind, record):
 
 
 @pytest.mark.parametrize("name", sorted(FORMATS))
-def test_the_epilogue_is_taken_where_groups_are_whole_and_large(name):
-    """The triton backend's choice, structurally: one launch (qparams in the
-    epilogue) for the formats marked so, the two operations' launches for
-    small groups, a redo needing larger groups, and a split reduction."""
-    fields, shape, dtype, fused = FORMATS[name]
+def test_the_epilogue_is_taken_where_groups_are_whole_and_large_or_split(name):
+    """The triton backend's choice, structurally: qparams in an epilogue for
+    the formats marked ONE or SPLIT, the two operations' launches for small
+    groups and a redo needing larger groups."""
+    fields, shape, dtype, launches = FORMATS[name]
     flat = calls.flatten_for_calibration(torch.zeros(shape, dtype=dtype), "weight",
                                          QuantizationArgs(**fields))
     launch = kernel_module.prepare(MinMaxCall(flat, status=new_record("cpu")), qparams=True)
-    assert (launch is not None) == fused
+    assert (launch is not None) == (launches != TWO)
 
 
 def test_a_launch_is_made_once_per_signature_and_reused():
@@ -127,18 +136,20 @@ def test_a_launch_is_made_once_per_signature_and_reused():
 
 @pytest.mark.parametrize("name", sorted(FORMATS))
 def test_preparing_launches_nothing(name, monkeypatch):
-    """Preparing a signature launches nothing of its own; a call makes one
-    launch (qparams in the epilogue) or more (min_max, with a split its
-    finish pass, then calculate_qparams)."""
+    """Preparing a signature launches nothing of its own; a call makes the
+    launches its format is marked with: the last computes the qparams (its
+    ``QP`` switches set) where the format is ONE or SPLIT."""
     qparams_module = importlib.import_module("obskernels.kernels.qparams")
     sink = []
     for module, attr in ((kernel_module, "_min_max_kernel"), (kernel_module, "_min_max_finish_kernel"),
                          (qparams_module, "_qparams_kernel")):
         monkeypatch.setattr(module, attr, RecordingKernel(getattr(module, attr), sink))
-    fields, shape, dtype, fused = FORMATS[name]
+    fields, shape, dtype, launches = FORMATS[name]
     args = QuantizationArgs(**fields)
     call = calls.min_max_qparams(_value(shape, dtype, "finite"), "weight", args, record=True)
     launch = kernel_module.prepare_qparams(call)
     assert sink == [], f"preparing launched {len(sink)} kernel(s)"
     launch(call)
-    assert (len(sink) == 1) == fused and len(sink) >= 1, len(sink)
+    assert tuple(name for name, _, _, _ in sink) == launches
+    with_qparams = [kwargs.get("QP") is not None for _, _, _, kwargs in sink]
+    assert with_qparams == [launches != TWO and i == len(sink) - 1 for i in range(len(sink))]

@@ -355,7 +355,7 @@ def test_tile_paths_reach_every_mode(monkeypatch, device):
                 ops.min_max(value, base_name, args, g_idx=g_idx)
     seen = {}
     looped = shifted = False
-    for grid, args, kw in sink:
+    for _, grid, args, kw in sink:
         for key in ("GROUP_LOOP", "GROUP_TAIL", "ROW_TAIL", "SHORT_E", "ROW_LEVELS", "PAD", "GATHER"):
             seen.setdefault(key, set()).add(kw[key])
         Q, geo = args[4], args[8]
