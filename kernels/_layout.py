@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 
 import torch
 import triton
@@ -107,15 +108,31 @@ def allocator(shape, dtype: torch.dtype, device: torch.device):
     once per call. It is ``torch.empty_like`` of a one-element tensor
     expanded to ``shape`` (made here, once per prepared launch), which skips
     the parsing of shape, dtype and device that ``torch.empty`` repeats at
-    every call (about half its host time). ``torch.empty`` itself where the
-    prototype would not give contiguous strides (checked here, once)."""
+    every call (about half its host time). Where that prototype would not
+    give torch.empty's strides (checked here, once; a dimension of size one
+    among them), a small output's prototype is a tensor of ``shape`` itself,
+    a large one's is ``torch.empty``."""
     shape = tuple(shape)
+    strides = torch.empty(shape, dtype=dtype, device="meta").stride()
     proto = torch.empty((), dtype=dtype, device=device).expand(shape)
-    made = torch.empty_like(proto)
-    if made.shape == shape and made.is_contiguous() and made.stride() == torch.empty(
-            shape, dtype=dtype, device="meta").stride():
+    if not _like(proto, shape, strides):
+        proto = None
+        if math.prod(shape) <= _SMALL_PROTO:
+            proto = torch.empty(shape, dtype=dtype, device=device)
+            proto = proto if _like(proto, shape, strides) else None
+    if proto is not None:
         return functools.partial(torch.empty_like, proto)
     return functools.partial(torch.empty, shape, dtype=dtype, device=device)
+
+
+#: the most elements of a prototype that ``allocator`` keeps as a tensor
+_SMALL_PROTO = 4096
+
+
+def _like(proto: torch.Tensor, shape, strides) -> bool:
+    """Whether ``torch.empty_like(proto)`` is torch.empty's tensor of ``shape``."""
+    made = torch.empty_like(proto)
+    return made.shape == shape and made.is_contiguous() and made.stride() == strides
 
 
 def check_kernel_dtype(value: torch.Tensor, name: str = "value") -> None:

@@ -23,14 +23,12 @@ the task). ``set_backend`` changes the process-wide default; inside a
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import importlib
 import importlib.util
 import logging
 import os
 from types import ModuleType
-from typing import Iterator
 
 import torch
 
@@ -103,16 +101,26 @@ def set_backend(name: str) -> None:
     _process_choice = _checked(name)
 
 
-@contextlib.contextmanager
-def use_backend(name: str) -> Iterator[None]:
+class use_backend:
     """Select the backend inside the block, for the calling thread or asyncio
     task only; the previous choice of that thread / task comes back on exit
-    (exceptions included). Other threads and tasks are not affected."""
-    token = _scoped_choice.set(_checked(name))
-    try:
-        yield
-    finally:
-        _scoped_choice.reset(token)
+    (exceptions included). Other threads and tasks are not affected.
+
+    ``with use_backend(name): ...``; the name is checked on entering. A
+    class rather than a generator context manager: callers that scope each
+    call (a drop-in, a harness) pay a third of the host time."""
+
+    __slots__ = ("_name", "_tokens")
+
+    def __init__(self, name: str):
+        self._name, self._tokens = name, []
+
+    def __enter__(self) -> None:
+        self._tokens.append(_scoped_choice.set(_checked(self._name)))
+
+    def __exit__(self, *exc) -> bool:
+        _scoped_choice.reset(self._tokens.pop())
+        return False
 
 
 def _interpreter_on() -> bool:

@@ -213,3 +213,23 @@ def test_set_backend_is_process_wide_and_env_is_honoured(spy, monkeypatch):
         with use_backend("cuda"):
             pass
     assert get_backend() == "auto"
+
+
+def test_a_block_restores_the_previous_choice_on_error_and_when_nested():
+    """The choice before a block comes back when it exits, by an exception
+    too, and one block object entered twice (nested) unwinds in order."""
+    before = get_backend()
+    outer, inner = use_backend("reference"), use_backend("auto")
+    with pytest.raises(KeyError):
+        with outer:
+            assert get_backend() == "reference"
+            raise KeyError("inside")
+    assert get_backend() == before
+    with outer:
+        with inner:
+            assert get_backend() == "auto"
+            with outer:
+                assert get_backend() == "reference"
+            assert get_backend() == "auto"
+        assert get_backend() == "reference"
+    assert get_backend() == before

@@ -28,7 +28,8 @@ depend on the machine.
 Scenarios (``SCENARIOS``): a minmax observer call (new observer, observe a
 weight, get_qparams), an activation observer's repeated forward (the same
 observer, the same shape each time, as in a calibration loop), a
-memoryless_mse call, and one call of every registered observer.
+memoryless_mse call, an activation observer's call (new, observe, get_qparams)
+and one call of every registered observer.
 """
 
 from __future__ import annotations
@@ -69,6 +70,9 @@ SCENARIOS = (
     Scenario("minmax call", "memoryless_minmax", "weight", _INT4_G128, (256, 256)),
     Scenario("activation forward", "static_minmax", "input", _FP8_TENSOR, (2, 16, 256), repeat=True),
     Scenario("memoryless_mse call", "memoryless_mse", "weight", _INT4_G128, (256, 256)),
+    # large enough that the whole-tensor reduction is split across programs,
+    # as a real activation's is (the finish pass computes the qparams)
+    Scenario("activation call", "static_minmax", "input", _FP8_TENSOR, (4, 64, 256)),
     Scenario("static_minmax call", "static_minmax", "weight", _INT4_G128, (256, 256)),
     Scenario("minmax (moving average) call", "minmax", "weight", _INT4_G128, (256, 256)),
     Scenario("mse call", "mse", "weight", _INT4_G128, (256, 256)),

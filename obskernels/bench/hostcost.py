@@ -43,9 +43,13 @@ METHOD = ("stubbed host path: the call on CPU tensors of {shape}, Triton launche
 
 def host_shape(case: Case) -> Tuple[int, int]:
     """The smallest value with the case's group structure (one 128 x 128 block,
-    two rows of 256: whole groups, two channels or tokens), so that the CPU
-    ops' own compute stays small beside their dispatch."""
-    return (128, 128) if case.spec.strategy == "block" else (2, 256)
+    two rows of 256: whole groups, two channels or tokens; for a whole tensor,
+    128 x 512, whose reduction is split across programs as a real one's), so
+    that the CPU ops' own compute stays small beside their dispatch."""
+    strategy = case.spec.strategy
+    if strategy == "block":
+        return (128, 128)
+    return (128, 512) if strategy == "tensor" else (2, 256)
 
 
 class _Stub:
