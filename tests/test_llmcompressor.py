@@ -412,14 +412,18 @@ def test_drop_in_computes_through_obskernels_ops(monkeypatch):
     assert calls == ["input"]
 
 
+@pytest.mark.parametrize("backend_name", ["reference", "triton"])
 @pytest.mark.parametrize("name,combining,c", [
     ("static_minmax", "min_max", None), ("minmax", "min_max", 0.01), ("mse", "combine_statistics", 0.01),
 ])
-def test_held_statistics_combine_in_the_op(monkeypatch, name, combining, c):
+def test_held_statistics_combine_in_the_op(forced, backend_name, monkeypatch, name, combining, c):
     """From the second value on, a static / moving-average observer hands its
     held statistics to the op (min_max's epilogue; combine_statistics after the
     search) instead of combining them with llm-compressor's torch.min / lerp,
-    extra torch ops (extra launches on a GPU) at every calibration forward."""
+    extra torch ops (extra launches on a GPU) at every calibration forward.
+    The op combines into the held tensors in place (no new statistics, no
+    module attribute set per forward); a second round after get_qparams
+    starts afresh. Both rounds give llm-compressor's qparams."""
     from obskernels import ops
 
     seen = []
@@ -435,12 +439,18 @@ def test_held_statistics_combine_in_the_op(monkeypatch, name, combining, c):
     kw = ACT_ARGS["int8-tensor"]
     want = _qparams(name, "input", kw, values, enable=False)
     seen.clear()
-    drop_in.enable(backend="reference")
+    again = _qparams(name, "input", kw, values[::-1], enable=False)
+    seen.clear()
+    drop_in.enable()
     obs = LCObserver.load_from_registry(name, base_name="input", args=QuantizationArgs(**copy.deepcopy(kw)))
-    for v in values:
-        obs(v)
-    assert seen.count((combining, True, c)) == 2, seen
-    _assert_same(obs.get_qparams(), want, name)
+    for round_values, expected in ((values, want), (values[::-1], again)):
+        obs(round_values[0])
+        held = (obs.min_vals, obs.max_vals)
+        for v in round_values[1:]:
+            obs(v)
+            assert obs.min_vals is held[0] and obs.max_vals is held[1], "not combined in place"
+        _assert_same(obs.get_qparams(), expected, f"{name} ({backend_name})")
+    assert seen.count((combining, True, c)) == 4, seen
 
 
 @pytest.mark.parametrize("name,kw,shapes,dtypes,observer_kwargs", [

@@ -22,7 +22,8 @@ only where numbers are computed:
   mse): in the same op, ``held=`` / ``averaging_constant=`` (min_max's
   epilogue; ``ops.combine_statistics`` after a search), the numbers of
   llm-compressor's ``torch.min`` / ``lerp`` (docs/spec.md) without their two
-  to six extra torch ops per observation. Held statistics of another shape,
+  to six extra torch ops per observation, written into the held statistics
+  in place (as llm-compressor's DDP sync updates them) rather than set anew. Held statistics of another shape,
   dtype or device, and an averaging constant outside [0, 1], are combined by
   llm-compressor's own torch code, as without the drop-in.
 
@@ -99,6 +100,15 @@ def _import_llmcompressor():
     return lc_obs
 
 
+def _repeat_of(observer) -> "ops.Repeat":
+    """The observer's ``ops.Repeat`` (what its last in-place combination was)."""
+    state = observer.__dict__
+    repeat = state.get("_obskernels_repeat")
+    if repeat is None:
+        repeat = state["_obskernels_repeat"] = ops.Repeat()
+    return repeat
+
+
 def _backend_scope():
     return use_backend(_backend) if _backend is not None else contextlib.nullcontext()
 
@@ -119,15 +129,26 @@ def _build_adapters(lc_obs) -> list[tuple[type, tuple[type, ...]]]:
         """llm-compressor's ``Observer.forward`` with the statistics of the
         raw value computed by ``_measure_value`` (obskernels.ops)."""
 
-        @torch.no_grad()
         def forward(self, observed: torch.Tensor):
             if observed.numel() == 0:
                 return self
             if self.is_weight_obs and self.has_statistics:
                 return self
-            with _backend_scope():
-                self._update_from_value(observed)
-            self.fusion_handler.get_fused_statistics()
+            # torch.no_grad(), as llm-compressor's forward, without its frames
+            # (an activation observer runs on every calibration forward)
+            grad = torch.is_grad_enabled()
+            if grad:
+                torch._C._set_grad_enabled(False)
+            try:
+                if _backend is None:
+                    self._update_from_value(observed)
+                else:
+                    with use_backend(_backend):
+                        self._update_from_value(observed)
+                self.fusion_handler.get_fused_statistics()
+            finally:
+                if grad:
+                    torch._C._set_grad_enabled(True)
             return self
 
         def _update_from_value(self, value):
@@ -137,9 +158,12 @@ def _build_adapters(lc_obs) -> list[tuple[type, tuple[type, ...]]]:
             return ops.min_max(value, self.base_name, self.args)
 
         def _measure_combined(self, value, held, c, torch_combine):
-            # one launch: min_max's epilogue combines the new statistics with held
-            # (a held shape it cannot combine with: HeldStatisticsError, before any launch)
-            return ops.min_max(value, self.base_name, self.args, held=held, averaging_constant=c)
+            # one launch: min_max's epilogue combines the new statistics into
+            # held, in place, and a forward repeated so goes straight to its
+            # plan (ops.Repeat); a held shape it cannot combine with raises
+            # HeldStatisticsError before any launch
+            return ops.min_max(value, self.base_name, self.args, held=held, averaging_constant=c,
+                               out=held, repeat=_repeat_of(self))
 
         def _search_value(self, value, flavour, importance=None):
             return search_with(self, value, flavour, importance)
@@ -152,10 +176,13 @@ def _build_adapters(lc_obs) -> list[tuple[type, tuple[type, ...]]]:
             in_op = c is None or (not isinstance(c, bool) and isinstance(c, (int, float)) and 0 <= c <= 1)
             if in_op and all(t.dtype == value.dtype and t.device == value.device for t in held):
                 try:
-                    self.min_vals, self.max_vals = self._measure_combined(value, held, c, torch_combine)
-                    return
+                    new = self._measure_combined(value, held, c, torch_combine)
                 except HeldStatisticsError:
                     pass
+                else:
+                    if new[0] is not held[0] or new[1] is not held[1]:  # not combined in place
+                        self.min_vals, self.max_vals = new
+                    return
             self.min_vals, self.max_vals = torch_combine(*self._measure_value(value))
 
     class _StaticUpdate:
@@ -185,7 +212,7 @@ def _build_adapters(lc_obs) -> list[tuple[type, tuple[type, ...]]]:
             if new_min.shape != held[0].shape:
                 return torch_combine(new_min, new_max)
             return ops.combine_statistics(value, self.base_name, self.args, new_min, new_max,
-                                          held=held, averaging_constant=c)
+                                          held=held, averaging_constant=c, out=held)
 
     class _IMatrixMeasure:
         def _measure_value(self, value):
