@@ -75,8 +75,18 @@ def _device_context(device: torch.device):
     """The context a launch runs in: the tensor's CUDA device (Triton launches
     on the current device and its current stream), nothing on the CPU."""
     if device.type == "cuda":
-        return torch.cuda.device(device)
+        return _cuda_context(device.index if device.index is not None
+                             else torch.cuda.current_device())
     return _NOTHING
+
+
+def _cuda_context(index: int):
+    """Nothing where CUDA device ``index`` is already current (the common
+    case: a ``torch.cuda.device`` block costs a device exchange on entry and
+    on exit, each launch), else a ``torch.cuda.device`` block making it so."""
+    if torch.cuda.current_device() == index:
+        return _NOTHING
+    return torch.cuda.device(index)
 
 
 def _no_context():
@@ -85,12 +95,13 @@ def _no_context():
 
 def launch_context(device: torch.device):
     """``on_device`` prepared once for a launch's device: a function of no
-    argument returning the context each launch runs in (a new
-    ``torch.cuda.device`` on CUDA, which keeps the device it replaces; the
-    shared no-op context elsewhere), without reading a tensor's device per
-    call."""
+    argument returning the context each launch runs in (on CUDA a
+    ``torch.cuda.device`` block where the device is not current, which
+    restores the device it replaces; the shared no-op context otherwise),
+    without reading a tensor's device per call."""
     if device.type == "cuda":
-        return functools.partial(_device_context, device)
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return functools.partial(_cuda_context, index)
     return _no_context
 
 

@@ -127,10 +127,18 @@ def test_every_launch_runs_on_the_values_device(call, monkeypatch):
     assert not outside, f"{call}: launched outside the device context: {outside}"
 
 
-def test_device_context_is_the_values_cuda_device():
+@pytest.mark.parametrize("current", [0, 1])
+def test_device_context_is_the_values_cuda_device(current, monkeypatch):
+    """A launch on cuda:1 runs in a ``torch.cuda.device(1)`` block, or in no
+    block where cuda:1 is already current (the current device stood in for:
+    asked, never set, so no GPU is needed)."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current)
     for context in (layout_module._device_context(torch.device("cuda", 1)),
                     layout_module.launch_context(torch.device("cuda", 1))()):
-        assert isinstance(context, torch.cuda.device) and context.idx == 1  # built without entering
+        if current == 1:
+            assert isinstance(context, contextlib.nullcontext)
+        else:
+            assert isinstance(context, torch.cuda.device) and context.idx == 1  # built, not entered
     for context in (layout_module._device_context(torch.device("cpu")),
                     layout_module.launch_context(torch.device("cpu"))()):
         assert isinstance(context, contextlib.nullcontext)
