@@ -147,6 +147,20 @@ def _kernels_runtime() -> tuple:
     return _runtime[0]
 
 
+_cuda_seen: list = []  # [True] once CUDA was found available: devices do not go away
+
+
+def _cuda_available() -> bool:
+    """torch.cuda.is_available(), asked until it says yes (every
+    ``use_backend("triton")`` block asks)."""
+    if _cuda_seen:
+        return True
+    if torch.cuda.is_available():
+        _cuda_seen.append(True)
+        return True
+    return False
+
+
 def triton_unavailable_reason(tensor: torch.Tensor | None) -> str | None:
     """Why the triton backend cannot run (for ``tensor``'s device), or None.
 
@@ -156,7 +170,7 @@ def triton_unavailable_reason(tensor: torch.Tensor | None) -> str | None:
     if reason is not None:
         return reason
     if tensor is None:
-        if interpreted or torch.cuda.is_available() or _interpreter_on():
+        if interpreted or _cuda_available() or _interpreter_on():
             return None
         return "no CUDA device and TRITON_INTERPRET=1 is not set"
     kind = tensor.device.type

@@ -41,15 +41,17 @@ METHOD = ("stubbed host path: the call on CPU tensors of {shape}, Triton launche
           "no-ops, fastest of {reps} calls, in units of a one-element add_ ({unit_us:.2f} us here)")
 
 
-def host_shape(case: Case) -> Tuple[int, int]:
+def host_shape(case: Case, backend: str) -> Tuple[int, int]:
     """The smallest value with the case's group structure (one 128 x 128 block,
-    two rows of 256: whole groups, two channels or tokens; for a whole tensor,
-    128 x 512, whose reduction is split across programs as a real one's), so
-    that the CPU ops' own compute stays small beside their dispatch."""
+    two rows of 256: whole groups, two channels or tokens), so that the CPU
+    ops' own compute stays small beside their dispatch. For a whole tensor
+    on obskernels' triton backend, 128 x 512: its reduction is split across
+    programs as a real one's (one launch more); its stubbed path computes
+    nothing on the value, while the PyTorch paths' CPU ops would."""
     strategy = case.spec.strategy
     if strategy == "block":
         return (128, 128)
-    return (128, 512) if strategy == "tensor" else (2, 256)
+    return (128, 512) if strategy == "tensor" and backend == "triton" else (2, 256)
 
 
 class _Stub:
@@ -149,7 +151,7 @@ def measure(case: Case, target: Target, backend: str, min_reps: int = 3, max_rep
     stubbed: ``units`` (fastest host time / ``unit_seconds()``), ``before_units``
     (host time until the first Triton launch; None without one), ``aten_ops``
     of the call, ``unit_us``, the shape and the method."""
-    shape = host_shape(case)
+    shape = host_shape(case, backend)
     clock = _Clock()
     prepared = prepare(case, target, backend, shape=shape, device="cpu")
 
