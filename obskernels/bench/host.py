@@ -28,8 +28,10 @@ depend on the machine.
 Scenarios (``SCENARIOS``): a minmax observer call (new observer, observe a
 weight, get_qparams), an activation observer's repeated forward (the same
 observer, the same shape each time, as in a calibration loop), a
-memoryless_mse call, an activation observer's call (new, observe, get_qparams)
-and one call of every registered observer.
+memoryless_mse call, an activation observer's call (new, observe, get_qparams),
+one call of every registered observer, and, where llm-compressor is
+installed (``.venv-llmcompressor/bin/python -m obskernels.bench.host``), its
+static_minmax activation forward through the drop-in.
 """
 
 from __future__ import annotations
@@ -51,7 +53,10 @@ __all__ = ["Scenario", "SCENARIOS", "stubbed_launches", "unit_seconds", "measure
 class Scenario:
     """One measured call. ``observer``: a registered name; ``repeat``: the
     observer is built once and only its forward is timed (an activation
-    observer in a calibration loop); otherwise new + forward + get_qparams."""
+    observer in a calibration loop); otherwise new + forward + get_qparams.
+    ``drop_in``: llm-compressor's observer of that name, computing through
+    obskernels (``integrations.llmcompressor``); measured only where
+    llm-compressor imports."""
 
     name: str
     observer: str
@@ -59,6 +64,7 @@ class Scenario:
     args: Dict
     shape: tuple
     repeat: bool = False
+    drop_in: bool = False  # llm-compressor's observer with the drop-in enabled
 
 
 _INT4_G128 = dict(num_bits=4, strategy="group", group_size=128, symmetric=True)
@@ -73,6 +79,9 @@ SCENARIOS = (
     # large enough that the whole-tensor reduction is split across programs,
     # as a real activation's is (the finish pass computes the qparams)
     Scenario("activation call", "static_minmax", "input", _FP8_TENSOR, (4, 64, 256)),
+    # measured where llm-compressor is installed (its own environment)
+    Scenario("drop-in activation forward", "static_minmax", "input", _FP8_TENSOR, (4, 64, 256),
+             repeat=True, drop_in=True),
     Scenario("static_minmax call", "static_minmax", "weight", _INT4_G128, (256, 256)),
     Scenario("minmax (moving average) call", "minmax", "weight", _INT4_G128, (256, 256)),
     Scenario("mse call", "mse", "weight", _INT4_G128, (256, 256)),
@@ -150,6 +159,14 @@ def _call_of(sc: Scenario) -> Callable[[], object]:
     gen = torch.Generator().manual_seed(0)
     value = torch.randn(*sc.shape, generator=gen).to(torch.bfloat16)
     args = _qargs(sc.args)
+    if sc.drop_in:
+        from llmcompressor.observers import Observer as registry
+
+        from obskernels.integrations.llmcompressor import enabled
+
+        with enabled():  # the adapter class is chosen when the observer is built
+            obs = registry.load_from_registry(sc.observer, base_name=sc.base_name, args=args)
+        return lambda: obs(value)
     if sc.repeat:
         obs = Observer.load_from_registry(sc.observer, base_name=sc.base_name, args=args)
         return lambda: obs(value)
@@ -164,6 +181,12 @@ def _call_of(sc: Scenario) -> Callable[[], object]:
         return obs.get_qparams()
 
     return call
+
+
+def _llmcompressor_imports() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("llmcompressor") is not None
 
 
 def _python_calls(fn: Callable[[], object]) -> int:
@@ -196,6 +219,8 @@ def measure(scenarios=SCENARIOS, reps: int = 300, warmup: int = 20) -> List[Dict
     with stubbed_launches(), obskernels.use_backend("triton"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for sc in scenarios:
+            if sc.drop_in and not _llmcompressor_imports():
+                continue
             fn = _call_of(sc)
             for _ in range(warmup):
                 fn()
