@@ -57,7 +57,8 @@ class MovingAverageMixin:
     """
 
     def _init_moving_average(self) -> None:
-        self.avg_constant = check_averaging_constant(
+        # a plain attribute (nn.Module.__setattr__ would cost seven calls)
+        self.__dict__["avg_constant"] = check_averaging_constant(
             self.args.observer_kwargs.get("averaging_constant", 0.01)
         )
 
