@@ -610,3 +610,32 @@ def test_host_proxy_measures_the_drop_in_forward():
     (row,) = host.measure([scenario], reps=3, warmup=2)
     assert row["scenario"] == scenario.name and row["python_calls"] <= 46, row
     assert not drop_in.is_enabled()
+
+
+@pytest.mark.parametrize("backend_name", ["reference", "triton"])
+@pytest.mark.parametrize("kind", ["finite", "nan", "inf", "wide"])
+@pytest.mark.parametrize("args_name", ["int8-channel", "int4-group16-asym", "nvfp4", "int8-tensor"])
+def test_get_qparams_goes_through_ops_and_matches_llmcompressor(forced, backend_name, kind, args_name,
+                                                                monkeypatch):
+    """The drop-in's get_qparams computes through ops.calculate_qparams (one
+    launch on the triton backend) and gives llm-compressor's own scale, zero
+    point and global scale, non-finite and overflowing statistics included
+    (no error: llm-compressor raises none)."""
+    from obskernels import ops
+
+    value = torch.randn(8, 64, generator=torch.Generator().manual_seed(11)).to(torch.bfloat16)
+    big = torch.finfo(torch.bfloat16).max
+    if kind == "nan":
+        value[1, 3] = float("nan")
+    elif kind == "inf":
+        value[2, 5], value[3, 9] = float("inf"), float("-inf")
+    elif kind == "wide":  # finite, but max - min overflows bf16
+        value[0, 0], value[0, 1] = big, -big
+    kw = WEIGHT_ARGS[args_name]
+    want = _qparams("memoryless_minmax", "weight", kw, [value], enable=False)
+    calls = []
+    real = ops.calculate_qparams
+    monkeypatch.setattr(ops, "calculate_qparams", lambda *a, **k: calls.append(1) or real(*a, **k))
+    got = _qparams("memoryless_minmax", "weight", kw, [value], enable=True)
+    assert calls == [1]
+    _assert_same(got, want, f"get_qparams {args_name} {kind} ({backend_name})")

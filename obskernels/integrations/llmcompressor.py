@@ -23,17 +23,22 @@ only where numbers are computed:
   epilogue; ``ops.combine_statistics`` after a search), the numbers of
   llm-compressor's ``torch.min`` / ``lerp`` (docs/spec.md) without their two
   to six extra torch ops per observation, written into the held statistics
-  in place (as llm-compressor's DDP sync updates them) rather than set anew. Held statistics of another shape,
-  dtype or device, and an averaging constant outside [0, 1], are combined by
-  llm-compressor's own torch code, as without the drop-in.
+  in place (as llm-compressor's DDP sync updates them) rather than set anew.
+  Held statistics of another shape, dtype or device, and an averaging
+  constant outside [0, 1], are combined by llm-compressor's own torch code,
+  as without the drop-in;
+- ``get_qparams``: the scale and zero point from ``ops.calculate_qparams``
+  (one launch on the triton backend) instead of compressed-tensors'
+  ``calculate_qparams`` (a dozen torch ops), the same numbers.
 
 Everything else is llm-compressor's own code, inherited unchanged: kwargs and
 their defaults, statistics bookkeeping, fusion of q/k/v and gate/up global
-scales (its ``FusionHandler``), DDP synchronisation, importance validation
-and its warnings, hook disabling through ``HooksMixin``, ``get_qparams``
-(compressed-tensors' ``calculate_qparams`` / ``generate_gparam``). So the scales, zero points and
-global scales are those llm-compressor computes without the drop-in (tested
-bit for bit on the CPU). ``disable()`` restores the registry.
+scales (its ``FusionHandler``, and the global scale from its
+``generate_gparam``), DDP synchronisation, importance validation and its
+warnings, hook disabling through ``HooksMixin``. So the scales, zero points
+and global scales are those llm-compressor computes without the drop-in
+(tested bit for bit on the CPU, non-finite and overflowing statistics
+included). ``disable()`` restores the registry.
 
 Notes:
 - Observers already constructed keep their class: enable before the
@@ -109,6 +114,23 @@ def _repeat_of(observer) -> "ops.Repeat":
     return repeat
 
 
+def _run(fn, *args):
+    """``fn(*args)`` under the backend ``enable`` was given (if any) with grad
+    disabled: torch.no_grad(), as llm-compressor's observers use it, without
+    its Python frames (an activation observer runs on every forward)."""
+    grad = torch.is_grad_enabled()
+    if grad:
+        torch._C._set_grad_enabled(False)
+    try:
+        if _backend is None:
+            return fn(*args)
+        with use_backend(_backend):
+            return fn(*args)
+    finally:
+        if grad:
+            torch._C._set_grad_enabled(True)
+
+
 def _backend_scope():
     return use_backend(_backend) if _backend is not None else contextlib.nullcontext()
 
@@ -134,22 +156,28 @@ def _build_adapters(lc_obs) -> list[tuple[type, tuple[type, ...]]]:
                 return self
             if self.is_weight_obs and self.has_statistics:
                 return self
-            # torch.no_grad(), as llm-compressor's forward, without its frames
-            # (an activation observer runs on every calibration forward)
-            grad = torch.is_grad_enabled()
-            if grad:
-                torch._C._set_grad_enabled(False)
-            try:
-                if _backend is None:
-                    self._update_from_value(observed)
-                else:
-                    with use_backend(_backend):
-                        self._update_from_value(observed)
-                self.fusion_handler.get_fused_statistics()
-            finally:
-                if grad:
-                    torch._C._set_grad_enabled(True)
+            _run(self._observe_through_ops, observed)
             return self
+
+        def _observe_through_ops(self, observed):
+            self._update_from_value(observed)
+            self.fusion_handler.get_fused_statistics()
+
+        def get_qparams(self):
+            """llm-compressor's get_qparams, the qparams from
+            ``ops.calculate_qparams`` (one launch on the triton backend where
+            compressed-tensors' calculate_qparams makes a dozen torch ops); the
+            global scale, as before, from llm-compressor's own code."""
+            return _run(self._qparams_through_ops)
+
+        def _qparams_through_ops(self):
+            if not self.has_statistics:
+                raise AssertionError("No statistics available. Call observer(value) first.")
+            global_scale = self.get_global_scale()
+            scale, zero_point = ops.calculate_qparams(self.min_vals, self.max_vals, self.args,
+                                                      global_scale)[:2]
+            self.delete_statistics()
+            return {"scale": scale, "zero_point": zero_point, "global_scale": global_scale}
 
         def _update_from_value(self, value):
             self.min_vals, self.max_vals = self._measure_value(value)
@@ -277,7 +305,8 @@ def _build_adapters(lc_obs) -> list[tuple[type, tuple[type, ...]]]:
 
 # What an adapter replaces: a class that overrides any of these itself computes
 # something of its own, and is left as it is.
-_REPLACED_METHODS = ("forward", "update_statistics_from_observed", "attach", "_prepare_importance")
+_REPLACED_METHODS = ("forward", "update_statistics_from_observed", "attach", "_prepare_importance",
+                     "get_qparams")
 
 
 def _adapter_for(cls, plan, cache: dict) -> Optional[type]:
