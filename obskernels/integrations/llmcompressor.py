@@ -161,7 +161,12 @@ def _build_adapters(lc_obs) -> list[tuple[type, tuple[type, ...]]]:
 
         def _observe_through_ops(self, observed):
             self._update_from_value(observed)
-            self.fusion_handler.get_fused_statistics()
+            # llm-compressor's forward asks its fusion handler for the group's
+            # statistics, which observes the partners still without; alone in
+            # its group, an observer has nothing to ask for
+            handler = self.fusion_handler
+            if getattr(handler, "_group", True):
+                handler.get_fused_statistics()
 
         def get_qparams(self):
             """llm-compressor's get_qparams, the qparams from
@@ -200,9 +205,11 @@ def _build_adapters(lc_obs) -> list[tuple[type, tuple[type, ...]]]:
             """The new statistics combined with those held: in the op where
             they match (shape, dtype, device), else by ``torch_combine`` (the
             torch code of llm-compressor, broadcasting or raising as it does)."""
-            held = (self.min_vals, self.max_vals)
+            held = mn, mx = self.min_vals, self.max_vals
             in_op = c is None or (not isinstance(c, bool) and isinstance(c, (int, float)) and 0 <= c <= 1)
-            if in_op and all(t.dtype == value.dtype and t.device == value.device for t in held):
+            dtype, device = value.dtype, value.device
+            if (in_op and mn.dtype == dtype and mx.dtype == dtype and mn.device == device
+                    and mx.device == device):
                 try:
                     new = self._measure_combined(value, held, c, torch_combine)
                 except HeldStatisticsError:
