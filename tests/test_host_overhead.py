@@ -473,7 +473,9 @@ def test_cuda_graph_replays_forward_and_get_qparams(name):
         # get_qparams captured: the statistics are kept alive here (a replay
         # reads them, get_qparams drops only the observer's references)
         held = graphed.get_statistics()
-        fresh()(batches[0]).get_qparams()  # its launch compiled outside the capture
+        # its launch compiled outside the capture: two observations, so that
+        # get_qparams calculates (a first one's qparams come with it)
+        fresh()(batches[0])(batches[1]).get_qparams()
         qgraph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(qgraph):
             qp = graphed.get_qparams()
