@@ -131,10 +131,6 @@ def _run(fn, *args):
             torch._C._set_grad_enabled(True)
 
 
-def _backend_scope():
-    return use_backend(_backend) if _backend is not None else contextlib.nullcontext()
-
-
 def _build_adapters(lc_obs) -> list[tuple[type, tuple[type, ...]]]:
     """[(llm-compressor observer class, the mixins its adapter puts in front)]."""
     from llmcompressor.observers.helpers import flatten_for_calibration, lerp
@@ -289,8 +285,7 @@ def _build_adapters(lc_obs) -> list[tuple[type, tuple[type, ...]]]:
                 observer._imatrix_sum = observer._imatrix_sum.to(x.device)
                 observer._imatrix_count = observer._imatrix_count.to(x.device)
                 if x.dtype in FLOAT_DTYPES and x.dim() >= 1:
-                    with _backend_scope():
-                        ops.accumulate_sq(x, observer._imatrix_sum, observer._imatrix_count)
+                    _run(ops.accumulate_sq, x, observer._imatrix_sum, observer._imatrix_count)
                 else:  # e.g. fp64 inputs: what llm-compressor does
                     x_f = x.to(torch.float32)
                     observer._imatrix_sum.add_(x_f.pow(2).sum(dim=list(range(x_f.dim() - 1))))
