@@ -58,15 +58,16 @@ from obskernels.kernels.launch import (
     num_warps_for,
 )
 from obskernels.kernels import stats as ST
-from obskernels.kernels.qparams import epilogue_plan, epilogue_qparams, prepare_with_qparams
+from obskernels.kernels.qparams import (
+    epilogue_plan,
+    epilogue_qparams,
+    prepare_with_qparams,
+    store_scale_flag,
+)
 from obskernels.kernels.quant import DTYPE_CODE
 from obskernels.spec.calls import MinMaxCall, MinMaxQParamsCall
-from obskernels.spec.record import STATUS_INIT
 
 __all__ = ["min_max", "prepare", "min_max_qparams", "prepare_qparams"]
-
-_N_STATUS: tl.constexpr = tl.constexpr(len(STATUS_INIT))
-
 
 @triton.jit
 def _epilogue(min_ptr, max_ptr, offs, lo_q, hi_q, qq, mask, held_min_ptr, held_max_ptr,
@@ -255,9 +256,7 @@ def _min_max_kernel(
                                                    GATHER)
             ST.record(status_ptr, c_nan, c_pos, c_neg, any_bad, observation)
     if QP is not None:
-        one = tl.arange(0, 1)
-        flag = _any(bad_scale).to(tl.int64)
-        tl.store(status_ptr + _N_STATUS + tl.program_id(0) + one, flag + one * 0)
+        store_scale_flag(status_ptr, tl.program_id(0), _any(bad_scale))
 
 
 @triton.jit(do_not_specialize=["Q", "SPLIT"])
@@ -292,9 +291,7 @@ def _min_max_finish_kernel(
               avg_a, avg_c, MODE, DTYPE, BITS16)
     if QP is not None:
         bad_scale = epilogue_qparams(lo_q, hi_q, qq, qq < Q, qp, DTYPE, QP)
-        one = tl.arange(0, 1)
-        flag = (tl.max(bad_scale, axis=0) > 0).to(tl.int64)
-        tl.store(status_ptr + _N_STATUS + tl.program_id(0) + one, flag + one * 0)
+        store_scale_flag(status_ptr, tl.program_id(0), tl.max(bad_scale, axis=0))
 
 
 def min_max(call: MinMaxCall):

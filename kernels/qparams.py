@@ -50,7 +50,8 @@ from obskernels.spec.checks import FLOAT_DTYPES
 from obskernels.spec.record import STATUS_FIRST_BAD, STATUS_INIT, new_record
 from obskernels.spec.errors import KernelUnsupportedError
 
-__all__ = ["calculate_qparams", "prepare", "group_qparams", "store_qparams", "qparams_format",
+__all__ = ["calculate_qparams", "prepare", "group_qparams", "store_qparams", "store_scale_flag",
+           "qparams_format",
            "QParamsConstants", "QParamsOut", "epilogue_qparams", "EpilogueQParams", "epilogue_plan",
            "prepare_with_qparams"]
 
@@ -282,8 +283,8 @@ def _qparams_kernel(
         tl.store(gs_out_ptr + one, g + one * 0.0, mask=(one + pid) == 0)
     scale, zp = group_qparams(mn, mx, g, c, DTYPE, SDTYPE, SYM, SCALE, ZP, GS, WIDEN)
     bad = store_qparams(scale_ptr, zp_ptr, offs, scale, zp, mask, SDTYPE, ZP)
+    store_scale_flag(status_ptr, pid, tl.max(bad, axis=0))
     one = tl.arange(0, 1)
-    tl.store(status_ptr + _N_STATUS + pid + one, tl.max(bad, axis=0) + one * 0)
     first = (one + pid) == 0
     for i in range(_N_STATUS):
         init = tl.where(i == _FIRST_BAD, _FIRST_BAD_INIT, 0) + one.to(tl.int64) * 0
@@ -293,6 +294,15 @@ def _qparams_kernel(
             tl.store(carry_ptr + i + one, init, mask=first)
         else:
             tl.store(status_ptr + i + one, init, mask=first)
+
+
+@triton.jit
+def store_scale_flag(status_ptr, pid, flag):
+    """Program ``pid``'s non-finite-scale flag (a scalar, 0 or 1) at its
+    place after the record in ``status``: one word per program, so no
+    program's store meets another's."""
+    one = tl.arange(0, 1)
+    tl.store(status_ptr + _N_STATUS + pid + one, flag.to(tl.int64) + one * 0)
 
 
 class QParamsOut(NamedTuple):

@@ -14,10 +14,7 @@ import triton.language as tl
 from obskernels.kernels import quant
 from obskernels.kernels._layout import store_exact, widen
 from obskernels.kernels.mse_search_details._step import _PER_CALL, _or, _shrink
-from obskernels.kernels.qparams import epilogue_qparams
-from obskernels.spec.record import STATUS_INIT
-
-_N_STATUS: tl.constexpr = tl.constexpr(len(STATUS_INIT))
+from obskernels.kernels.qparams import epilogue_qparams, store_scale_flag
 
 
 @triton.jit
@@ -30,7 +27,6 @@ def _patience_step(stop, stale, i, improved, patience):
     return stop, stale
 
 
-
 @triton.jit
 def _stop_step(flags_ptr, n_steps, patience):
     """The step S at which the reference's loop breaks (n_steps - 1 if never),
@@ -41,7 +37,6 @@ def _stop_step(flags_ptr, n_steps, patience):
         f = (tl.load(flags_ptr + i // 32, volatile=True) >> (i % 32)) & 1
         stop, stale = _patience_step(stop, stale, i, f != 0, patience)
     return tl.where(stop < 0, n_steps - 1, stop)
-
 
 
 @triton.jit
@@ -62,7 +57,6 @@ def _stop_step_parts(flags_ptr, P, n_words, n_steps, patience, BLOCK_P: tl.const
         f = (word >> (i % 32)) & 1
         stop, stale = _patience_step(stop, stale, i, f != 0, patience)
     return tl.where(stop < 0, n_steps - 1, stop)
-
 
 
 @triton.jit
@@ -86,7 +80,6 @@ def _high_bit(v):
     return tl.where(c, r + 1, r)
 
 
-
 @triton.jit
 def _last_improving(bits_ptr, g, gmask, G, n_words, S):
     """Each group's last improving step <= S from its bits, word wi of group
@@ -99,7 +92,6 @@ def _last_improving(bits_ptr, g, gmask, G, n_words, S):
         word = word & lowmask
         choice = tl.where(word != 0, wi * 32 + _high_bit(word), choice)
     return choice
-
 
 
 @triton.jit(do_not_specialize=_PER_CALL + ["P", "groups_per_program"])
@@ -129,9 +121,7 @@ def _choose_kernel(
         if QP is not None:
             bad = bad | epilogue_qparams(omin, omax, g, gmask, qp, DTYPE, QP)
     if QP is not None:
-        one = tl.arange(0, 1)
-        tl.store(status_ptr + _N_STATUS + pid + one, tl.max(bad, axis=0) + one * 0)
-
+        store_scale_flag(status_ptr, pid, tl.max(bad, axis=0))
 
 
 @triton.jit
