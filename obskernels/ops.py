@@ -235,8 +235,9 @@ def min_max_qparams(value, base_name, args, g_idx=None, *, record=False):
     (``record``: its non-finite elements counted into a fresh record), then
     ``calculate_qparams(min_vals, max_vals, args, widen=True, carry=that
     record)`` -- the same tensors, bit for bit, as those two calls. The
-    triton backend computes the qparams in min_max's epilogue (one launch)
-    where a program holds whole groups. ``status`` is calculate_qparams':
+    triton backend computes the qparams in the epilogue of min_max's last
+    launch (the only one where a program holds whole groups; the finish pass
+    of a reduction split across programs). ``status`` is calculate_qparams':
     the record, then the scale flags; the caller reads it once."""
     try:
         key = None if g_idx is not None else (
