@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import os
 import threading
 
 import pytest
@@ -233,3 +234,44 @@ def test_a_block_restores_the_previous_choice_on_error_and_when_nested():
             assert get_backend() == "auto"
         assert get_backend() == "reference"
     assert get_backend() == before
+
+
+class _PlainEnviron(dict):
+    """An ``os.environ`` without CPython's internals (another implementation)."""
+
+
+@pytest.mark.parametrize("environ", ["os.environ", "plain mapping"])
+def test_the_environment_variable_is_read_at_each_operation(monkeypatch, environ):
+    """OBSKERNELS_BACKEND as ``os.environ.get`` reads it, whichever reader
+    get_backend uses: changes after import count, "" and unset mean "auto",
+    case does not matter, and an invalid value is an error at every call
+    (not only the first)."""
+    monkeypatch.setattr(backends, "_process_choice", None)
+    monkeypatch.delenv(backends.ENV_VAR, raising=False)
+    if environ == "plain mapping":
+        plain = _PlainEnviron(os.environ)
+        monkeypatch.setattr(backends.os, "environ", plain)
+        assert backends._environ_dict() is None  # os.environ.get, then
+        monkeypatch.setattr(backends, "_ENVIRON", None)
+        env = plain
+    else:
+        assert backends._ENVIRON is not None  # CPython: its dict, read directly
+        env = os.environ
+    monkeypatch.setattr(backends, "_environ_choice", (None, "auto"))
+    seen = []
+    for value in (None, "reference", "TRITON", "", "auto", "cuda", "cuda", "Reference", None):
+        if value is None:
+            env.pop(backends.ENV_VAR, None)
+        else:
+            env[backends.ENV_VAR] = value
+        try:
+            seen.append(get_backend())
+        except ValueError as exc:
+            assert "backend must be one of" in str(exc)
+            seen.append("error")
+    env.pop(backends.ENV_VAR, None)
+    assert seen == ["auto", "reference", "triton", "auto", "auto", "error", "error", "reference", "auto"]
+    with use_backend("reference"):
+        env[backends.ENV_VAR] = "cuda"  # a block wins: the variable is not read
+        assert get_backend() == "reference"
+    env.pop(backends.ENV_VAR, None)

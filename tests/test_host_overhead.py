@@ -673,3 +673,22 @@ def test_host_proxy_stubs_every_kernel_and_restores_them():
                                  status=record)
         assert record.tolist() == [0] * 6
     assert {name: getattr(m, a) for name, (m, a) in kernels.items()} == before
+
+
+@needs_interpreter
+def test_host_proxy_measures_the_default_backend_choice(monkeypatch):
+    """The proxy times what a user runs without choosing a backend ("auto",
+    which picks triton for the CPU tensor here, its choice made per
+    operation): a chosen backend, even triton, is refused, not measured."""
+    from obskernels import backends
+    from obskernels.bench import host
+
+    monkeypatch.setattr(backends, "_process_choice", None)
+    monkeypatch.delenv(backends.ENV_VAR, raising=False)
+    host.check_default_is_triton()
+    for name in ("triton", "reference"):
+        with use_backend(name), pytest.raises(RuntimeError, match="default backend choice"):
+            host.check_default_is_triton()
+    monkeypatch.setenv(backends.ENV_VAR, "reference")
+    with pytest.raises(RuntimeError, match="found 'reference'"):
+        host.measure(host.SCENARIOS[:1], reps=1, warmup=0)

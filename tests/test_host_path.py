@@ -46,10 +46,20 @@ CALL_BUDGETS = {
 }
 
 
+@pytest.fixture
+def default_backend(monkeypatch):
+    """No backend chosen: "auto", as a user runs (it picks triton here)."""
+    from obskernels import backends
+
+    monkeypatch.setattr(backends, "_process_choice", None)
+    monkeypatch.delenv(backends.ENV_VAR, raising=False)
+    bench_host.check_default_is_triton()
+
+
 @pytest.mark.parametrize("name", sorted(CALL_BUDGETS))
-def test_python_calls_per_call(name):
+def test_python_calls_per_call(name, default_backend):
     scenario = next(s for s in bench_host.SCENARIOS if s.name == name)
-    with bench_host.stubbed_launches(), use_backend("triton"):
+    with bench_host.stubbed_launches():
         call = bench_host._call_of(scenario)
         for _ in range(3):
             call()  # warm: the plans of its signatures are kept

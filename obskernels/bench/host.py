@@ -8,7 +8,9 @@ the GPU computes takes microseconds, what the host spends choosing,
 checking, allocating and launching can take longer. This module measures
 that host part on any machine: it runs the triton backend's observer path
 on CPU tensors (triton's interpreter switched on) with every kernel launch
-replaced by a stub, so only the host's own work is timed.
+replaced by a stub, so only the host's own work is timed. The backend is the
+one a user gets without choosing ("auto", which picks triton for the tensor),
+so the cost of that choice, made at each operation, is in the figure.
 
 The stub runs no kernel. It zero-fills the integer tensors it is handed (an
 observer's non-finite record, the qparams' status) so that host code reading
@@ -207,16 +209,31 @@ def _python_calls(fn: Callable[[], object]) -> int:
     return count - 1  # fn itself
 
 
+def check_default_is_triton() -> None:
+    """The scenarios run on the backend a user gets without choosing one
+    ("auto": no ``use_backend`` block, no ``set_backend``, no
+    OBSKERNELS_BACKEND), which must be the triton backend here."""
+    import torch
+
+    from obskernels.backends import get_backend, resolve_backend
+
+    chosen = get_backend()
+    if chosen != "auto" or resolve_backend(torch.zeros(1)) != "triton":
+        raise RuntimeError(
+            f"the host proxy measures the default backend choice, which must be 'auto' "
+            f"resolving to triton for a CPU tensor (TRITON_INTERPRET=1 set before triton is "
+            f"imported); found {chosen!r}: unset OBSKERNELS_BACKEND and leave set_backend alone")
+
+
 def measure(scenarios=SCENARIOS, reps: int = 300, warmup: int = 20) -> List[Dict]:
     """One record per scenario: host microseconds per call (median, stub time
     excluded), the same in units of ``unit_seconds()``, and Python calls."""
     import warnings
 
-    import obskernels
-
+    check_default_is_triton()
     unit = unit_seconds()
     out = []
-    with stubbed_launches(), obskernels.use_backend("triton"), warnings.catch_warnings():
+    with stubbed_launches(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for sc in scenarios:
             if sc.drop_in and not _llmcompressor_imports():
