@@ -225,9 +225,13 @@ def choose_split(work_rows: int, row_block: int, work_per_row: int, other_progra
 
 def finish_blocks(n: int, split: int, config: LaunchConfig) -> tuple[int, int]:
     """(BLOCK_N, BLOCK_S) of a finish pass that reduces ``split`` partials of
-    ``n`` outputs: up to 256 outputs per program, the partials in tile-sized steps."""
+    ``n`` outputs: up to 256 outputs per program, the partials in tile-sized
+    steps. BLOCK_S depends on BLOCK_N only, never on ``split`` (masked lanes
+    past it): the split follows the tensor's size, and a block that followed
+    it would be one more compiled variant per size (each loaded from triton's
+    cache at its first launch in a process)."""
     block_n = pow2_at_most(n, 256)
-    return block_n, pow2_at_most(split, max(config.tile // block_n, 1))
+    return block_n, max(config.tile // block_n, 1)
 
 
 def combine_block(groups: int) -> int:

@@ -236,6 +236,29 @@ def test_split_reduction_and_small_tiles(case, split, monkeypatch, pin_launch, d
     check_min_max(value, case, what=f"{case} split {split} nan")
 
 
+def test_finish_pass_is_one_compiled_variant_for_every_split(monkeypatch, pin_launch, device):
+    """The finish pass's blocks follow its outputs per program, never the
+    split (which follows the tensor's size): whole-tensor reductions of
+    sizes that split 2 to 40 ways launch it with the same constexprs (one
+    compiled variant, loaded once per process on a GPU), each exact."""
+    pin_launch("min_max", tile=64, min_elems_per_program=64, fill_programs=40)
+    sink = []
+    monkeypatch.setattr(min_max_module, "_min_max_finish_kernel",
+                        RecordingKernel(min_max_module._min_max_finish_kernel, sink))
+    splits = set()
+    for rows in (3, 9, 21, 40):
+        sink.clear()
+        check_min_max(make_value((rows, 64), torch.bfloat16, "contiguous", device=device),
+                      "weight", qargs("tensor"), what=f"{rows} rows")
+        ((_, grid, args, kwargs),) = sink
+        splits.add(args[5])  # SPLIT: the partials reduced
+        constexprs = {k: v for k, v in kwargs.items() if k.isupper() or k == "num_warps"}
+        if rows == 3:
+            first = constexprs
+        assert constexprs == first, f"{rows} rows: {constexprs} != {first}"
+    assert len(splits) == 4 and min(splits) >= 2, splits
+
+
 def test_split_stays_within_the_cuda_grid():
     # The split is grid axis 1 in every launcher; CUDA allows 65535 programs there.
     config = launch_module.LaunchConfig(split=10**6)
