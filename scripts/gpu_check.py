@@ -6,14 +6,22 @@
    the CPU run checks, with the reference computed by torch on the same GPU)
    and the `gpu`-marked tests (full-size shapes, offsets past 2^31, the device
    guard across two GPUs when present);
-2. the full benchmark (`python -m obskernels.bench --full --model`): every row
+2. the host path on the GPU (`python -m obskernels.bench.cuda_host`): wall
+   time per observer call and per activation forward (eager, replayed from a
+   CUDA graph, llm-compressor's own and through the drop-in where it
+   imports), the GPU host's unit and a bare Triton launch;
+3. where llm-compressor imports, its own `oneshot` plain and with the drop-in
+   (`python -m obskernels.bench.oneshot`, 6 Llama-3-8B-shaped layers);
+4. the full benchmark (`python -m obskernels.bench --full --model`): every row
    measured (synchronised wall time, peak memory) next to the model's figures;
-3. one summary file, gpu-check/summary.md (and summary.json): device, test
+5. one summary file, gpu-check/summary.md (and summary.json): device, test
    cases run / passed / failed / skipped per test file, the failures, the
-   benchmark's full-size observer table.
+   host path's table, oneshot's table, the benchmark's full-size observer table.
 
 Without CUDA it stops at once with exit status 2 and says so.
-`GPU_CHECK_TESTS_ONLY=1` skips the benchmark.
+`GPU_CHECK_STEPS`: a comma list of the steps to run, in this order, from
+tests, host, oneshot, bench (default: all four); `GPU_CHECK_TESTS_ONLY=1`
+is `GPU_CHECK_STEPS=tests`.
 """
 
 from __future__ import annotations
@@ -29,6 +37,20 @@ from collections import Counter
 
 #: the tests run on the GPU: those that take the `device` fixture, and the gpu-marked ones
 TEST_SELECTION = "on_device or gpu"
+STEPS = ("tests", "host", "oneshot", "bench")
+
+
+def steps_of(environ) -> list:
+    """The steps to run, in STEPS' order: GPU_CHECK_STEPS (a comma list),
+    GPU_CHECK_TESTS_ONLY=1 (tests), else all; an unknown step is an error."""
+    if environ.get("GPU_CHECK_TESTS_ONLY") == "1":
+        return ["tests"]
+    raw = environ.get("GPU_CHECK_STEPS", "")
+    asked = [s.strip() for s in raw.split(",") if s.strip()] if raw else list(STEPS)
+    unknown = [s for s in asked if s not in STEPS]
+    if unknown:
+        raise ValueError(f"GPU_CHECK_STEPS: unknown step(s) {unknown}; the steps are {list(STEPS)}")
+    return [s for s in STEPS if s in asked]
 OUTCOMES = ("passed", "failed", "error", "skipped")
 
 
@@ -106,32 +128,72 @@ def main(argv=None) -> int:
     summary = {"started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "devices": devices, "versions": _versions()}
 
-    junit = os.path.join(out, "tests.xml")
-    rc_tests, text = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", TEST_SELECTION,
-                           "-rfEs", f"--junitxml={junit}", "tests"], env, os.path.join(out, "tests.log"))
-    tail = [line for line in text.splitlines() if re.search(r"\b(passed|failed|error|skipped)\b", line)]
-    per_file = case_counts(junit) if os.path.exists(junit) else {}
-    summary["tests"] = {"returncode": rc_tests, "selection": TEST_SELECTION, "summary": tail[-1] if tail else "",
-                        "per_file": {k: dict(v) for k, v in per_file.items()},
-                        "failures": [line for line in text.splitlines() if line.startswith(("FAILED", "ERROR"))]}
+    steps = steps_of(os.environ)
+    summary["steps"] = steps
+    lines_tests, lines_host, lines_oneshot, lines_bench = [], [], [], []
+    rc_all = 0
 
-    bench_out = os.path.join(out, "bench")
-    rc_bench, bench_line = 0, "full bench: skipped (GPU_CHECK_TESTS_ONLY=1)"
-    if os.environ.get("GPU_CHECK_TESTS_ONLY") != "1":
-        rc_bench, text = _run([sys.executable, "-m", "obskernels.bench", "--full", "--model", "--device", "cuda",
-                               "--out", bench_out, "--quiet"], env, os.path.join(out, "bench.log"))
-        bench_line = f"full bench: exit {rc_bench}; records and plots in {bench_out}/ (report.md)"
-    summary["bench"] = {"returncode": rc_bench, "out": bench_out}
-    lead = ""
-    jsonl = os.path.join(bench_out, "results.jsonl")
-    if os.path.exists(jsonl):
-        from obskernels.bench import report
+    if "tests" in steps:
+        junit = os.path.join(out, "tests.xml")
+        rc, text = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", TEST_SELECTION,
+                         "-rfEs", f"--junitxml={junit}", "tests"], env, os.path.join(out, "tests.log"))
+        rc_all |= rc
+        tail = [line for line in text.splitlines() if re.search(r"\b(passed|failed|error|skipped)\b", line)]
+        per_file = case_counts(junit) if os.path.exists(junit) else {}
+        summary["tests"] = {"returncode": rc, "selection": TEST_SELECTION, "summary": tail[-1] if tail else "",
+                            "per_file": {k: dict(v) for k, v in per_file.items()},
+                            "failures": [line for line in text.splitlines()
+                                         if line.startswith(("FAILED", "ERROR"))]}
+        lines_tests = [
+            f"- tests on CUDA (`-m \"{TEST_SELECTION}\"`: the parity suite against torch on the same GPU, "
+            f"and the gpu-marked tests): exit {rc}: {summary['tests']['summary']}",
+            *[f"  - {line}" for line in summary["tests"]["failures"][:50]],
+            "", "### Test cases per file", "", *counts_table(per_file), "",
+        ]
 
-        records = report.read_jsonl(jsonl)
-        lead = report.lead_table(records)
-        summary["bench"]["observers_full_size"] = report.lead_speedups(records)
-        summary["bench"]["measured_triton_rows"] = sum(
-            1 for r in records if r.backend == "triton" and r.timing.measured_s)
+    if "host" in steps:
+        rc, text = _run([sys.executable, "-m", "obskernels.bench.cuda_host"], env,
+                        os.path.join(out, "cuda_host.log"))
+        rc_all |= rc
+        summary["host"] = {"returncode": rc}
+        lines_host = ["## The host path on the GPU (obskernels.bench.cuda_host, MEASURED)", "",
+                      f"exit {rc}", "", "```", text.strip()[-6000:], "```", ""]
+
+    if "oneshot" in steps:
+        import importlib.util
+
+        if importlib.util.find_spec("llmcompressor") is None:
+            summary["oneshot"] = {"returncode": None, "why": "llm-compressor is not installed"}
+            lines_oneshot = ["## oneshot: skipped (llm-compressor is not installed)", ""]
+        else:
+            oneshot_out = os.path.join(out, "oneshot")
+            rc, text = _run([sys.executable, "-m", "obskernels.bench.oneshot", "--out", oneshot_out],
+                            dict(env, HF_HUB_OFFLINE="1"), os.path.join(out, "oneshot.log"))
+            rc_all |= rc
+            summary["oneshot"] = {"returncode": rc, "out": oneshot_out}
+            table_lines = [line for line in text.splitlines() if not line.startswith("  ")]
+            lines_oneshot = ["## oneshot, plain vs the drop-in (obskernels.bench.oneshot, MEASURED)", "",
+                             f"exit {rc}", "", "```", "\n".join(table_lines[-12:]), "```", ""]
+
+    if "bench" in steps:
+        bench_out = os.path.join(out, "bench")
+        rc, text = _run([sys.executable, "-m", "obskernels.bench", "--full", "--model", "--device", "cuda",
+                         "--out", bench_out, "--quiet"], env, os.path.join(out, "bench.log"))
+        rc_all |= rc
+        summary["bench"] = {"returncode": rc, "out": bench_out}
+        lead = ""
+        jsonl = os.path.join(bench_out, "results.jsonl")
+        if os.path.exists(jsonl):
+            from obskernels.bench import report
+
+            records = report.read_jsonl(jsonl)
+            lead = report.lead_table(records)
+            summary["bench"]["observers_full_size"] = report.lead_speedups(records)
+            summary["bench"]["measured_triton_rows"] = sum(
+                1 for r in records if r.backend == "triton" and r.timing.measured_s)
+        lines_bench = [f"- full bench: exit {rc}; records and plots in {bench_out}/ (report.md)", "",
+                       "## Observers at the full size (measured rows in the bench report)", "",
+                       "```", lead, "```", ""]
 
     summary["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     with open(os.path.join(out, "summary.json"), "w") as f:
@@ -140,19 +202,14 @@ def main(argv=None) -> int:
         "# gpu-check summary", "",
         f"- devices: {', '.join(devices)}; "
         + ", ".join(f"{k} {v}" for k, v in summary["versions"].items()),
-        f"- started {summary['started']}, finished {summary['finished']}",
-        f"- tests on CUDA (`-m \"{TEST_SELECTION}\"`: the parity suite against torch on the same GPU, "
-        f"and the gpu-marked tests): exit {rc_tests}: {summary['tests']['summary']}",
-        *[f"  - {line}" for line in summary["tests"]["failures"][:50]],
-        "", "### Test cases per file", "", *counts_table(per_file), "",
-        f"- {bench_line}", "",
-        "## Observers at the full size (measured rows in the bench report)", "", "```", lead, "```", "",
+        f"- started {summary['started']}, finished {summary['finished']}; steps {', '.join(steps)}",
+        *lines_tests, *lines_host, *lines_oneshot, *lines_bench,
     ]
     with open(os.path.join(out, "summary.md"), "w") as f:
         f.write("\n".join(lines))
     print("\n".join(lines))
     print(f"wrote {out}/summary.md")
-    return 0 if rc_tests == 0 and rc_bench == 0 else 1
+    return 0 if rc_all == 0 else 1
 
 
 if __name__ == "__main__":

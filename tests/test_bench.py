@@ -484,3 +484,62 @@ def test_h100_table_pairs_the_model_with_the_measurements():
     assert row["llmc_model_ms"] == pytest.approx(2.0) and row["llmc_path"] == "its Triton search"
     text = h100.markdown(h100.rows(records))
     assert "| w4096x4096 int4-group128 | memoryless_mse | 1.762 | 1.500 | 0.85 |" in text
+
+
+# --------------------------------------------------------------------------- #
+# obskernels.bench.cuda_host: the GPU's wall time per call
+# --------------------------------------------------------------------------- #
+class _FakeClock:
+    """time.perf_counter for the harness: each call of the timed function
+    costs ``step`` seconds, a synchronisation ``sync`` seconds."""
+
+    def __init__(self, step, sync):
+        self.now, self.step, self.sync = 0.0, step, sync
+
+    def __call__(self):
+        return self.now
+
+    def call(self):
+        self.now += self.step
+
+    def synchronise(self):
+        self.now += self.sync
+
+
+def test_cuda_host_times_per_call_from_the_clock(monkeypatch):
+    """Back to back: n calls and one synchronisation over n; single: one call
+    and its synchronisation, the median."""
+    from obskernels.bench import cuda_host
+
+    clock = _FakeClock(step=3.0, sync=8.0)
+    monkeypatch.setattr(cuda_host.time, "perf_counter", clock)
+    monkeypatch.setattr(cuda_host, "_sync", clock.synchronise)
+    assert cuda_host.loop_seconds(clock.call, n=4, rounds=2) == pytest.approx((4 * 3.0 + 8.0) / 4)
+    assert cuda_host.sync_seconds(clock.call, reps=5) == pytest.approx(3.0 + 8.0)
+
+
+def test_cuda_host_refuses_without_cuda(monkeypatch, capsys):
+    from obskernels.bench import cuda_host
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: the gpu-marked test runs it")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # else it re-runs itself without
+    assert cuda_host.main([]) == 2
+    assert "no CUDA device is available" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_cuda_host_measures_every_row():
+    """On a GPU: every row measured (positive times), the unit row is the
+    unit, the activation's forward is there eagerly and replayed from a
+    CUDA graph."""
+    from obskernels.bench import cuda_host, host
+
+    rows = cuda_host.measure(n=3, reps=3)
+    names = [r["row"] for r in rows]
+    assert names[:2] == ["unit: one-element CUDA add_", "bare Triton launch"]
+    scenarios = [s.name for s in host.SCENARIOS if not s.drop_in or host._llmcompressor_imports()]
+    assert names[2:2 + len(scenarios)] == scenarios
+    assert "activation forward 2048x4096, CUDA graph replay" in names
+    assert rows[0]["units"] == 1.0
+    assert all(r["loop_us"] > 0 and r["sync_us"] > 0 and r["kind"] == "measured" for r in rows)

@@ -13,6 +13,7 @@ import importlib.util
 import os
 from pathlib import Path
 
+import pytest
 import torch
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gpu_check.py"
@@ -70,3 +71,15 @@ def test_gpu_check_counts_cases_per_file(tmp_path):
     assert rows[2] == "| tests/kernels/mse_search/test_kernels_mse.py | 3 | 2 | 1 | 1 | 0 | 1 |"
     assert rows[3] == "| tests/test_observers.py | 3 | 3 | 2 | 0 | 1 | 0 |"
     assert rows[-1] == "| **all** | 6 | 5 | 3 | 1 | 1 | 1 |"
+
+
+def test_gpu_check_steps_follow_the_environment():
+    """All four steps by default, in their order whatever the list's; the
+    tests alone under GPU_CHECK_TESTS_ONLY=1; an unknown step is an error
+    naming it (a typo never silently skips a measurement)."""
+    steps_of = _gpu_check().steps_of
+    assert steps_of({}) == ["tests", "host", "oneshot", "bench"]
+    assert steps_of({"GPU_CHECK_TESTS_ONLY": "1", "GPU_CHECK_STEPS": "host"}) == ["tests"]
+    assert steps_of({"GPU_CHECK_STEPS": "oneshot, host"}) == ["host", "oneshot"]
+    with pytest.raises(ValueError, match="'hots'"):
+        steps_of({"GPU_CHECK_STEPS": "hots,oneshot"})

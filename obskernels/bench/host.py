@@ -152,14 +152,14 @@ def _qargs(spec: Dict):
     return QuantizationArgs(**kw)
 
 
-def _call_of(sc: Scenario) -> Callable[[], object]:
-    """The measured call, its inputs made beforehand."""
+def _call_of(sc: Scenario, device: str = "cpu") -> Callable[[], object]:
+    """The measured call, its inputs made beforehand (on ``device``)."""
     import torch
 
     from obskernels import Observer
 
     gen = torch.Generator().manual_seed(0)
-    value = torch.randn(*sc.shape, generator=gen).to(torch.bfloat16)
+    value = torch.randn(*sc.shape, generator=gen).to(device=device, dtype=torch.bfloat16)
     args = _qargs(sc.args)
     if sc.drop_in:
         from llmcompressor.observers import Observer as registry
@@ -177,8 +177,8 @@ def _call_of(sc: Scenario) -> Callable[[], object]:
         obs = Observer.load_from_registry(sc.observer, base_name=sc.base_name, args=args)
         if sc.observer.startswith(("imatrix", "nvfp4_expanded_imatrix")):
             # the importance a calibration pass would have gathered
-            obs._imatrix_sum = torch.ones(value.shape[1])
-            obs._imatrix_count = torch.full((), 4, dtype=torch.int64)
+            obs._imatrix_sum = torch.ones(value.shape[1], device=device)
+            obs._imatrix_count = torch.full((), 4, dtype=torch.int64, device=device)
         obs(value)
         return obs.get_qparams()
 

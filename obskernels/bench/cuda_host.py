@@ -1,0 +1,221 @@
+"""What an observer call costs where a GPU user calls it: MEASURED on CUDA.
+
+    python -m obskernels.bench.cuda_host            # a table
+    python -m obskernels.bench.cuda_host --json     # one JSON object per line
+
+The companion of ``obskernels.bench.host`` (the CPU proxy, launches stubbed):
+the same scenarios, on CUDA tensors with the kernels compiled for the GPU,
+timed on the wall, plus what the proxy and the bench's model take as given.
+
+Every row gives two times, in microseconds:
+- ``loop_us``: ``n`` calls back to back, then one synchronisation, divided by
+  ``n`` -- what a calibration loop pays per call, the host issuing while the
+  GPU runs earlier work (the best of a few rounds);
+- ``sync_us``: one call and a synchronisation, the median of ``reps`` -- the
+  latency of a single call.
+``units``: ``loop_us`` over the GPU host's unit (the first row), comparable
+with the proxy's units.
+
+Rows:
+- "unit: one-element CUDA add_": the GPU host's unit (the model's ``host_unit_s``);
+- "bare Triton launch": a one-element Triton kernel (the model's ``triton_launch_s``);
+- every scenario of ``obskernels.bench.host.SCENARIOS`` (its shapes; the
+  drop-in's where llm-compressor imports);
+- an fp8 activation's static_minmax forward at 2048x4096 bf16 (the
+  calibration loop's repeated call): obskernels' observer eagerly, the same
+  forward captured in a CUDA graph and replayed (``nonfinite="propagate"``,
+  the pattern of the README), and, where llm-compressor imports, its own
+  observer plain and through the drop-in.
+
+The default backend choice is timed ("auto", which picks triton for a CUDA
+tensor). Without CUDA it says so and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Callable, Dict, List, Optional
+
+__all__ = ["measure", "main", "ACTIVATION_SHAPE", "loop_seconds", "sync_seconds"]
+
+try:  # the bare launch's kernel (this module imports without triton too)
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - triton is a dependency of the GPU rows only
+    triton = None
+
+if triton is not None:
+
+    @triton.jit
+    def _one_element(x_ptr):
+        tl.store(x_ptr, tl.load(x_ptr) + 1)
+
+#: the activation of the bench's lead table (a2048x4096): tokens x hidden
+ACTIVATION_SHAPE = (2048, 4096)
+
+
+def _sync() -> None:
+    import torch
+
+    torch.cuda.synchronize()
+
+
+def loop_seconds(fn: Callable[[], object], n: int, rounds: int = 5) -> float:
+    """Seconds per call of ``n`` calls back to back and one synchronisation
+    (the fastest of ``rounds``)."""
+    best = math.inf
+    for _ in range(rounds):
+        _sync()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        _sync()
+        best = min(best, (time.perf_counter() - t0) / n)
+    return best
+
+
+def sync_seconds(fn: Callable[[], object], reps: int) -> float:
+    """Median seconds of one call and a synchronisation."""
+    times = []
+    for _ in range(reps):
+        _sync()
+        t0 = time.perf_counter()
+        fn()
+        _sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _bare_launch() -> Callable[[], object]:
+    import torch
+
+    x = torch.zeros(1, device="cuda")
+    return lambda: _one_element[(1,)](x)
+
+
+def _unit() -> Callable[[], object]:
+    import torch
+
+    t = torch.zeros(1, device="cuda")
+    return lambda: t.add_(1)
+
+
+def _activation_value():
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    return torch.randn(*ACTIVATION_SHAPE, device="cuda", generator=gen).to(torch.bfloat16)
+
+
+def _activation_rows() -> List[tuple]:
+    """(name, call) of the activation forwards at ACTIVATION_SHAPE."""
+    import torch
+
+    from obskernels import Observer
+    from obskernels.bench import host
+
+    args = host._qargs(host._FP8_TENSOR)
+    value = _activation_value()
+    eager = Observer.load_from_registry("static_minmax", base_name="input", args=args)
+    rows = [("activation forward 2048x4096 (obskernels static_minmax)", lambda: eager(value))]
+
+    graphed = Observer.load_from_registry("static_minmax", base_name="input", args=args,
+                                          nonfinite="propagate")
+    static = value.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the default stream, as torch asks
+        graphed(static)  # the first observation makes the statistics
+        graphed(static)  # the second compiles the combining launch
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        graphed(static)
+    rows.append(("activation forward 2048x4096, CUDA graph replay", graph.replay))
+
+    if host._llmcompressor_imports():
+        from llmcompressor.observers import Observer as registry
+
+        from obskernels.integrations.llmcompressor import enabled
+
+        plain = registry.load_from_registry("static_minmax", base_name="input", args=args)
+        with enabled():
+            dropped = registry.load_from_registry("static_minmax", base_name="input", args=args)
+        rows.append(("activation forward 2048x4096 (llm-compressor)", lambda: plain(value)))
+        rows.append(("activation forward 2048x4096 (llm-compressor, drop-in)", lambda: dropped(value)))
+    return rows
+
+
+def measure(n: int = 200, reps: int = 50) -> List[Dict]:
+    """One record per row (see the module docstring)."""
+    import warnings
+
+    import torch
+
+    from obskernels.bench import host
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("no CUDA device is available")
+    rows: List[tuple] = [("unit: one-element CUDA add_", _unit()), ("bare Triton launch", _bare_launch())]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for sc in host.SCENARIOS:
+            if sc.drop_in and not host._llmcompressor_imports():
+                continue
+            rows.append((sc.name, host._call_of(sc, device="cuda")))
+        rows += _activation_rows()
+        out = []
+        for name, fn in rows:
+            for _ in range(5):
+                fn()  # compiled, planned and allocated before timing
+            out.append({"row": name, "loop_us": loop_seconds(fn, n) * 1e6,
+                        "sync_us": sync_seconds(fn, reps) * 1e6})
+    unit = out[0]["loop_us"]
+    device = torch.cuda.get_device_name(0)
+    for r in out:
+        r.update(units=r["loop_us"] / unit, unit_us=unit, device=device, kind="measured")
+    return out
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m obskernels.bench.cuda_host",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", action="store_true", help="one JSON object per line")
+    ap.add_argument("--n", type=int, default=200, help="calls per back-to-back round")
+    ap.add_argument("--reps", type=int, default=50, help="single synchronised calls")
+    ns = ap.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        # the kernels must compile for the GPU: run afresh without the interpreter
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        cmd = [sys.executable, "-m", "obskernels.bench.cuda_host", *(argv if argv is not None else sys.argv[1:])]
+        return subprocess.call(cmd, env=env)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("obskernels.bench.cuda_host: no CUDA device is available (torch.cuda.is_available() "
+              "is False); it measures on a GPU. For the CPU proxy: python -m obskernels.bench.host",
+              file=sys.stderr)
+        return 2
+    rows = measure(ns.n, ns.reps)
+    if ns.json:
+        for r in rows:
+            print(json.dumps(r))
+        return 0
+    print(f"MEASURED on {rows[0]['device']}: wall time per call; unit = one 1-element CUDA add_ "
+          f"= {rows[0]['unit_us']:.2f} us (back to back)")
+    print(f"{'row':58} {'loop us':>9} {'sync us':>9} {'units':>7}")
+    for r in rows:
+        print(f"{r['row']:58} {r['loop_us']:9.1f} {r['sync_us']:9.1f} {r['units']:7.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
