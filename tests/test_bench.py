@@ -228,6 +228,34 @@ def test_host_path_is_measured_with_the_launches_stubbed():
     assert not any(isinstance(getattr(m, a), hostcost._Stub) for m, a in discover_kernels().values())
 
 
+@needs_interpreter
+def test_obskernels_rows_run_as_a_user_runs(monkeypatch):
+    """A row of the backend the default choice picks ("auto" -> triton here)
+    runs without a use_backend block, as a user's call does; another
+    backend's row is forced by a block."""
+    from obskernels import backends
+    from obskernels.bench import backends as bench_backends
+
+    monkeypatch.setattr(backends, "_process_choice", None)
+    monkeypatch.delenv(backends.ENV_VAR, raising=False)
+    entered = []
+    real = backends.use_backend
+
+    class spy(real):
+        def __enter__(self):
+            entered.append(self._name)
+            return super().__enter__()
+
+    monkeypatch.setattr(backends, "use_backend", spy)
+    case = bench_cases.Case("weight", (16, 256), "bf16", "int4-group128", (4096, 4096))
+    obs = bench_cases.OBSERVERS["memoryless_minmax"]
+    for backend in ("triton", "reference"):
+        prepared = bench_backends.prepare(case, obs, backend)
+        prepared.setup()
+        prepared.call()
+    assert entered == ["reference"]
+
+
 def test_compulsory_bytes():
     value = torch.zeros(8, 32, dtype=torch.bfloat16)
     mins, maxs = torch.zeros(8, 2, dtype=torch.bfloat16), torch.zeros(8, 2, dtype=torch.bfloat16)

@@ -3,7 +3,9 @@
 Backends:
 - "reference": obskernels' pure-PyTorch ops (``use_backend("reference")``);
 - "triton": obskernels' Triton kernels (``use_backend("triton")``): on CUDA
-  tensors, or on CPU tensors under triton's interpreter (modelling only);
+  tensors, or on CPU tensors under triton's interpreter (modelling only).
+  Where the default choice ("auto") picks the row's backend, its calls run
+  without the block, as a user's do (the choice made per operation timed);
 - "llmc": llm-compressor as installed, nothing switched: what its users get
   (on CUDA its own Triton MSE-search kernel where it registers one, on the CPU
   its eager body);
@@ -141,17 +143,22 @@ def _imatrix_acts(cols: int, device) -> torch.Tensor:
 
 def _obskernels(case: Case, target: Target, backend: str, value: torch.Tensor) -> Prepared:
     from obskernels import ops
-    from obskernels.backends import use_backend
+    from obskernels.backends import get_backend, resolve_backend, use_backend
 
     base = case.base_name
     cols = value.shape[-1]
 
-    def under(f):
-        def run():
-            with use_backend(backend):
-                return f()
+    if get_backend() == "auto" and resolve_backend(value) == backend:
+        # what a user runs: no block, the default choice made per operation
+        def under(f):
+            return f
+    else:
+        def under(f):
+            def run():
+                with use_backend(backend):
+                    return f()
 
-        return run
+            return run
 
     if target.kind == "op":
         args = case.spec.qargs()
