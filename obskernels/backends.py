@@ -28,6 +28,7 @@ import importlib
 import importlib.util
 import logging
 import os
+import sys
 from types import ModuleType
 
 import torch
@@ -199,6 +200,14 @@ def triton_unavailable_reason(tensor: torch.Tensor | None) -> str | None:
 
     CPU tensors need the kernels built for triton's interpreter, i.e.
     TRITON_INTERPRET=1 set before triton was imported."""
+    if (tensor is not None and not _runtime and tensor.device.type == "cpu"
+            and not _interpreter_on() and "obskernels.kernels" not in sys.modules):
+        # imported now, the kernels would be built for a GPU (the interpreter
+        # is off): a CPU tensor cannot take them, and a CPU-only caller under
+        # "auto" need not pay their import (~0.1 s) to learn it
+        if importlib.util.find_spec("triton") is None:
+            return "triton is not installed"
+        return "CPU tensors need TRITON_INTERPRET=1 set before triton is imported"
     reason, interpreted = _kernels_runtime()
     if reason is not None:
         return reason

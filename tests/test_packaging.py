@@ -163,3 +163,42 @@ def test_suite_collects_without_triton():
                for line in out.splitlines() if line.startswith("SKIPPED") and "need triton" in line}
     assert "test_kernels_mse" in skipped and "test_kernels_quant" in skipped, skipped
     assert "tests/test_reference.py::" in out  # triton-free modules are collected
+
+
+LAZY_PROBE = """
+import json, os, sys, torch
+import obskernels
+from obskernels import ops
+from compressed_tensors.quantization import QuantizationArgs
+args = QuantizationArgs(num_bits=8, strategy="channel", symmetric=True)
+value = torch.randn(4, 16)
+mins, maxs = ops.min_max(value, "weight", args)
+found = {
+    "exact": torch.equal(mins.flatten(), value.amin(dim=1)) and torch.equal(maxs.flatten(), value.amax(dim=1)),
+    "kernels_imported": "obskernels.kernels" in sys.modules,
+}
+os.environ["OBSKERNELS_BACKEND"] = "triton"
+try:
+    ops.min_max(value, "weight", args)
+except obskernels.BackendUnavailableError as exc:
+    found["forced"] = str(exc)
+print(json.dumps(found))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_a_cpu_only_process_runs_the_reference_without_importing_the_kernels():
+    """Without the interpreter, "auto" on a CPU tensor runs the reference and
+    does not import the kernels (which would be built for a GPU, ~0.1 s, at
+    the first operation); forcing triton there still says why it cannot run."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "OBSKERNELS_BACKEND", "TRITON_INTERPRET")}
+    env.update(PYTHONSAFEPATH="1")
+    proc = subprocess.run([sys.executable, "-c", LAZY_PROBE], cwd=REPO_ROOT / "tests", env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert found["exact"] and not found["kernels_imported"], found
+    assert found["forced"] == ("backend 'triton' cannot run: CPU tensors need TRITON_INTERPRET=1 set "
+                               "before triton is imported"), found
