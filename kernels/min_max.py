@@ -398,13 +398,23 @@ def min_max_qparams(call: MinMaxQParamsCall):
     return prepare_qparams(call)(call)
 
 
-#: The fewest elements per group for qparams in the epilogue, without and
-#: with the float64 redo compiled in (asymmetric, MX scales): each thread
-#: computes its group's qparams once (~400 SASS instructions, ~800 with the
-#: redo) after streaming the group's elements; below these sizes that would
-#: take a 64 MB weight's program past the streaming kernels' instruction
-#: targets (the compile check), and two launches are made instead.
+#: The fewest elements per group for qparams in the epilogue of a large
+#: value, without and with the float64 redo compiled in (asymmetric, MX
+#: scales): each thread computes its group's qparams once (~400 SASS
+#: instructions, ~800 with the redo) after streaming the group's elements;
+#: below these sizes that would take a 64 MB weight's program past the
+#: streaming kernels' instruction targets (the compile check), and two
+#: launches are made instead.
 QP_MIN_GROUP = {False: 128, True: 512}
+
+#: Values of fewer bytes take the epilogue whatever their groups' size: their
+#: call is host-bound (by the bench's H100 terms, 32M bf16 elements at ~40
+#: SASS each issue in about 40 us, a third of an observer call's host time),
+#: and the launch and the operation the epilogue saves cost more than the
+#: instructions it adds (modelled; no GPU has timed it).
+#: From here up, QP_MIN_GROUP holds, and with it the compile check's
+#: instruction targets, which count the cases of 64 MB and more.
+QP_SMALL_GROUPS_BELOW = 64 << 20
 
 
 def prepare_qparams(call: MinMaxQParamsCall):
@@ -423,7 +433,8 @@ def _qparams_launch(flat, layout, main, finish, launch_args, new_stats, new_part
     (``main``: grid and options), or with a split the finish pass's
     (``finish``: grid and options, None without a split; ``new_parts``: the
     partials' allocator). None where the groups, reduced by the streaming
-    kernel itself, are too small for it (``QP_MIN_GROUP``) or gathered."""
+    kernel itself, are gathered, or too small for it (``QP_MIN_GROUP``) in a
+    value of ``QP_SMALL_GROUPS_BELOW`` bytes or more."""
     value = flat.value
     (grid, first), (finish_grid, finish) = main, finish
     split = grid[1]
@@ -431,11 +442,13 @@ def _qparams_launch(flat, layout, main, finish, launch_args, new_stats, new_part
                          grid[0] if split == 1 else finish_grid[0],
                          gpu_arith(current_config("min_max"), value, "min_max"))
     # a streaming thread computes its group's qparams once, after streaming
-    # the group: worth it where that costs little per element of the group,
-    # and not for gathered columns (g_idx), whose loads take triton 3.6 to its
-    # bound; the finish pass computes one group's per lane, at any size
-    if split == 1 and (layout.gather
-                       or value.numel() < layout.num_groups * QP_MIN_GROUP[plan.widen]):
+    # the group: worth it where that costs little per element of the group
+    # or the value is small (a host-bound call), and not for gathered columns
+    # (g_idx), whose loads take triton 3.6 to its bound; the finish pass
+    # computes one group's per lane, at any size
+    small_groups = value.numel() < layout.num_groups * QP_MIN_GROUP[plan.widen]
+    large = value.numel() * value.element_size() >= QP_SMALL_GROUPS_BELOW
+    if split == 1 and (layout.gather or (small_groups and large)):
         return None
     perm, layout_args, avg_a, avg_c = launch_args
     # torch's roundings, one operation each, where the qparams are computed

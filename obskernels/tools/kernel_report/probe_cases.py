@@ -64,7 +64,7 @@ def cases() -> List[Case]:
         C("weight tensor (split)", "min_max", lambda m: checked(m.min_max, w(*W), "weight", QA(num_bits=8, strategy="tensor"))),
         C("weight channel fp16", "min_max", lambda m: checked(m.min_max, w(*W, dtype=f16), "weight", QA(num_bits=8, strategy="channel"))),
         C("weight g_idx g128", "min_max", lambda m: checked(m.min_max, w(*W), "weight", g128, g_idx=g_idx)),
-        C("qparams int4 g32 asym, record (two launches)", "min_max", lambda m: checked(m.min_max_qparams, w(*W), "weight", QA(num_bits=4, symmetric=False, strategy="group", group_size=32), record=True)),
+        C("qparams int4 g32 asym, record (small value: the epilogue)", "min_max", lambda m: checked(m.min_max_qparams, w(*W), "weight", QA(num_bits=4, symmetric=False, strategy="group", group_size=32), record=True)),
         C("weight block 128 partial (pad)", "min_max", lambda m: checked(m.min_max, w(4000, 4000), "weight", QA(num_bits=8, type="float", strategy="block", block_structure=[128, 128]))),
         C("weight block 8x16 partial fp32 (pad)", "min_max", lambda m: checked(m.min_max, w(4097, 4095, dtype=f32), "weight", QA(num_bits=8, strategy="block", block_structure=[8, 16]))),
         C("weight block 128 transposed (pad)", "min_max", lambda m: checked(m.min_max, w(4000, 4000).t(), "weight", QA(num_bits=8, type="float", strategy="block", block_structure=[128, 128]))),
@@ -124,9 +124,9 @@ def cases() -> List[Case]:
         mm("weight nvfp4 g16 bf16 14336x4096 running, record", lambda: w(14336, 4096), "weight", QA(strategy="tensor_group", group_size=16, **nvfp4), held=held_stats((14336, 256), bf), status=torch.tensor(STATUS_INIT, dtype=torch.int64), observation=4),
     ]
     # A first observation with its qparams in min_max's epilogue
-    # (min_max_qparams: one launch where groups are large enough, the finish
-    # pass's where a reduction is split, else min_max and calculate_qparams),
-    # the formats observers use
+    # (min_max_qparams: one launch where groups are large enough or the value
+    # small, the finish pass's where a reduction is split, else min_max and
+    # calculate_qparams), the formats observers use
     mq = lambda name, value, args, **kw: R(  # noqa: E731
         f"64MB qparams {name}", "min_max", lambda m: checked(m.min_max_qparams, value(), "weight", args, **kw))
     out += [

@@ -9,10 +9,10 @@ statistics, scale and zero point bit for bit, the same record at the head of
 the status, and a non-finite-scale flag after it exactly when the reference
 sets one (the number of flags is the backend's: one per program). The
 triton backend computes the qparams in the epilogue of min_max's last
-launch -- the streaming kernel's where a program holds whole, large enough
-groups, the finish pass's where a group's rows are split across programs --
-and makes calculate_qparams' launch after min_max's otherwise; every path is
-taken here (and checked to be).
+launch -- the streaming kernel's where a program holds whole groups, large
+enough ones in a value of 64 MB or more, the finish pass's where a group's
+rows are split across programs -- and makes calculate_qparams' launch after
+min_max's otherwise; every path is taken here (and checked to be).
 """
 
 from __future__ import annotations
@@ -38,9 +38,12 @@ kernel_module = importlib.import_module("obskernels.kernels.min_max")
 reference_module = importlib.import_module("obskernels.reference.min_max")
 N = len(STATUS_INIT)
 
-# name -> (args, shape, dtype, the triton backend's launches: ONE (the qparams
-# in the streaming kernel's epilogue), SPLIT (in the finish pass's) or TWO
-# (min_max, then calculate_qparams))
+# name -> (args, shape, dtype, the triton backend's launches for a value of
+# QP_SMALL_GROUPS_BELOW bytes or more: ONE (the qparams in the streaming
+# kernel's epilogue), SPLIT (in the finish pass's) or TWO (min_max, then
+# calculate_qparams: groups too small for the epilogue). A smaller value's
+# are ONE for those too; each such format runs at both sizes ("large": the
+# threshold set to 0, as the value's size would be at 64 MB)
 ONE, SPLIT, TWO = ("_min_max_kernel",), ("_min_max_kernel", "_min_max_finish_kernel"), (
     "_min_max_kernel", "_qparams_kernel")
 FORMATS = {
@@ -94,10 +97,24 @@ def _assert_matches(got, want, name):
     assert any(status[N:]) == any(expected[N:]), f"{name}: scale flags {status[N:]} vs {expected[N:]}"
 
 
+SIZED = [(name, size) for name in sorted(FORMATS)
+         for size in (("small", "large") if FORMATS[name][3] == TWO else ("small",))]
+
+
+def _sized(name, size, monkeypatch):
+    """The launches FORMATS[name] makes at ``size``, the threshold set so."""
+    launches = FORMATS[name][3]
+    if size == "large":
+        monkeypatch.setattr(kernel_module, "QP_SMALL_GROUPS_BELOW", 0)
+        return launches
+    return ONE if launches == TWO else launches
+
+
 @pytest.mark.parametrize("record", [True, False], ids=["record", "no-record"])
 @pytest.mark.parametrize("kind", ["finite", "nan", "inf", "wide"])
-@pytest.mark.parametrize("name", sorted(FORMATS))
-def test_min_max_qparams_is_min_max_then_calculate_qparams(name, kind, record):
+@pytest.mark.parametrize("name,size", SIZED)
+def test_min_max_qparams_is_min_max_then_calculate_qparams(name, size, kind, record, monkeypatch):
+    _sized(name, size, monkeypatch)
     fields, shape, dtype, _ = FORMATS[name]
     args = QuantizationArgs(**fields)
     value = _value(shape, dtype, kind)
@@ -107,12 +124,14 @@ def test_min_max_qparams_is_min_max_then_calculate_qparams(name, kind, record):
         _assert_matches(got, want, f"{backend} {name} {kind}")
 
 
-@pytest.mark.parametrize("name", sorted(FORMATS))
-def test_the_epilogue_is_taken_where_groups_are_whole_and_large_or_split(name):
+@pytest.mark.parametrize("name,size", SIZED)
+def test_the_epilogue_is_taken_where_groups_are_whole_and_large_or_split(name, size, monkeypatch):
     """The triton backend's choice, structurally: qparams in an epilogue for
     the formats marked ONE or SPLIT, the two operations' launches for small
-    groups and a redo needing larger groups."""
-    fields, shape, dtype, launches = FORMATS[name]
+    groups and a redo needing larger groups in a large value, the epilogue
+    for those too in a small one."""
+    launches = _sized(name, size, monkeypatch)
+    fields, shape, dtype, _ = FORMATS[name]
     flat = calls.flatten_for_calibration(torch.zeros(shape, dtype=dtype), "weight",
                                          QuantizationArgs(**fields))
     launch = kernel_module.prepare(MinMaxCall(flat, status=new_record("cpu")), qparams=True)
@@ -134,8 +153,8 @@ def test_a_launch_is_made_once_per_signature_and_reused():
     assert all(a.data_ptr() != b.data_ptr() for a, b in zip(first, second))
 
 
-@pytest.mark.parametrize("name", sorted(FORMATS))
-def test_preparing_launches_nothing(name, monkeypatch):
+@pytest.mark.parametrize("name,size", SIZED)
+def test_preparing_launches_nothing(name, size, monkeypatch):
     """Preparing a signature launches nothing of its own; a call makes the
     launches its format is marked with: the last computes the qparams (its
     ``QP`` switches set) where the format is ONE or SPLIT."""
@@ -144,7 +163,8 @@ def test_preparing_launches_nothing(name, monkeypatch):
     for module, attr in ((kernel_module, "_min_max_kernel"), (kernel_module, "_min_max_finish_kernel"),
                          (qparams_module, "_qparams_kernel")):
         monkeypatch.setattr(module, attr, RecordingKernel(getattr(module, attr), sink))
-    fields, shape, dtype, launches = FORMATS[name]
+    launches = _sized(name, size, monkeypatch)
+    fields, shape, dtype, _ = FORMATS[name]
     args = QuantizationArgs(**fields)
     call = calls.min_max_qparams(_value(shape, dtype, "finite"), "weight", args, record=True)
     launch = kernel_module.prepare_qparams(call)
