@@ -75,9 +75,13 @@ def _device_context(device: torch.device):
     """The context a launch runs in: the tensor's CUDA device (Triton launches
     on the current device and its current stream), nothing on the CPU."""
     if device.type == "cuda":
-        return _cuda_context(device.index if device.index is not None
-                             else torch.cuda.current_device())
+        return _cuda_context(_cuda_index(device))
     return _NOTHING
+
+
+def _cuda_index(device: torch.device) -> int:
+    """A CUDA device's index (the current device for a bare "cuda")."""
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def _cuda_context(index: int):
@@ -100,8 +104,7 @@ def launch_context(device: torch.device):
     restores the device it replaces; the shared no-op context otherwise),
     without reading a tensor's device per call."""
     if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        return functools.partial(_cuda_context, index)
+        return functools.partial(_cuda_context, _cuda_index(device))
     return _no_context
 
 

@@ -161,16 +161,26 @@ def _interpreter_on() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-# Whether triton and the kernels import, and whether triton built them for
-# its interpreter, do not change in a process: found out once, then kept
-# (every operation asks).
+_TRITON_MISSING = "triton is not installed"
+_CPU_NEEDS_INTERPRETER = "CPU tensors need TRITON_INTERPRET=1 set before triton is imported"
+
+# Whether triton is installed, whether it and the kernels import, and whether
+# triton built them for its interpreter, do not change in a process: found
+# out once, then kept (every operation asks).
+_triton_found: list = []  # [whether triton is installed] once asked
 _runtime: list = []  # [(reason the kernels cannot run or None, interpreted)] once known
+
+
+def _triton_installed() -> bool:
+    if not _triton_found:
+        _triton_found.append(importlib.util.find_spec("triton") is not None)
+    return _triton_found[0]
 
 
 def _kernels_runtime() -> tuple:
     if not _runtime:
-        if importlib.util.find_spec("triton") is None:
-            _runtime.append(("triton is not installed", False))
+        if not _triton_installed():
+            _runtime.append((_TRITON_MISSING, False))
             return _runtime[0]
         try:
             kernels = importlib.import_module("obskernels.kernels")
@@ -205,9 +215,7 @@ def triton_unavailable_reason(tensor: torch.Tensor | None) -> str | None:
         # imported now, the kernels would be built for a GPU (the interpreter
         # is off): a CPU tensor cannot take them, and a CPU-only caller under
         # "auto" need not pay their import (~0.1 s) to learn it
-        if importlib.util.find_spec("triton") is None:
-            return "triton is not installed"
-        return "CPU tensors need TRITON_INTERPRET=1 set before triton is imported"
+        return _CPU_NEEDS_INTERPRETER if _triton_installed() else _TRITON_MISSING
     reason, interpreted = _kernels_runtime()
     if reason is not None:
         return reason
@@ -223,7 +231,7 @@ def triton_unavailable_reason(tensor: torch.Tensor | None) -> str | None:
         # tool recording the launches of CPU tensors sets it: nothing runs)
         if interpreted or _interpreter_on():
             return None
-        return "CPU tensors need TRITON_INTERPRET=1 set before triton is imported"
+        return _CPU_NEEDS_INTERPRETER
     return f"tensors on device {kind!r} are not supported"
 
 

@@ -160,9 +160,9 @@ def main(argv=None) -> int:
                       f"exit {rc}", "", "```", text.strip()[-6000:], "```", ""]
 
     if "oneshot" in steps:
-        import importlib.util
+        from obskernels.bench.backends import llmc_available
 
-        if importlib.util.find_spec("llmcompressor") is None:
+        if not llmc_available():
             summary["oneshot"] = {"returncode": None, "why": "llm-compressor is not installed"}
             lines_oneshot = ["## oneshot: skipped (llm-compressor is not installed)", ""]
         else:

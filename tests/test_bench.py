@@ -562,11 +562,12 @@ def test_cuda_host_measures_every_row():
     unit, the activation's forward is there eagerly and replayed from a
     CUDA graph."""
     from obskernels.bench import cuda_host, host
+    from obskernels.bench.backends import llmc_available
 
     rows = cuda_host.measure(n=3, reps=3)
     names = [r["row"] for r in rows]
     assert names[:2] == ["unit: one-element CUDA add_", "bare Triton launch"]
-    scenarios = [s.name for s in host.SCENARIOS if not s.drop_in or host._llmcompressor_imports()]
+    scenarios = [s.name for s in host.SCENARIOS if not s.drop_in or llmc_available()]
     assert names[2:2 + len(scenarios)] == scenarios
     assert "activation forward 2048x4096, CUDA graph replay" in names
     assert rows[0]["units"] == 1.0

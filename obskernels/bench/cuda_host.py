@@ -119,6 +119,7 @@ def _activation_rows() -> List[tuple]:
 
     from obskernels import Observer
     from obskernels.bench import host
+    from obskernels.bench.backends import llmc_available
 
     args = host._qargs(host._FP8_TENSOR)
     value = _activation_value()
@@ -139,7 +140,7 @@ def _activation_rows() -> List[tuple]:
         graphed(static)
     rows.append(("activation forward 2048x4096, CUDA graph replay", graph.replay))
 
-    if host._llmcompressor_imports():
+    if llmc_available():
         from llmcompressor.observers import Observer as registry
 
         from obskernels.integrations.llmcompressor import enabled
@@ -159,6 +160,7 @@ def measure(n: int = 200, reps: int = 50) -> List[Dict]:
     import torch
 
     from obskernels.bench import host
+    from obskernels.bench.backends import llmc_available
 
     if not torch.cuda.is_available():
         raise RuntimeError("no CUDA device is available")
@@ -166,7 +168,7 @@ def measure(n: int = 200, reps: int = 50) -> List[Dict]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for sc in host.SCENARIOS:
-            if sc.drop_in and not host._llmcompressor_imports():
+            if sc.drop_in and not llmc_available():
                 continue
             rows.append((sc.name, host._call_of(sc, device="cuda")))
         rows += _activation_rows()

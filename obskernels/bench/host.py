@@ -185,12 +185,6 @@ def _call_of(sc: Scenario, device: str = "cpu") -> Callable[[], object]:
     return call
 
 
-def _llmcompressor_imports() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("llmcompressor") is not None
-
-
 def _python_calls(fn: Callable[[], object]) -> int:
     """Python function calls made by one ``fn()`` (the stub's excluded)."""
     count = 0
@@ -230,13 +224,15 @@ def measure(scenarios=SCENARIOS, reps: int = 300, warmup: int = 20) -> List[Dict
     excluded), the same in units of ``unit_seconds()``, and Python calls."""
     import warnings
 
+    from obskernels.bench.backends import llmc_available
+
     check_default_is_triton()
     unit = unit_seconds()
     out = []
     with stubbed_launches(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for sc in scenarios:
-            if sc.drop_in and not _llmcompressor_imports():
+            if sc.drop_in and not llmc_available():
                 continue
             fn = _call_of(sc)
             for _ in range(warmup):
