@@ -11,7 +11,9 @@ of its inputs), so they equal the reference bit for bit.
 Launches: one, or two when the rows of a group tile are split across
 programs to fill a GPU (a whole-tensor reduction): the first writes one
 partial min/max per (split, group), the second reduces the partials.
-``min_max_qparams`` computes the qparams in the epilogue of the last of them.
+``min_max_qparams`` computes the qparams in the epilogue of the last of them
+(TENSOR_GROUP: that launch writes one partial absolute maximum per program,
+and the qparams kernel reduces them into the global scale).
 ``prepare`` makes the launch of a call's signature once (obskernels.ops
 keeps it for later calls of that signature).
 
@@ -61,11 +63,13 @@ from obskernels.kernels import stats as ST
 from obskernels.kernels.qparams import (
     epilogue_plan,
     epilogue_qparams,
+    prepare_from_parts,
     prepare_with_qparams,
     store_scale_flag,
 )
 from obskernels.kernels.quant import DTYPE_CODE
 from obskernels.spec.calls import MinMaxCall, MinMaxQParamsCall
+from obskernels.spec.layout import Strategy
 
 __all__ = ["min_max", "prepare", "min_max_qparams", "prepare_qparams"]
 
@@ -127,13 +131,15 @@ def _count_slice(x_ptr, perm_ptr, qa, qb, q_ok, r_lo, r_hi, geo, lim_r, lim_e,
 @triton.jit
 def _reduce_store(lo, hi, qa, qb, q_ok, out_base, geo, min_ptr, max_ptr, held_min_ptr,
                   held_max_ptr, avg_a, avg_c, qp, MODE: tl.constexpr, DTYPE: tl.constexpr,
-                  BITS16: tl.constexpr, RECORD: tl.constexpr, QP: tl.constexpr):
+                  BITS16: tl.constexpr, RECORD: tl.constexpr, QP: tl.constexpr,
+                  ABSMAX: tl.constexpr):
     """Reduce the running lanes to each group's (min, max) and store them
     through the epilogue at out_base + q; with QP (a first observation,
     nothing held), also its scale and zero point (``epilogue_qparams``). Returns,
     per group, (RECORD; else 0) 1 where a real group's result is not finite
-    (a NaN, +inf or -inf was read) and (QP; else 0) 1 where its scale is not
-    finite."""
+    (a NaN, +inf or -inf was read), (QP; else 0) 1 where its scale is not
+    finite, and (ABSMAX; else 0) max(max, -min) of a real group (NaN for a
+    group holding one, -inf for a lane past the last group)."""
     # [BLOCK_A, BLOCK_B, 1, 1]: a NaN lane sets the flag (min and max hold it alike)
     has_nan = tl.max(tl.max((lo != lo).to(tl.int32), axis=3, keep_dims=True),
                      axis=2, keep_dims=True) > 0
@@ -147,17 +153,38 @@ def _reduce_store(lo, hi, qa, qb, q_ok, out_base, geo, min_ptr, max_ptr, held_mi
     bad_scale = 0
     if QP is not None:
         bad_scale = epilogue_qparams(lo_q, hi_q, qq, q_ok, qp, DTYPE, QP)
+    absmax = 0.0
+    if ABSMAX:
+        absmax = tl.where(q_ok, tl.where(has_nan, float("nan"), tl.maximum(hi_q, -lo_q)),
+                          float("-inf"))
     if RECORD:
         bad = (q_ok & (has_nan | (hi_q == float("inf")) | (lo_q == float("-inf")))).to(tl.int32)
-        return bad, bad_scale
+        return bad, bad_scale, absmax
     else:
-        return 0, bad_scale
+        return 0, bad_scale, absmax
+
+
+@triton.jit
+def _max4(x):
+    """The max of a [BLOCK_A, BLOCK_B, 1, 1] tensor (a scalar; NaN ignored)."""
+    return tl.max(tl.max(tl.max(tl.max(x, axis=3), axis=2), axis=1), axis=0)
 
 
 @triton.jit
 def _any(bad):
     """Whether any lane of a [BLOCK_A, BLOCK_B, 1, 1] flag tensor is set (a scalar)."""
-    return tl.max(tl.max(tl.max(tl.max(bad, axis=3), axis=2), axis=1), axis=0) > 0
+    return _max4(bad) > 0
+
+
+@triton.jit
+def _store_absmax(absmax_ptr, pid, absmax):
+    """absmax_ptr[pid] = the max of the program's [BLOCK_A, BLOCK_B, 1, 1]
+    absolute maxima, NaN if one is NaN (the reduction across lanes ignores
+    NaN: a flag puts it back)."""
+    has_nan = _any((absmax != absmax).to(tl.int32))
+    a = tl.where(has_nan, float("nan"), _max4(tl.where(absmax == absmax, absmax, float("-inf"))))
+    one = tl.arange(0, 1)
+    tl.store(absmax_ptr + pid + one, a + one * 0.0)
 
 
 # Sizes that vary per call are not specialised on (one compiled variant per
@@ -173,7 +200,7 @@ def _min_max_kernel(
     ROW_LEVELS: tl.constexpr, SHORT_E: tl.constexpr, ROW_TAIL: tl.constexpr,
     GROUP_TAIL: tl.constexpr, GROUP_LOOP: tl.constexpr, PAD: tl.constexpr, GATHER: tl.constexpr,
     MODE: tl.constexpr, DTYPE: tl.constexpr, BITS16: tl.constexpr, RECORD: tl.constexpr,
-    qp=None, QP: tl.constexpr = None,
+    qp=None, QP: tl.constexpr = None, absmax_ptr=None, ABSMAX: tl.constexpr = False,
 ):
     """Program (i, s): the BLOCK_A x BLOCK_B groups of block i
     (``tile_groups``), rows [s*rows_per_split, (s+1)*rows_per_split), every
@@ -191,7 +218,10 @@ def _min_max_kernel(
     statistics addressed as their bits); RECORD adds this slice's NaN / +-inf
     counts to the observer's non-finite record. QP (nothing held, no split):
     the groups' qparams too (``qp``: ``QParamsOut``), and one non-finite-scale
-    flag per program at status_ptr[len(STATUS_INIT) + program].
+    flag per program at status_ptr[len(STATUS_INIT) + program]. ABSMAX (no
+    split): the max over the program's groups of max(max, -min), NaN
+    propagating, to absmax_ptr[program] in fp32 (a global scale's partial,
+    ``qparams.PartsQParams``).
     """
     pid_s = tl.program_id(1)
     r_lo = pid_s * rows_per_split
@@ -202,14 +232,17 @@ def _min_max_kernel(
     if GROUP_LOOP:
         bad = tl.zeros([BLOCK_A, BLOCK_B, 1, 1], tl.int32)
         bad_scale = tl.zeros([BLOCK_A, BLOCK_B, 1, 1], tl.int64)
+        absmax = tl.full([BLOCK_A, BLOCK_B, 1, 1], float("-inf"), tl.float32)
         for blk in range(pa, n_a, step):
             qa, qb, q_ok = tile_groups(blk, pb, QA, geo, BLOCK_A, BLOCK_B, GROUP_TAIL)
             x = _tile(x_ptr, perm_ptr, qa, qb, r_lo, 0, r_hi, geo, lim_r, lim_e,
                       BLOCK_R, BLOCK_E, ROW_LEVELS, SHORT_E, ROW_TAIL, PAD, GATHER)
-            b, bs = _reduce_store(x, x, qa, qb, q_ok, out_base, *epi, MODE, DTYPE, BITS16, RECORD,
-                                  QP)
+            b, bs, am = _reduce_store(x, x, qa, qb, q_ok, out_base, *epi, MODE, DTYPE, BITS16,
+                                      RECORD, QP, ABSMAX)
             bad = bad | b
             bad_scale = bad_scale | bs
+            if ABSMAX:
+                absmax = tl.maximum(absmax, am, propagate_nan=tl.PropagateNan.ALL)
         if RECORD:
             any_bad = _any(bad)
             c_nan = any_bad.to(tl.int64) * 0
@@ -241,8 +274,8 @@ def _min_max_kernel(
             wrap = c == n_e
             c = tl.where(wrap, 0, c)
             r0 = tl.where(wrap, r0 + BLOCK_R, r0)
-        bad, bad_scale = _reduce_store(lo, hi, qa, qb, q_ok, out_base, *epi, MODE, DTYPE, BITS16,
-                                       RECORD, QP)
+        bad, bad_scale, absmax = _reduce_store(lo, hi, qa, qb, q_ok, out_base, *epi, MODE, DTYPE,
+                                               BITS16, RECORD, QP, ABSMAX)
         if RECORD:
             # nothing extra in the hot loop: a NaN, +inf or -inf shows in the
             # results; counting re-reads this program's slice only when one did
@@ -257,6 +290,8 @@ def _min_max_kernel(
             ST.record(status_ptr, c_nan, c_pos, c_neg, any_bad, observation)
     if QP is not None:
         store_scale_flag(status_ptr, tl.program_id(0), _any(bad_scale))
+    if ABSMAX:
+        _store_absmax(absmax_ptr, tl.program_id(0), absmax)
 
 
 @triton.jit(do_not_specialize=["Q", "SPLIT"])
@@ -265,13 +300,15 @@ def _min_max_finish_kernel(
     held_min_ptr, held_max_ptr, avg_a, avg_c,
     BLOCK_Q: tl.constexpr, BLOCK_S: tl.constexpr,
     MODE: tl.constexpr, DTYPE: tl.constexpr, BITS16: tl.constexpr,
-    status_ptr=None, qp=None, QP: tl.constexpr = None,
+    status_ptr=None, qp=None, QP: tl.constexpr = None, absmax_ptr=None,
+    ABSMAX: tl.constexpr = False,
 ):
     """min_vals[q] = min over s of pmin[s, q] (NaN if any partial is NaN); max alike.
     One program reduces BLOCK_Q groups over all SPLIT partials; the MODE
     epilogue as in _min_max_kernel. QP (nothing held): also the groups'
     qparams, and the program's non-finite-scale flag after the record in
-    status, as _min_max_kernel's epilogue does without a split."""
+    status, as _min_max_kernel's epilogue does without a split. ABSMAX: the
+    program's absolute maximum, as _min_max_kernel's."""
     q = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)[None, :]
     lo = tl.full([BLOCK_S, BLOCK_Q], float("inf"), tl.float32)
     hi = tl.full([BLOCK_S, BLOCK_Q], float("-inf"), tl.float32)
@@ -292,6 +329,10 @@ def _min_max_finish_kernel(
     if QP is not None:
         bad_scale = epilogue_qparams(lo_q, hi_q, qq, qq < Q, qp, DTYPE, QP)
         store_scale_flag(status_ptr, tl.program_id(0), tl.max(bad_scale, axis=0))
+    if ABSMAX:
+        absmax = tl.where(qq < Q, tl.where(has_nan, float("nan"), tl.maximum(hi_q, -lo_q)),
+                          float("-inf"))
+        _store_absmax(absmax_ptr, tl.program_id(0), absmax[:, None, None, None])
 
 
 def min_max(call: MinMaxCall):
@@ -394,7 +435,7 @@ def prepare(call: MinMaxCall, qparams: bool = False):
 # --------------------------------------------------------------------------- #
 def min_max_qparams(call: MinMaxQParamsCall):
     """Triton twin of ``reference.min_max.min_max_qparams``: (min_vals,
-    max_vals, scale, zero_point, status), bit-identical."""
+    max_vals, scale, zero_point, global_scale, status), bit-identical."""
     return prepare_qparams(call)(call)
 
 
@@ -438,6 +479,10 @@ def _qparams_launch(flat, layout, main, finish, launch_args, new_stats, new_part
     value = flat.value
     (grid, first), (finish_grid, finish) = main, finish
     split = grid[1]
+    if flat.strategy == Strategy.TENSOR_GROUP:
+        # a global scale needs every group first: the qparams in one launch more
+        return _parts_qparams_launch(flat, layout, main, (finish_grid, finish), launch_args,
+                                     new_stats, new_parts, context, token)
     plan = epilogue_plan(flat.args, value, layout.qshape,
                          grid[0] if split == 1 else finish_grid[0],
                          gpu_arith(current_config("min_max"), value, "min_max"))
@@ -480,6 +525,49 @@ def _qparams_launch(flat, layout, main, finish, launch_args, new_stats, new_part
                     pmin, pmax, mins, maxs, Q, split, mins, maxs, avg_a, avg_c, **finish,
                     status_ptr=status, qp=qp, QP=plan.switches,
                 )
-        return mins, maxs, qp.scale_ptr, qp.zp_ptr, status
+        return mins, maxs, qp.scale_ptr, qp.zp_ptr, None, status
+
+    return launch
+
+
+def _parts_qparams_launch(flat, layout, main, finish, launch_args, new_stats, new_parts, context,
+                          token):
+    """``_qparams_launch`` of TENSOR_GROUP statistics, whose global scale
+    needs every group: the launch that gives the statistics (``_min_max_kernel``'s,
+    with a split the finish pass's) writes each program's absolute maximum
+    (ABSMAX), the streaming kernel counts the record into the status's head,
+    then ONE ``_qparams_kernel`` reduces those partials
+    (``qparams.PartsQParams``): a launch fewer than ``min_max`` then
+    ``calculate_qparams(fused=...)``."""
+    (grid, first), (finish_grid, finish), value = main, finish, flat.value
+    perm, layout_args, avg_a, avg_c = launch_args
+    split, Q = grid[1], layout.num_groups
+    stats = torch.empty(layout.qshape, dtype=value.dtype, device=value.device)
+    plan = prepare_from_parts(flat.args, stats, grid[0] if split == 1 else finish_grid[0],
+                              first["RECORD"])
+
+    def launch(call: MinMaxQParamsCall):
+        if config_token() is not token:  # a launch_config block changed the policy
+            return min_max_qparams(call)
+        value = call.flat.value
+        mins, maxs, parts, status = new_stats(), new_stats(), plan.new_parts(), plan.status()
+        with context():
+            if split == 1:
+                _min_max_kernel[grid](
+                    value, perm if perm is not None else value, mins, maxs, *layout_args, mins,
+                    maxs, status, avg_a, avg_c, 0, **first, absmax_ptr=parts, ABSMAX=True,
+                )
+            else:
+                pmin, pmax = new_parts(), new_parts()
+                _min_max_kernel[grid](
+                    value, perm if perm is not None else value, pmin, pmax, *layout_args, mins,
+                    maxs, status, avg_a, avg_c, 0, **first,
+                )
+                _min_max_finish_kernel[finish_grid](
+                    pmin, pmax, mins, maxs, Q, split, mins, maxs, avg_a, avg_c, **finish,
+                    absmax_ptr=parts, ABSMAX=True,
+                )
+            scale, zero_point, gs = plan.launch(mins, maxs, parts, status)
+        return mins, maxs, scale, zero_point, gs, status
 
     return launch

@@ -119,6 +119,7 @@ from obskernels.kernels.mse_search_details._step import StepConstants
 from obskernels.kernels.mse_search_details._step import _shrink  # noqa: F401 - the step rule, tested
 from obskernels.kernels.qparams import epilogue_plan, prepare_with_qparams
 from obskernels.spec.calls import SearchCall, SearchQParamsCall
+from obskernels.spec.layout import Strategy
 from obskernels.spec.record import STATUS_IMPORTANCE
 from obskernels.spec.errors import KernelUnsupportedError
 from obskernels.spec.search import search_args
@@ -187,7 +188,7 @@ def mse_search(call: SearchCall):
 
 def mse_search_qparams(call: SearchQParamsCall):
     """Triton twin of ``reference.mse_search.mse_search_qparams``: (min_vals,
-    max_vals, scale, zero_point, status), bit-identical."""
+    max_vals, scale, zero_point, global_scale, status), bit-identical."""
     return prepare_qparams(call)(call)
 
 
@@ -248,7 +249,8 @@ def prepare(call: SearchCall, qparams: bool = False):
     ``qparams`` (``prepare_qparams``): the launch of a ``SearchQParamsCall``
     of that signature whose choice computes the qparams in its epilogue;
     None where there is no choose launch (the split path, a search that
-    cannot stop early)."""
+    cannot stop early) and for TENSOR_GROUP (a global scale needs every
+    group's range: ``calculate_qparams`` after the search)."""
     flat, params = call.flat, call.params
     value = flat.value
     check_kernel_dtype(value)
@@ -323,7 +325,7 @@ def prepare(call: SearchCall, qparams: bool = False):
 
     if qparams:
         programs = getattr(run, "choose_programs", None)
-        if programs is None:
+        if programs is None or flat.strategy == Strategy.TENSOR_GROUP:  # (a global scale: after)
             return None
         plan = epilogue_plan(flat.args, value, layout.qshape, programs, fast)
 
@@ -335,7 +337,7 @@ def prepare(call: SearchCall, qparams: bool = False):
             search = search_of(value, (value, value, value), status, 0)  # no importance
             with context():
                 run(search, (qp, plan.switches))
-            return search.out_min, search.out_max, qp.scale_ptr, qp.zp_ptr, status
+            return search.out_min, search.out_max, qp.scale_ptr, qp.zp_ptr, None, status
 
         return launch_qparams
 

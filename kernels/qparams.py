@@ -16,6 +16,9 @@ operation where torch does):
 statistics of max(max_vals, -min_vals): ``_absmax_kernel`` writes one partial
 maximum per program and per fused pair, and every program of
 ``_qparams_kernel`` reduces those few partials itself (program 0 writes g).
+``PartsQParams``: the same from partials the kernel that measured the
+statistics wrote (min_max's ABSMAX: a first observation's qparams, no
+``_absmax_kernel`` launch).
 ``widen``: groups with finite statistics and a non-finite scale are redone in
 float64 and cast back, as the reference does.
 
@@ -53,7 +56,7 @@ from obskernels.spec.errors import KernelUnsupportedError
 __all__ = ["calculate_qparams", "prepare", "group_qparams", "store_qparams", "store_scale_flag",
            "qparams_format",
            "QParamsConstants", "QParamsOut", "epilogue_qparams", "EpilogueQParams", "epilogue_plan",
-           "prepare_with_qparams"]
+           "prepare_with_qparams", "PartsQParams", "prepare_from_parts"]
 
 
 
@@ -289,9 +292,10 @@ def _qparams_kernel(
     for i in range(_N_STATUS):
         init = tl.where(i == _FIRST_BAD, _FIRST_BAD_INIT, 0) + one.to(tl.int64) * 0
         if CARRY:
+            # reset, then moved: carry may be status itself (the record already in place)
             v = tl.load(carry_ptr + i + one, mask=first, other=0)
-            tl.store(status_ptr + i + one, v, mask=first)
             tl.store(carry_ptr + i + one, init, mask=first)
+            tl.store(status_ptr + i + one, v, mask=first)
         else:
             tl.store(status_ptr + i + one, init, mask=first)
 
@@ -421,12 +425,80 @@ def prepare_with_qparams(call, prepare_measuring):
         return fused
     measure = prepare_measuring(measuring)
     stats = torch.empty(flat.qshape, dtype=flat.value.dtype, device=flat.value.device)
-    qparams = prepare(QParamsCall(stats, stats, flat.args, widen=True, carry=proto))
+    qparams = prepare(call.qparams_of(stats, stats, proto))
 
     def launch(call):
         return call.by_parts(measure, qparams)
 
     return launch
+
+
+def _kernel_plan(args, min_vals, a_dtype, gs_mode: int, widen: bool, n_parts: int, carry: bool):
+    """``_qparams_kernel``'s launch for statistics like ``min_vals``: (qparams'
+    shape, programs, runtime constants, constexpr switches, the scale's and
+    zero point's allocators)."""
+    dtype, dev = min_vals.dtype, min_vals.device
+    sdtype = torch.float32 if gs_mode != GS_NONE.value else dtype
+    fmt, qconstants, qswitches = qparams_format(args, dtype, sdtype, a_dtype, gs_mode, widen)
+    shape = min_vals.shape if min_vals.dim() > 0 else (1,)
+    N = min_vals.numel()
+    switches = dict(
+        DTYPE=quant.DTYPE_CODE[dtype], ADTYPE=quant.DTYPE_CODE[a_dtype], **qswitches, GS=gs_mode,
+        CARRY=carry,
+        BLOCK=QPARAMS_BLOCK, BLOCK_P=pow2_at_most(max(n_parts, 1), 128), enable_fp_fusion=False,
+    )
+    return (shape, max(cdiv(N, QPARAMS_BLOCK), 1), (N, n_parts, qconstants), switches,
+            allocator(shape, sdtype, dev), allocator(shape, fmt.zp_dtype, dev))
+
+
+class PartsQParams(NamedTuple):
+    """``calculate_qparams(min_vals, max_vals, args, fused=((min_vals,
+    max_vals),), widen=True)`` (TENSOR_GROUP statistics' qparams with their
+    own global scale) in ONE launch of ``_qparams_kernel``, where the kernel
+    that measured the statistics wrote ``n_parts`` partial absolute maxima
+    (fp32, max(max_vals, -min_vals) over its groups, NaN propagating): every
+    program reduces them itself, as it does ``_absmax_kernel``'s.
+    ``prepare_from_parts`` makes it once per signature; ``status()`` gives a
+    call's status: with ``record`` a fresh record at its head, for the
+    measuring kernel to count into (the launch keeps it there), otherwise
+    written by the launch; then one flag per program, each program's own."""
+
+    programs: int
+    constants: tuple
+    switches: dict
+    new_scale: object
+    new_zero_point: object
+    new_parts: object
+    new_gs: object
+    template: torch.Tensor
+    record: bool
+
+    def status(self) -> torch.Tensor:
+        return self.template.clone() if self.record else self.template.new_empty(self.template.shape)
+
+    def launch(self, min_vals, max_vals, parts, status):
+        """(scale, zero_point, global_scale) into new outputs; status: ``status()``'s."""
+        scale, zero_point, gs = self.new_scale(), self.new_zero_point(), self.new_gs()
+        _qparams_kernel[(self.programs,)](
+            min_vals, max_vals, scale, zero_point, status, parts, gs, status, status,
+            *self.constants, **self.switches,
+        )
+        return scale, zero_point, gs
+
+
+def prepare_from_parts(args, stats_like: torch.Tensor, n_parts: int, record: bool) -> PartsQParams:
+    """The ``PartsQParams`` of TENSOR_GROUP statistics shaped and typed like
+    ``stats_like`` (contiguous, non-empty), from ``n_parts`` partials;
+    KernelUnsupportedError for a format the kernels do not cover."""
+    dtype, dev = stats_like.dtype, stats_like.device
+    if dtype not in FLOAT_DTYPES:
+        raise KernelUnsupportedError(f"calculate_qparams: statistics of dtype {dtype}")
+    _, programs, constants, switches, new_scale, new_zero_point = _kernel_plan(
+        args, stats_like, dtype, GS_FUSED.value, True, n_parts, record)
+    template = torch.tensor(STATUS_INIT + (0,) * programs, dtype=torch.int64, device=dev)
+    return PartsQParams(programs, constants, switches, new_scale, new_zero_point,
+                        allocator((n_parts,), torch.float32, dev),
+                        allocator((1,), torch.float32, dev), template, record)
 
 
 def calculate_qparams(call: QParamsCall):
@@ -463,27 +535,15 @@ def prepare(call: QParamsCall):
         if a_dtype not in FLOAT_DTYPES:
             raise KernelUnsupportedError(f"calculate_qparams: fused statistics of dtype {a_dtype}")
         gs_mode = GS_FUSED.value
-    sdtype = torch.float32 if gs_mode != GS_NONE.value else dtype
-    fmt, qconstants, qswitches = qparams_format(args, dtype, sdtype, a_dtype, gs_mode, widen)
-    zp_dtype = fmt.zp_dtype
-
-    shape = min_vals.shape if min_vals.dim() > 0 else (1,)
-    N = min_vals.numel()
-    programs = max(cdiv(N, QPARAMS_BLOCK), 1)
-    n_status = len(STATUS_INIT) + programs
     # the split of each fused pair follows the work (and the configured fill), never the device
     token = config_token()
     fill = current_config("calculate_qparams").fill_programs
     counts = [max(1, min(cdiv(mn.numel(), 8 * QPARAMS_BLOCK), QPARAMS_MAX_PARTS, fill))
               for mn, _ in pairs]
     n_parts = sum(counts)
-    constants = (N, n_parts, qconstants)
-    switches = dict(
-        DTYPE=quant.DTYPE_CODE[dtype], ADTYPE=quant.DTYPE_CODE[a_dtype], **qswitches, GS=gs_mode,
-        CARRY=carry is not None,
-        BLOCK=QPARAMS_BLOCK, BLOCK_P=pow2_at_most(max(n_parts, 1), 128), enable_fp_fusion=False,
-    )
-    new_scale, new_zero_point = allocator(shape, sdtype, dev), allocator(shape, zp_dtype, dev)
+    shape, programs, constants, switches, new_scale, new_zero_point = _kernel_plan(
+        args, min_vals, a_dtype, gs_mode, widen, n_parts, carry is not None)
+    N, n_status = min_vals.numel(), len(STATUS_INIT) + programs
     new_status = allocator((n_status,), torch.int64, dev)
     context = launch_context(dev)
     if gs_mode == GS_FUSED.value:

@@ -230,15 +230,19 @@ def min_max(value, base_name, args, g_idx=None, *, held=None, averaging_constant
 
 
 def min_max_qparams(value, base_name, args, g_idx=None, *, record=False):
-    """(min_vals, max_vals, scale, zero_point, status) of a first
-    observation in one operation: ``min_max(value, ...)`` with nothing held
-    (``record``: its non-finite elements counted into a fresh record), then
-    ``calculate_qparams(min_vals, max_vals, args, widen=True, carry=that
-    record)`` -- the same tensors, bit for bit, as those two calls. The
-    triton backend computes the qparams in the epilogue of min_max's last
-    launch (the only one where a program holds whole groups; the finish pass
-    of a reduction split across programs). ``status`` is calculate_qparams':
-    the record, then the scale flags; the caller reads it once."""
+    """(min_vals, max_vals, scale, zero_point, global_scale, status) of a
+    first observation in one operation: ``min_max(value, ...)`` with nothing
+    held (``record``: its non-finite elements counted into a fresh record),
+    then ``calculate_qparams(min_vals, max_vals, args, widen=True,
+    carry=that record)``, for TENSOR_GROUP with ``fused=((min_vals,
+    max_vals),)`` (the statistics' own global scale; None otherwise) -- the
+    same tensors, bit for bit, as those two calls. The triton backend
+    computes the qparams in the epilogue of min_max's last launch (the only
+    one where a program holds whole groups; the finish pass of a reduction
+    split across programs); for TENSOR_GROUP that launch writes partial
+    absolute maxima and one more launch computes the global scale and the
+    qparams. ``status`` is calculate_qparams': the record, then the scale
+    flags; the caller reads it once."""
     try:
         key = None if g_idx is not None else (
             get_backend(), "min_max_qparams", _t(value), base_name, type(args), args_key(args),
@@ -256,18 +260,19 @@ class Ahead:
     """The qparams of ``min_max_qparams`` / ``mse_search_qparams``, kept by
     the caller with the statistics they were computed from, until it calls
     for them:
-    ``take(min_vals, max_vals, args)`` returns (scale, zero_point, status) --
-    what ``calculate_qparams(min_vals, max_vals, args, widen=True, carry=the
-    record)`` would -- when those are the same statistics (the same objects,
-    their version counters unchanged: no in-place change since), the args'
-    key and the requested backend are the same; None otherwise (then the
-    caller calls ``calculate_qparams``, carrying ``record()``)."""
+    ``take(min_vals, max_vals, args)`` returns (scale, zero_point,
+    global_scale, status) -- what ``calculate_qparams(min_vals, max_vals,
+    args, widen=True, carry=the record)`` would, for TENSOR_GROUP with
+    ``fused=((min_vals, max_vals),)`` -- when those are the same statistics
+    (the same objects, their version counters unchanged: no in-place change
+    since), the args' key and the requested backend are the same; None
+    otherwise (then the caller calls ``calculate_qparams``, carrying
+    ``record()``)."""
 
     __slots__ = ("stats", "marks", "qparams")
 
     def __init__(self, result, args):
-        mins, maxs, scale, zero_point, status = result
-        self.stats, self.qparams = (mins, maxs), (scale, zero_point, status)
+        self.stats, self.qparams = result[:2], result[2:]
         self.marks = self._marks(args)
 
     def _marks(self, args):
@@ -285,7 +290,7 @@ class Ahead:
 
     def record(self) -> torch.Tensor:
         """The record the observation was counted into: the head of status."""
-        return self.qparams[2][:len(STATUS_INIT)]
+        return self.qparams[3][:len(STATUS_INIT)]
 
 
 class Repeat:
@@ -407,10 +412,12 @@ def mse_search(
 def mse_search_qparams(value, base_name, args, *, maxshrink, patience, grid, norm, expand=1.0,
                        flavour="mse", record=False):
     """``min_max_qparams`` for the search (no importance): (min_vals,
-    max_vals, scale, zero_point, status), the tensors of ``mse_search(...,
-    status=a fresh record when record)`` then ``calculate_qparams(widen=True,
-    carry=that record)``. The triton backend computes the qparams in the
-    search's choice (no launch more) where it makes one."""
+    max_vals, scale, zero_point, global_scale, status), the tensors of
+    ``mse_search(..., status=a fresh record when record)`` then
+    ``calculate_qparams(widen=True, carry=that record)`` (for TENSOR_GROUP
+    with the statistics' own global scale). The triton backend computes the
+    qparams in the search's choice (no launch more) where it makes one
+    (not for TENSOR_GROUP)."""
     try:
         key = (get_backend(), "mse_search_qparams", _t(value), base_name, type(args),
                args_key(args), _scalar(maxshrink), _scalar(patience), _scalar(grid),

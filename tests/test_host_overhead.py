@@ -239,14 +239,18 @@ OBSERVER_FORWARD = {
     "imatrix_mse": (3, 1, 0),
     "nvfp4_expanded_imatrix": (2, 1, 0),
 }
-# a min/max or MSE observer's weight (not TENSOR_GROUP) is observed with its
-# qparams (ops.min_max_qparams: in min_max's epilogue at these shapes;
+# a min/max or MSE observer's weight is observed with its qparams
+# (ops.min_max_qparams: in min_max's epilogue at these shapes;
 # ops.mse_search_qparams: in the choice's, and where the search makes no
 # choice, which nvfp4_expanded_mse's cannot, one calculate_qparams launch
-# more in forward): its get_qparams launches nothing and still reads once
+# more in forward): its get_qparams launches nothing and still reads once.
+# TENSOR_GROUP's global scale needs every group: min_max writes partials
+# for one qparams launch more; a search is followed by calculate_qparams'
+# two launches (absmax, qparams), as its get_qparams would make them
 QPARAMS_AHEAD = {"memoryless_minmax", "static_minmax", "minmax", "memoryless_mse", "mse",
                  "nvfp4_expanded_mse"}
 QPARAMS_LAUNCHED = {"nvfp4_expanded_mse"}
+MINMAX_FAMILY = {"memoryless_minmax", "static_minmax", "minmax"}
 # search observers whose later observations combine with held statistics:
 # + one combine_statistics launch (the moving average, and the record)
 SEARCH_COMBINES = {"mse"}
@@ -310,8 +314,11 @@ def test_observer_host_overhead(kind, shape, scheme, name):
     launches, max_ops, max_reads = OBSERVER_FORWARD[name]
     launches += kind == "activation" and name in SEARCH_COMBINES  # its second observation
     tensor_group = case.spec.strategy == "tensor_group"
-    ahead = kind == "weight" and name in QPARAMS_AHEAD and not tensor_group
-    launches += ahead and name in QPARAMS_LAUNCHED
+    ahead = kind == "weight" and name in QPARAMS_AHEAD
+    if ahead and tensor_group:
+        launches += 1 if name in MINMAX_FAMILY else 2
+    else:
+        launches += ahead and name in QPARAMS_LAUNCHED
     what = (f"{name} on {case.label}: forward {fwd.triton_launches} launches, "
             f"{describe(fwd, fwd_reads)}; get_qparams {qp.triton_launches} launches, "
             f"{describe(qp, qp_reads)}")

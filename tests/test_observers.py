@@ -386,6 +386,36 @@ def test_fused_observers_share_the_global_scale(device):
     assert all(torch.equal(o.get_qparams()["global_scale"], g) for o in obs)
 
 
+@pytest.mark.parametrize("name", ["memoryless_minmax", "static_minmax", "minmax", "memoryless_mse"])
+def test_fusing_after_the_observation_takes_the_group_global_scale(name, backend, device):
+    """A TENSOR_GROUP weight's first observation computes its qparams with
+    its own global scale (the weight alone); fused after it, get_qparams
+    computes them again with the group's, from the same statistics."""
+    def gparam(stats):  # compressed-tensors' global scale of these statistics
+        a = torch.stack([torch.maximum(mx.max(), -mn.min()) for mn, mx in stats]).max()
+        return generate_gparam(-a.reshape(1), a.reshape(1))
+
+    ws = _qkv_weights(device)
+    obs = [make(name, args=nvfp4_args()) for _ in ws]
+    for o, w in zip(obs, ws):
+        o(w)
+    stats = [(o.min_vals.clone(), o.max_vals.clone()) for o in obs]
+    Observer.fuse(obs)
+    g = gparam(stats)
+    if name != "memoryless_mse":  # the largest |value| of all three (the search narrows it)
+        assert torch.equal(g, torch.tensor([2688.0], device=device) / torch.tensor([3.0], device=device))
+    for o, (mn, mx) in zip(obs, stats):
+        qp = o.get_qparams()
+        assert torch.equal(qp["global_scale"], g)
+        assert torch.equal(qp["scale"], calculate_qparams(mn, mx, nvfp4_args(), global_scale=g)[0])
+    # an observer alone keeps the global scale of its own weight's statistics
+    alone = make(name, args=nvfp4_args())
+    alone(ws[0])
+    own = gparam([(alone.min_vals.clone(), alone.max_vals.clone())])
+    assert not torch.equal(own, g)
+    assert torch.equal(alone.get_qparams()["global_scale"], own)
+
+
 def test_fused_observers_observe_their_modules(device):
     ws = _qkv_weights(device)
     mods = [torch.nn.Linear(32, 4, bias=False, device=device) for _ in ws]

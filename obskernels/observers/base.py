@@ -356,7 +356,7 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
             # a first observation (a weight's only one; an activation's first
             # since construction or the last get_qparams): its qparams ahead
             if (self._qparams_ahead and not self._observations and device.type != "meta"
-                    and self.args.strategy != QuantizationStrategy.TENSOR_GROUP
+                    and not self._fused_with  # (a fused global scale needs the whole group)
                     and (self.base_name == WEIGHT or state.get("min_vals") is None)):
                 self._observe_with_qparams(value, g_idx, tokens)
                 return
@@ -382,9 +382,10 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
         state["min_vals"], state["max_vals"] = min_vals, max_vals
 
     def _observe_with_qparams(self, value, g_idx, tokens: int) -> None:
-        """A first observation (nothing held, no observation pending) that
-        computes the qparams too (``_measure_with_qparams``: on the triton
-        backend in the epilogue of the last kernel, no launch more), the
+        """A first observation (nothing held, no observation pending, not
+        fused) that computes the qparams too (``_measure_with_qparams``: on
+        the triton backend in the epilogue of the last kernel, no launch
+        more; TENSOR_GROUP's global scale and qparams in one launch more), the
         value counted into a fresh record under nonfinite="error". The
         qparams wait in ``_ahead`` (``ops.Ahead``) for get_qparams; the
         record is the head of their status (``_record``)."""
@@ -489,9 +490,12 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
         state = self.__dict__
         min_vals, max_vals = state["min_vals"], state["max_vals"]
         ahead = state.get("_ahead")
-        taken = None if ahead is None else ahead.take(min_vals, max_vals, self.args)
-        if taken is not None:  # computed with the statistics, which are unchanged
-            (scale, zero_point, status), global_scale = taken, None
+        # computed with the statistics, which are unchanged, and their own
+        # global scale, which is the scale's unless fused since
+        taken = None if ahead is None or self._fused_with else ahead.take(min_vals, max_vals,
+                                                                          self.args)
+        if taken is not None:
+            scale, zero_point, global_scale, status = taken
         else:
             scale, zero_point, global_scale, status = self._calculate_qparams(min_vals, max_vals)
         self._check_qparams(scale, status)

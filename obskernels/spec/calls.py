@@ -49,7 +49,7 @@ from obskernels.spec.checks import (
     check_statistics_shape,
     check_status,
 )
-from obskernels.spec.layout import Flattening, flattening
+from obskernels.spec.layout import Flattening, Strategy, flattening
 from obskernels.spec.record import new_record
 from obskernels.spec.search import SearchParams
 
@@ -156,17 +156,26 @@ class QParamsCall(NamedTuple):
     carry: torch.Tensor | None = None
 
 
+def _qparams_of(flat, mins, maxs, record) -> QParamsCall:
+    """The ``calculate_qparams`` call a ``*QParamsCall`` makes of the
+    statistics it measured: widened, carrying ``record``, and for
+    TENSOR_GROUP with the global scale of those statistics alone
+    (``fused=((mins, maxs),)``: what ``get_qparams`` of an observer fused with
+    no other returns)."""
+    fused = ((mins, maxs),) if flat.strategy == Strategy.TENSOR_GROUP else None
+    return QParamsCall(mins, maxs, flat.args, fused=fused, widen=True, carry=record)
+
+
 def _measured_then_qparams(call, measure, calculate_qparams):
     """A ``*QParamsCall`` as its definition, with a backend's two
     operations: ``measure`` of ``call.measuring(record)`` (a fresh record
-    when ``call.record``), then ``calculate_qparams(min_vals, max_vals, args,
-    widen=True, carry=record)``. Returns (min_vals, max_vals, scale,
-    zero_point, status)."""
+    when ``call.record``), then ``calculate_qparams`` of the statistics
+    (``qparams_of``). Returns (min_vals, max_vals, scale,
+    zero_point, global_scale, status): min_max's result, then
+    calculate_qparams'."""
     record = new_record(call.flat.value.device) if call.record else None
     mins, maxs = measure(call.measuring(record))
-    scale, zero_point, _, status = calculate_qparams(
-        QParamsCall(mins, maxs, call.flat.args, widen=True, carry=record))
-    return mins, maxs, scale, zero_point, status
+    return (mins, maxs, *calculate_qparams(call.qparams_of(mins, maxs, record)))
 
 
 class MinMaxQParamsCall(NamedTuple):
@@ -183,6 +192,10 @@ class MinMaxQParamsCall(NamedTuple):
     def by_parts(self, min_max, calculate_qparams):
         """The operation as its definition (``_measured_then_qparams``)."""
         return _measured_then_qparams(self, min_max, calculate_qparams)
+
+    def qparams_of(self, mins, maxs, record=None) -> QParamsCall:
+        """The ``calculate_qparams`` call of the statistics measured (``_qparams_of``)."""
+        return _qparams_of(self.flat, mins, maxs, record)
 
 
 class SearchQParamsCall(NamedTuple):
@@ -201,6 +214,10 @@ class SearchQParamsCall(NamedTuple):
     def by_parts(self, mse_search, calculate_qparams):
         """The operation as its definition (``_measured_then_qparams``)."""
         return _measured_then_qparams(self, mse_search, calculate_qparams)
+
+    def qparams_of(self, mins, maxs, record=None) -> QParamsCall:
+        """The ``calculate_qparams`` call of the statistics measured (``_qparams_of``)."""
+        return _qparams_of(self.flat, mins, maxs, record)
 
 
 class ImportanceCall(NamedTuple):

@@ -126,7 +126,8 @@ def cases() -> List[Case]:
     # A first observation with its qparams in min_max's epilogue
     # (min_max_qparams: one launch where groups are large enough or the value
     # small, the finish pass's where a reduction is split, else min_max and
-    # calculate_qparams), the formats observers use
+    # calculate_qparams; TENSOR_GROUP: min_max's partial absolute maxima, then
+    # the qparams kernel reducing them), the formats observers use
     mq = lambda name, value, args, **kw: R(  # noqa: E731
         f"64MB qparams {name}", "min_max", lambda m: checked(m.min_max_qparams, value(), "weight", args, **kw))
     out += [
@@ -137,6 +138,9 @@ def cases() -> List[Case]:
         mq("fp8 block 128 bf16 8192x4096, record", lambda: w(8192, 4096), blk(128, 128), record=True),
         mq("g_idx g128 bf16 14336x4096, record", lambda: w(14336, 4096), g128, g_idx=g_idx14, record=True),
         mq("fp8 tensor bf16 8192x4096 (split), record", lambda: w(8192, 4096), QA(num_bits=8, type="float", strategy="tensor"), record=True),
+        mq("nvfp4 g16 bf16 14336x4096 (partial absmax, then qparams), record", lambda: w(14336, 4096), QA(strategy="tensor_group", group_size=16, **nvfp4), record=True),
+        R("64MB qparams act tensor_group 16 fp32 (4096, 4096) (split: the finish pass's partial absmax), record", "min_max",
+          lambda m: checked(m.min_max_qparams, w(4096, 4096, dtype=f32), "input", QA(strategy="tensor_group", group_size=16, **nvfp4), record=True)),
         mq("int8 tensor asym fp16 8192x4096 (split, redo), record", lambda: w(8192, 4096, dtype=f16), QA(num_bits=8, symmetric=False, strategy="tensor"), record=True),
     ]
     fl = lambda name, value, args, **kw: R(  # noqa: E731

@@ -40,13 +40,19 @@ N = len(STATUS_INIT)
 
 # name -> (args, shape, dtype, the triton backend's launches for a value of
 # QP_SMALL_GROUPS_BELOW bytes or more: ONE (the qparams in the streaming
-# kernel's epilogue), SPLIT (in the finish pass's) or TWO (min_max, then
-# calculate_qparams: groups too small for the epilogue). A smaller value's
-# are ONE for those too; each such format runs at both sizes ("large": the
-# threshold set to 0, as the value's size would be at 64 MB)
+# kernel's epilogue), SPLIT (in the finish pass's), TWO (min_max, then
+# calculate_qparams: groups too small for the epilogue) or PARTS. A smaller
+# value's are ONE for TWO's formats too; each such format runs at both sizes
+# ("large": the threshold set to 0, as the value's size would be at 64 MB)
 ONE, SPLIT, TWO = ("_min_max_kernel",), ("_min_max_kernel", "_min_max_finish_kernel"), (
     "_min_max_kernel", "_qparams_kernel")
+# TENSOR_GROUP (a global scale over every group): min_max writing partial
+# absolute maxima, then the qparams kernel reducing them, at any size
+PARTS = "parts"
 FORMATS = {
+    "nvfp4 tensor_group16 bf16": (dict(num_bits=4, type="float", strategy="tensor_group", group_size=16), (8, 256), torch.bfloat16, PARTS),
+    "nvfp4 tensor_group16 fp32 (many programs)": (dict(num_bits=4, type="float", strategy="tensor_group", group_size=16), (96, 512), torch.float32, PARTS),
+    "int4 tensor_group32 asym fp16": (dict(num_bits=4, strategy="tensor_group", group_size=32, symmetric=False), (16, 256), torch.float16, PARTS),
     "int4 g128 sym bf16": (dict(num_bits=4, strategy="group", group_size=128), (8, 512), torch.bfloat16, ONE),
     "int8 channel sym fp16": (dict(num_bits=8, strategy="channel"), (16, 512), torch.float16, ONE),
     "fp8 channel fp32": (dict(num_bits=8, type="float", strategy="channel"), (16, 256), torch.float32, ONE),
@@ -80,19 +86,27 @@ def _value(shape, dtype, kind):
     return v
 
 
-def _oracle(value, args, record):
-    """The reference's min_max into a fresh record, then calculate_qparams carrying it."""
+def _oracle(value, args, record, base_name="weight"):
+    """The reference's min_max into a fresh record, then calculate_qparams
+    carrying it; for TENSOR_GROUP with the global scale of those statistics."""
     status = new_record(value.device) if record else None
-    mins, maxs = call_backend(reference_min_max, value, "weight", args, status=status)
-    scale, zp, _, out = call_backend(reference_qparams, mins, maxs, args, widen=True, carry=status)
-    return mins, maxs, scale, zp, out
+    mins, maxs = call_backend(reference_min_max, value, base_name, args, status=status)
+    fused = ((mins, maxs),) if args.strategy == "tensor_group" else None
+    scale, zp, gs, out = call_backend(reference_qparams, mins, maxs, args, fused=fused,
+                                      widen=True, carry=status)
+    return mins, maxs, scale, zp, gs, out
 
 
 def _assert_matches(got, want, name):
+    assert len(got) == 6, f"{name}: {len(got)} results"
     for what, g, w in zip(("min_vals", "max_vals", "scale", "zero_point"), got[:4], want[:4]):
         assert_same(g, w, f"{name}: {what}", stats=want[:2] if what == "scale" else None)
-    status, expected = got[4].tolist(), want[4].tolist()
-    assert got[4].dtype == torch.int64
+    if want[4] is None:
+        assert got[4] is None, f"{name}: a global scale where none is defined"
+    else:
+        assert_same(got[4], want[4], f"{name}: global_scale")
+    status, expected = got[5].tolist(), want[5].tolist()
+    assert got[5].dtype == torch.int64
     assert status[:N] == expected[:N], f"{name}: record {status[:N]} != {expected[:N]}"
     assert any(status[N:]) == any(expected[N:]), f"{name}: scale flags {status[N:]} vs {expected[N:]}"
 
@@ -108,6 +122,10 @@ def _sized(name, size, monkeypatch):
         monkeypatch.setattr(kernel_module, "QP_SMALL_GROUPS_BELOW", 0)
         return launches
     return ONE if launches == TWO else launches
+
+
+def _kernels(launches):
+    return TWO if launches == PARTS else launches
 
 
 @pytest.mark.parametrize("record", [True, False], ids=["record", "no-record"])
@@ -127,9 +145,9 @@ def test_min_max_qparams_is_min_max_then_calculate_qparams(name, size, kind, rec
 @pytest.mark.parametrize("name,size", SIZED)
 def test_the_epilogue_is_taken_where_groups_are_whole_and_large_or_split(name, size, monkeypatch):
     """The triton backend's choice, structurally: qparams in an epilogue for
-    the formats marked ONE or SPLIT, the two operations' launches for small
-    groups and a redo needing larger groups in a large value, the epilogue
-    for those too in a small one."""
+    the formats marked ONE or SPLIT, from min_max's partials for PARTS, the
+    two operations' launches for small groups and a redo needing larger
+    groups in a large value, the epilogue for those too in a small one."""
     launches = _sized(name, size, monkeypatch)
     fields, shape, dtype, _ = FORMATS[name]
     flat = calls.flatten_for_calibration(torch.zeros(shape, dtype=dtype), "weight",
@@ -138,26 +156,29 @@ def test_the_epilogue_is_taken_where_groups_are_whole_and_large_or_split(name, s
     assert (launch is not None) == (launches != TWO)
 
 
-def test_a_launch_is_made_once_per_signature_and_reused():
-    """The prepared one-launch path gives each call its own outputs and a
-    fresh record: two values in a row, the second NaN-free after a NaN one."""
-    args = QuantizationArgs(**FORMATS["int4 g128 sym bf16"][0])
+@pytest.mark.parametrize("name", ["int4 g128 sym bf16", "nvfp4 tensor_group16 bf16"])
+def test_a_launch_is_made_once_per_signature_and_reused(name):
+    """The prepared path gives each call its own outputs and a fresh record:
+    two values in a row, the second NaN-free after a NaN one."""
+    args = QuantizationArgs(**FORMATS[name][0])
     call_nan = calls.min_max_qparams(_value((8, 512), torch.bfloat16, "nan"), "weight", args,
                                      record=True)
     launch = kernel_module.prepare_qparams(call_nan)
     first = launch(call_nan)
     clean = _value((8, 512), torch.bfloat16, "finite")
     second = launch(calls.min_max_qparams(clean, "weight", args, record=True))
-    assert first[4][0].item() == 1 and second[4].tolist()[:N] == list(STATUS_INIT)
+    assert first[5][0].item() == 1 and second[5].tolist()[:N] == list(STATUS_INIT)
     _assert_matches(second, _oracle(clean, args, True), "second call")
-    assert all(a.data_ptr() != b.data_ptr() for a, b in zip(first, second))
+    assert all(a.data_ptr() != b.data_ptr() for a, b in zip(first, second) if a is not None)
 
 
 @pytest.mark.parametrize("name,size", SIZED)
 def test_preparing_launches_nothing(name, size, monkeypatch):
     """Preparing a signature launches nothing of its own; a call makes the
     launches its format is marked with: the last computes the qparams (its
-    ``QP`` switches set) where the format is ONE or SPLIT."""
+    ``QP`` switches set) where the format is ONE or SPLIT; for PARTS min_max
+    writes the partials (``ABSMAX``) that the qparams kernel reads, with
+    nothing between them."""
     qparams_module = importlib.import_module("obskernels.kernels.qparams")
     sink = []
     for module, attr in ((kernel_module, "_min_max_kernel"), (kernel_module, "_min_max_finish_kernel"),
@@ -170,6 +191,40 @@ def test_preparing_launches_nothing(name, size, monkeypatch):
     launch = kernel_module.prepare_qparams(call)
     assert sink == [], f"preparing launched {len(sink)} kernel(s)"
     launch(call)
-    assert tuple(name for name, _, _, _ in sink) == launches
+    assert tuple(name for name, _, _, _ in sink) == _kernels(launches)
     with_qparams = [kwargs.get("QP") is not None for _, _, _, kwargs in sink]
-    assert with_qparams == [launches != TWO and i == len(sink) - 1 for i in range(len(sink))]
+    assert with_qparams == [launches in (ONE, SPLIT) and i == len(sink) - 1
+                            for i in range(len(sink))]
+    assert [kwargs.get("ABSMAX", False) for _, _, _, kwargs in sink] == [
+        launches == PARTS and i == 0 for i in range(len(sink))]
+    if launches == PARTS:  # the partials written are the partials read
+        (_, _, _, kw0), (_, _, args1, _) = sink
+        assert kw0["absmax_ptr"] is args1[5]
+
+
+@pytest.mark.parametrize("record", [True, False], ids=["record", "no-record"])
+@pytest.mark.parametrize("kind", ["finite", "nan", "inf"])
+def test_tensor_group_split_across_programs_takes_the_partials_from_the_finish_pass(
+        kind, record, pin_launch, monkeypatch):
+    """An activation's TENSOR_GROUP groups span every token: with their rows
+    split across programs the finish pass writes the partial absolute maxima
+    the qparams kernel reads (three launches, where min_max then
+    calculate_qparams make four); the results are the oracle's."""
+    qparams_module = importlib.import_module("obskernels.kernels.qparams")
+    pin_launch("min_max", split=3)
+    args = QuantizationArgs(num_bits=4, type="float", strategy="tensor_group", group_size=16)
+    value = _value((96, 64), torch.bfloat16, kind)
+    want = _oracle(value, args, record, "input")
+    got = call_backend(reference_module.min_max_qparams, value, "input", args, record=record)
+    _assert_matches(got, want, f"reference {kind}")
+    sink = []
+    for module, attr in ((kernel_module, "_min_max_kernel"), (kernel_module, "_min_max_finish_kernel"),
+                         (qparams_module, "_qparams_kernel")):
+        monkeypatch.setattr(module, attr, RecordingKernel(getattr(module, attr), sink))
+    got = call_backend(kernel_module.min_max_qparams, value, "input", args, record=record)
+    _assert_matches(got, want, f"triton {kind}")
+    assert [name for name, _, _, _ in sink] == ["_min_max_kernel", "_min_max_finish_kernel",
+                                                "_qparams_kernel"]
+    assert sink[0][1][1] == 3, "the rows were not split"
+    assert [kw.get("ABSMAX", False) for _, _, _, kw in sink] == [False, True, False]
+    assert sink[1][3]["absmax_ptr"] is sink[2][2][5]

@@ -45,6 +45,8 @@ CASES = {
     "mxfp4 g32 bf16": (dict(num_bits=4, type="float", strategy="group", group_size=32, scale_dtype=torch.uint8), MSE, (8, 64), torch.bfloat16, None, True),
     "int4 g16 sym bf16, cannot stop early": (dict(num_bits=4, strategy="group", group_size=16), dict(MSE, patience=1000), (8, 64), torch.bfloat16, None, False),
     "int8 channel bf16 (split)": (dict(num_bits=8, strategy="channel"), MSE, (8, 64), torch.bfloat16, dict(max_reg_group=16, chunk=16, split=2), False),
+    # a global scale needs every group's range: calculate_qparams after the search
+    "nvfp4 tensor_group16 bf16": (dict(num_bits=4, type="float", strategy="tensor_group", group_size=16), MSE, (8, 64), torch.bfloat16, None, False),
 }
 
 
@@ -63,8 +65,10 @@ def _value(shape, dtype, kind):
 def _oracle(value, args, kw, record):
     status = new_record(value.device) if record else None
     mins, maxs = call_backend(reference_search, value, "weight", args, status=status, **kw)
-    scale, zp, _, out = call_backend(reference_qparams, mins, maxs, args, widen=True, carry=status)
-    return mins, maxs, scale, zp, out
+    fused = ((mins, maxs),) if args.strategy == "tensor_group" else None
+    scale, zp, gs, out = call_backend(reference_qparams, mins, maxs, args, fused=fused,
+                                      widen=True, carry=status)
+    return mins, maxs, scale, zp, gs, out
 
 
 # compressed-tensors' own MX scale of a non-finite group depends on the
@@ -87,9 +91,14 @@ def test_mse_search_qparams_is_the_search_then_calculate_qparams(name, kind, rec
     for backend, module in (("reference", reference_module), ("triton", kernel_module)):
         got = call_backend(module.mse_search_qparams, value, "weight", args, record=record, **kw)
         what = f"{backend} {name} {kind}"
+        assert len(got) == 6, f"{what}: {len(got)} results"
         for part, g, w in zip(("min_vals", "max_vals", "scale", "zero_point"), got[:4], want[:4]):
             assert_same(g, w, f"{what}: {part}")
-        status, expected = got[4].tolist(), want[4].tolist()
+        if want[4] is None:
+            assert got[4] is None, f"{what}: a global scale where none is defined"
+        else:
+            assert_same(got[4], want[4], f"{what}: global_scale")
+        status, expected = got[5].tolist(), want[5].tolist()
         assert status[:N] == expected[:N], f"{what}: record {status[:N]} != {expected[:N]}"
         assert any(status[N:]) == any(expected[N:]), f"{what}: flags {status[N:]} vs {expected[N:]}"
 
