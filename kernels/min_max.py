@@ -11,9 +11,12 @@ of its inputs), so they equal the reference bit for bit.
 Launches: one, or two when the rows of a group tile are split across
 programs to fill a GPU (a whole-tensor reduction): the first writes one
 partial min/max per (split, group), the second reduces the partials.
-``min_max_qparams`` computes the qparams in the epilogue of the last of them
-(TENSOR_GROUP: that launch writes one partial absolute maximum per program,
-and the qparams kernel reduces them into the global scale).
+``min_max_qparams`` makes one launch, split or not: its qparams come from the
+streaming kernel's epilogue, and with a split the last program of each block
+to arrive (a ticket) reduces the block's partials and computes them in the
+same launch (TENSOR_GROUP: the launch giving the statistics writes one
+partial absolute maximum per program, and the qparams kernel reduces them
+into the global scale).
 ``prepare`` makes the launch of a call's signature once (obskernels.ops
 keeps it for later calls of that signature).
 
@@ -69,9 +72,12 @@ from obskernels.kernels.qparams import (
 )
 from obskernels.kernels.quant import DTYPE_CODE
 from obskernels.spec.calls import MinMaxCall, MinMaxQParamsCall
+from obskernels.spec.record import STATUS_INIT
 from obskernels.spec.layout import Strategy
 
 __all__ = ["min_max", "prepare", "min_max_qparams", "prepare_qparams"]
+
+_N_STATUS: tl.constexpr = tl.constexpr(len(STATUS_INIT))
 
 @triton.jit
 def _epilogue(min_ptr, max_ptr, offs, lo_q, hi_q, qq, mask, held_min_ptr, held_max_ptr,
@@ -187,6 +193,48 @@ def _store_absmax(absmax_ptr, pid, absmax):
     tl.store(absmax_ptr + pid + one, a + one * 0.0)
 
 
+@triton.jit
+def _finish_tile(pmin_ptr, pmax_ptr, min_ptr, max_ptr, status_ptr, qa, qb, q_ok, geo, Q, qp,
+                 DTYPE: tl.constexpr, FINISH: tl.constexpr, BLOCK_A: tl.constexpr,
+                 BLOCK_B: tl.constexpr, BLOCK_S: tl.constexpr):
+    """A split reduction finished in its own launch: the last of block
+    (program_id(0))'s programs to arrive -- a ticket, an atomic counter in
+    ``status`` after the scale flags, zero at launch -- reduces the block's
+    partials over every split (as ``_min_max_finish_kernel``), stores the
+    groups' (min, max) and their qparams (``epilogue_qparams`` with the
+    switches FINISH) and its non-finite-scale flag, and puts the ticket back
+    to zero (the status then reads as one the finish pass would give). The
+    partials' stores come before the ticket (a barrier; the atomic releases
+    them) and are read after it (it acquires them); which program arrives
+    last changes nothing it computes."""
+    tl.debug_barrier()
+    block = tl.program_id(0)
+    split = tl.num_programs(1)
+    ticket_ptr = status_ptr + _N_STATUS + tl.num_programs(0) + block
+    if tl.atomic_add(ticket_ptr, 1) == split - 1:
+        tl.debug_barrier()
+        qq = qa * geo.QB + qb
+        lo = tl.full([BLOCK_A, BLOCK_B, BLOCK_S, 1], float("inf"), tl.float32)
+        hi = tl.full([BLOCK_A, BLOCK_B, BLOCK_S, 1], float("-inf"), tl.float32)
+        for s0 in range(0, split, BLOCK_S):
+            sp = s0 + tl.arange(0, BLOCK_S)[None, None, :, None]
+            ok = q_ok & (sp < split)
+            offs = sp.to(tl.int64) * Q + qq
+            lo = tl.minimum(lo, widen(tl.load(pmin_ptr + offs, mask=ok, other=float("inf"))),
+                            propagate_nan=tl.PropagateNan.ALL)
+            hi = tl.maximum(hi, widen(tl.load(pmax_ptr + offs, mask=ok, other=float("-inf"))),
+                            propagate_nan=tl.PropagateNan.ALL)
+        has_nan = tl.max((lo != lo).to(tl.int32), axis=2, keep_dims=True) > 0
+        lo_q = tl.where(has_nan, float("nan"), tl.min(lo, axis=2, keep_dims=True))
+        hi_q = tl.where(has_nan, float("nan"), tl.max(hi, axis=2, keep_dims=True))
+        store_exact(min_ptr + qq, lo_q, q_ok)
+        store_exact(max_ptr + qq, hi_q, q_ok)
+        bad_scale = epilogue_qparams(lo_q, hi_q, qq, q_ok, qp, DTYPE, FINISH)
+        store_scale_flag(status_ptr, block, _any(bad_scale))
+        one = tl.arange(0, 1)
+        tl.store(ticket_ptr + one, one.to(tl.int64) * 0)
+
+
 # Sizes that vary per call are not specialised on (one compiled variant per
 # block shape and mode, not per tensor size); strides and the padding limits
 # stay specialised, so a unit stride is known at compile time and loads (and
@@ -201,6 +249,7 @@ def _min_max_kernel(
     GROUP_TAIL: tl.constexpr, GROUP_LOOP: tl.constexpr, PAD: tl.constexpr, GATHER: tl.constexpr,
     MODE: tl.constexpr, DTYPE: tl.constexpr, BITS16: tl.constexpr, RECORD: tl.constexpr,
     qp=None, QP: tl.constexpr = None, absmax_ptr=None, ABSMAX: tl.constexpr = False,
+    fin_min_ptr=None, fin_max_ptr=None, FINISH: tl.constexpr = None, BLOCK_S: tl.constexpr = 1,
 ):
     """Program (i, s): the BLOCK_A x BLOCK_B groups of block i
     (``tile_groups``), rows [s*rows_per_split, (s+1)*rows_per_split), every
@@ -221,7 +270,11 @@ def _min_max_kernel(
     flag per program at status_ptr[len(STATUS_INIT) + program]. ABSMAX (no
     split): the max over the program's groups of max(max, -min), NaN
     propagating, to absmax_ptr[program] in fp32 (a global scale's partial,
-    ``qparams.PartsQParams``).
+    ``qparams.PartsQParams``). FINISH (a split, nothing held, no GROUP_LOOP:
+    the qparams switches of ``min_max_qparams``): the last program of each
+    block to arrive finishes it in this launch (``_finish_tile``: results
+    to fin_min_ptr / fin_max_ptr, their qparams, one flag per block; the
+    status holds one zero ticket per block after the flags).
     """
     pid_s = tl.program_id(1)
     r_lo = pid_s * rows_per_split
@@ -288,6 +341,9 @@ def _min_max_kernel(
                                                    lim_r, lim_e, BLOCK_R, BLOCK_E, ROW_LEVELS, PAD,
                                                    GATHER)
             ST.record(status_ptr, c_nan, c_pos, c_neg, any_bad, observation)
+        if FINISH is not None:
+            _finish_tile(min_ptr, max_ptr, fin_min_ptr, fin_max_ptr, status_ptr, qa, qb, q_ok,
+                         geo, Q, qp, DTYPE, FINISH, BLOCK_A, BLOCK_B, BLOCK_S)
     if QP is not None:
         store_scale_flag(status_ptr, tl.program_id(0), _any(bad_scale))
     if ABSMAX:
@@ -300,15 +356,12 @@ def _min_max_finish_kernel(
     held_min_ptr, held_max_ptr, avg_a, avg_c,
     BLOCK_Q: tl.constexpr, BLOCK_S: tl.constexpr,
     MODE: tl.constexpr, DTYPE: tl.constexpr, BITS16: tl.constexpr,
-    status_ptr=None, qp=None, QP: tl.constexpr = None, absmax_ptr=None,
-    ABSMAX: tl.constexpr = False,
+    absmax_ptr=None, ABSMAX: tl.constexpr = False,
 ):
     """min_vals[q] = min over s of pmin[s, q] (NaN if any partial is NaN); max alike.
     One program reduces BLOCK_Q groups over all SPLIT partials; the MODE
-    epilogue as in _min_max_kernel. QP (nothing held): also the groups'
-    qparams, and the program's non-finite-scale flag after the record in
-    status, as _min_max_kernel's epilogue does without a split. ABSMAX: the
-    program's absolute maximum, as _min_max_kernel's."""
+    epilogue as in _min_max_kernel. ABSMAX: the program's absolute maximum,
+    as _min_max_kernel's."""
     q = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)[None, :]
     lo = tl.full([BLOCK_S, BLOCK_Q], float("inf"), tl.float32)
     hi = tl.full([BLOCK_S, BLOCK_Q], float("-inf"), tl.float32)
@@ -326,9 +379,6 @@ def _min_max_finish_kernel(
     qq = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
     _epilogue(min_ptr, max_ptr, qq, lo_q, hi_q, qq, qq < Q, held_min_ptr, held_max_ptr,
               avg_a, avg_c, MODE, DTYPE, BITS16)
-    if QP is not None:
-        bad_scale = epilogue_qparams(lo_q, hi_q, qq, qq < Q, qp, DTYPE, QP)
-        store_scale_flag(status_ptr, tl.program_id(0), tl.max(bad_scale, axis=0))
     if ABSMAX:
         absmax = tl.where(qq < Q, tl.where(has_nan, float("nan"), tl.maximum(hi_q, -lo_q)),
                           float("-inf"))
@@ -353,10 +403,11 @@ def prepare(call: MinMaxCall, qparams: bool = False):
     only that call's tensors and observation index.
 
     ``qparams`` (``prepare_qparams``: nothing held, no out): the launch of a
-    ``MinMaxQParamsCall`` of that signature computing the qparams in the
-    epilogue of its last kernel (the finish pass where a group's rows are
-    split across programs), or None where the streaming kernel reduces
-    whole groups that are small (``QP_MIN_GROUP``) or gathered (g_idx)."""
+    ``MinMaxQParamsCall`` of that signature computing the qparams in its
+    one launch (where a group's rows are split across programs, the last
+    program of each block to arrive: ``_finish_tile``), or None where the
+    streaming kernel reduces whole groups that are small (``QP_MIN_GROUP``)
+    or gathered (g_idx)."""
     value, held = call.flat.value, call.held
     check_kernel_dtype(value)
     check_launchable(value, "min_max")
@@ -457,23 +508,29 @@ QP_MIN_GROUP = {False: 128, True: 512}
 #: instruction targets, which count the cases of 64 MB and more.
 QP_SMALL_GROUPS_BELOW = 64 << 20
 
+#: Lanes of the step in which the last program of a split block reduces the
+#: block's partials (``_finish_tile``): that many partials of a one-group
+#: block per step, fewer per group for wider blocks.
+FINISH_LANES = 256
+
 
 def prepare_qparams(call: MinMaxQParamsCall):
-    """The launch of ``call``'s signature: min_max's launches, the last of
-    which computes the qparams in its epilogue (``QP``): ONE launch of
-    ``_min_max_kernel`` where every program holds whole, large enough
-    groups, its launch and the finish pass's where the groups' rows are
-    split across programs; otherwise the launches of ``min_max`` and
+    """The launch of ``call``'s signature: ONE launch of ``_min_max_kernel``
+    computing the qparams where every program holds whole, large enough
+    groups (in its epilogue, ``QP``) and where the groups' rows are split
+    across programs (by the last program of each block, ``FINISH``);
+    TENSOR_GROUP: that launch writing partial absolute maxima, then the
+    qparams kernel; otherwise the launches of ``min_max`` and
     ``calculate_qparams`` (``qparams.prepare_with_qparams``)."""
     return prepare_with_qparams(call, prepare)
 
 
 def _qparams_launch(flat, layout, main, finish, launch_args, new_stats, new_parts, context, token):
     """``prepare(..., qparams=True)``'s launch (see there): the qparams in the
-    epilogue of the launch that gives the statistics -- ``_min_max_kernel``'s
-    (``main``: grid and options), or with a split the finish pass's
-    (``finish``: grid and options, None without a split; ``new_parts``: the
-    partials' allocator). None where the groups, reduced by the streaming
+    one launch of ``_min_max_kernel`` (``main``: grid and options), with a
+    split by the last program of each block (``new_parts``: the partials'
+    allocator; ``finish``: the finish pass's grid and options, which only
+    TENSOR_GROUP's launches use). None where the groups, reduced by the streaming
     kernel itself, are gathered, or too small for it (``QP_MIN_GROUP``) in a
     value of ``QP_SMALL_GROUPS_BELOW`` bytes or more."""
     value = flat.value
@@ -483,25 +540,28 @@ def _qparams_launch(flat, layout, main, finish, launch_args, new_stats, new_part
         # a global scale needs every group first: the qparams in one launch more
         return _parts_qparams_launch(flat, layout, main, (finish_grid, finish), launch_args,
                                      new_stats, new_parts, context, token)
-    plan = epilogue_plan(flat.args, value, layout.qshape,
-                         grid[0] if split == 1 else finish_grid[0],
+    # the status: the record, then a scale flag per program (with a split,
+    # per block, and after the flags a ticket per block, see _finish_tile)
+    plan = epilogue_plan(flat.args, value, layout.qshape, grid[0] * (1 if split == 1 else 2),
                          gpu_arith(current_config("min_max"), value, "min_max"))
     # a streaming thread computes its group's qparams once, after streaming
     # the group: worth it where that costs little per element of the group
     # or the value is small (a host-bound call), and not for gathered columns
-    # (g_idx), whose loads take triton 3.6 to its bound; the finish pass
+    # (g_idx), whose loads take triton 3.6 to its bound; a split's last program
     # computes one group's per lane, at any size
     small_groups = value.numel() < layout.num_groups * QP_MIN_GROUP[plan.widen]
     large = value.numel() * value.element_size() >= QP_SMALL_GROUPS_BELOW
     if split == 1 and (layout.gather or (small_groups and large)):
         return None
     perm, layout_args, avg_a, avg_c = launch_args
-    # torch's roundings, one operation each, where the qparams are computed
+    # torch's roundings, one operation each, where the qparams are computed;
+    # with a split the last program of each block finishes it (a split is
+    # never a GROUP_LOOP: its groups have one row)
     if split == 1:
-        first = dict(first, enable_fp_fusion=False)
+        first = dict(first, enable_fp_fusion=False, QP=plan.switches)
     else:
-        finish = dict(finish, enable_fp_fusion=False)
-    Q = layout.num_groups
+        first = dict(first, enable_fp_fusion=False, FINISH=plan.switches,
+                     BLOCK_S=max(FINISH_LANES // (first["BLOCK_A"] * first["BLOCK_B"]), 1))
 
     def launch(call: MinMaxQParamsCall):
         if config_token() is not token:  # a launch_config block changed the policy
@@ -513,17 +573,13 @@ def _qparams_launch(flat, layout, main, finish, launch_args, new_stats, new_part
             if split == 1:
                 _min_max_kernel[grid](
                     value, perm if perm is not None else value, mins, maxs, *layout_args, mins,
-                    maxs, status, avg_a, avg_c, 0, **first, qp=qp, QP=plan.switches,
+                    maxs, status, avg_a, avg_c, 0, **first, qp=qp,
                 )
-            else:
-                pmin, pmax = new_parts(), new_parts()
+            else:  # the partials, finished in this launch into mins / maxs
                 _min_max_kernel[grid](
-                    value, perm if perm is not None else value, pmin, pmax, *layout_args, mins,
-                    maxs, status, avg_a, avg_c, 0, **first,
-                )
-                _min_max_finish_kernel[finish_grid](
-                    pmin, pmax, mins, maxs, Q, split, mins, maxs, avg_a, avg_c, **finish,
-                    status_ptr=status, qp=qp, QP=plan.switches,
+                    value, perm if perm is not None else value, new_parts(), new_parts(),
+                    *layout_args, mins, maxs, status, avg_a, avg_c, 0, **first, qp=qp,
+                    fin_min_ptr=mins, fin_max_ptr=maxs,
                 )
         return mins, maxs, qp.scale_ptr, qp.zp_ptr, None, status
 

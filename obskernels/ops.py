@@ -237,12 +237,12 @@ def min_max_qparams(value, base_name, args, g_idx=None, *, record=False):
     carry=that record)``, for TENSOR_GROUP with ``fused=((min_vals,
     max_vals),)`` (the statistics' own global scale; None otherwise) -- the
     same tensors, bit for bit, as those two calls. The triton backend
-    computes the qparams in the epilogue of min_max's last launch (the only
-    one where a program holds whole groups; the finish pass of a reduction
-    split across programs); for TENSOR_GROUP that launch writes partial
-    absolute maxima and one more launch computes the global scale and the
-    qparams. ``status`` is calculate_qparams': the record, then the scale
-    flags; the caller reads it once."""
+    computes the qparams in min_max's one launch (in its epilogue; with a
+    reduction split across programs, the last program of each block to
+    arrive finishes it); for TENSOR_GROUP the launch giving the statistics
+    writes partial absolute maxima and one more launch computes the global
+    scale and the qparams. ``status`` is calculate_qparams': the record,
+    then the scale flags; the caller reads it once."""
     try:
         key = None if g_idx is not None else (
             get_backend(), "min_max_qparams", _t(value), base_name, type(args), args_key(args),

@@ -42,7 +42,7 @@ CALL_BUDGETS = {
     "minmax call": 48,  # measured 40 (one operation: ops.min_max_qparams)
     "activation forward": 26,  # measured 21 (the repeat path: ops.Repeat)
     "memoryless_mse call": 68,  # measured 55 (the qparams in the search's choice)
-    "activation call": 52,  # measured 44 (the qparams in the split reduction's finish)
+    "activation call": 52,  # measured 43 (the qparams by the split reduction's last program)
 }
 
 
@@ -544,7 +544,7 @@ def test_an_activation_computes_qparams_ahead_with_its_first_observation_only(
     alone), and get_qparams then calculates from what is held. Either way the
     answer is the reference's qparams of the statistics at get_qparams. The
     value is per tensor: on the triton backend, a reduction split across
-    programs, the qparams in its finish pass."""
+    programs, the qparams computed by the last program to arrive."""
     args = QuantizationArgs(num_bits=8, type="float", strategy="tensor")
     value = torch.randn(4, 64, 256).to(torch.bfloat16)
     obs = Observer.load_from_registry(name, base_name="input", args=args, nonfinite=policy)

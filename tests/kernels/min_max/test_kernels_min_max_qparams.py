@@ -8,11 +8,13 @@ statistics with that record carried. Both backends must give the same
 statistics, scale and zero point bit for bit, the same record at the head of
 the status, and a non-finite-scale flag after it exactly when the reference
 sets one (the number of flags is the backend's: one per program). The
-triton backend computes the qparams in the epilogue of min_max's last
-launch -- the streaming kernel's where a program holds whole groups, large
-enough ones in a value of 64 MB or more, the finish pass's where a group's
-rows are split across programs -- and makes calculate_qparams' launch after
-min_max's otherwise; every path is taken here (and checked to be).
+triton backend computes the qparams in min_max's one launch -- in the
+epilogue of the streaming kernel where a program holds whole groups, large
+enough ones in a value of 64 MB or more, in the last program of a block to
+arrive where a group's rows are split across programs -- and makes
+calculate_qparams' launch after min_max's otherwise (for TENSOR_GROUP after
+min_max writes partial absolute maxima); every path is taken here (and
+checked to be).
 """
 
 from __future__ import annotations
@@ -40,15 +42,17 @@ N = len(STATUS_INIT)
 
 # name -> (args, shape, dtype, the triton backend's launches for a value of
 # QP_SMALL_GROUPS_BELOW bytes or more: ONE (the qparams in the streaming
-# kernel's epilogue), SPLIT (in the finish pass's), TWO (min_max, then
-# calculate_qparams: groups too small for the epilogue) or PARTS. A smaller
-# value's are ONE for TWO's formats too; each such format runs at both sizes
-# ("large": the threshold set to 0, as the value's size would be at 64 MB)
-ONE, SPLIT, TWO = ("_min_max_kernel",), ("_min_max_kernel", "_min_max_finish_kernel"), (
-    "_min_max_kernel", "_qparams_kernel")
-# TENSOR_GROUP (a global scale over every group): min_max writing partial
-# absolute maxima, then the qparams kernel reducing them, at any size
-PARTS = "parts"
+# kernel's epilogue), SPLIT (one launch too: the last program of each block
+# of a split reduction finishes it, FINISH), TWO (min_max, then
+# calculate_qparams: groups too small for the epilogue) or PARTS
+# (TENSOR_GROUP: a global scale over every group; min_max writing partial
+# absolute maxima, then the qparams kernel reducing them, at any size). A
+# smaller value's are ONE for TWO's formats too; each such format runs at
+# both sizes ("large": the threshold set to 0, as the value's size would be
+# at 64 MB)
+ONE, SPLIT, TWO, PARTS = "one", "split", "two", "parts"
+KERNELS = {ONE: ("_min_max_kernel",), SPLIT: ("_min_max_kernel",),
+           TWO: ("_min_max_kernel", "_qparams_kernel"), PARTS: ("_min_max_kernel", "_qparams_kernel")}
 FORMATS = {
     "nvfp4 tensor_group16 bf16": (dict(num_bits=4, type="float", strategy="tensor_group", group_size=16), (8, 256), torch.bfloat16, PARTS),
     "nvfp4 tensor_group16 fp32 (many programs)": (dict(num_bits=4, type="float", strategy="tensor_group", group_size=16), (96, 512), torch.float32, PARTS),
@@ -124,8 +128,6 @@ def _sized(name, size, monkeypatch):
     return ONE if launches == TWO else launches
 
 
-def _kernels(launches):
-    return TWO if launches == PARTS else launches
 
 
 @pytest.mark.parametrize("record", [True, False], ids=["record", "no-record"])
@@ -156,16 +158,18 @@ def test_the_epilogue_is_taken_where_groups_are_whole_and_large_or_split(name, s
     assert (launch is not None) == (launches != TWO)
 
 
-@pytest.mark.parametrize("name", ["int4 g128 sym bf16", "nvfp4 tensor_group16 bf16"])
+@pytest.mark.parametrize("name", ["int4 g128 sym bf16", "nvfp4 tensor_group16 bf16",
+                                  "fp8 tensor bf16 (split)"])
 def test_a_launch_is_made_once_per_signature_and_reused(name):
-    """The prepared path gives each call its own outputs and a fresh record:
-    two values in a row, the second NaN-free after a NaN one."""
-    args = QuantizationArgs(**FORMATS[name][0])
-    call_nan = calls.min_max_qparams(_value((8, 512), torch.bfloat16, "nan"), "weight", args,
-                                     record=True)
+    """The prepared path gives each call its own outputs, a fresh record
+    and (split) fresh tickets: two values in a row, the second NaN-free
+    after a NaN one."""
+    args, shape, dtype, _ = FORMATS[name]
+    args = QuantizationArgs(**args)
+    call_nan = calls.min_max_qparams(_value(shape, dtype, "nan"), "weight", args, record=True)
     launch = kernel_module.prepare_qparams(call_nan)
     first = launch(call_nan)
-    clean = _value((8, 512), torch.bfloat16, "finite")
+    clean = _value(shape, dtype, "finite")
     second = launch(calls.min_max_qparams(clean, "weight", args, record=True))
     assert first[5][0].item() == 1 and second[5].tolist()[:N] == list(STATUS_INIT)
     _assert_matches(second, _oracle(clean, args, True), "second call")
@@ -175,8 +179,9 @@ def test_a_launch_is_made_once_per_signature_and_reused(name):
 @pytest.mark.parametrize("name,size", SIZED)
 def test_preparing_launches_nothing(name, size, monkeypatch):
     """Preparing a signature launches nothing of its own; a call makes the
-    launches its format is marked with: the last computes the qparams (its
-    ``QP`` switches set) where the format is ONE or SPLIT; for PARTS min_max
+    launches its format is marked with: the one launch computes the qparams
+    where the format is ONE (its ``QP`` switches set) or SPLIT (``FINISH``:
+    the last program of a block, after the partials); for PARTS min_max
     writes the partials (``ABSMAX``) that the qparams kernel reads, with
     nothing between them."""
     qparams_module = importlib.import_module("obskernels.kernels.qparams")
@@ -191,10 +196,13 @@ def test_preparing_launches_nothing(name, size, monkeypatch):
     launch = kernel_module.prepare_qparams(call)
     assert sink == [], f"preparing launched {len(sink)} kernel(s)"
     launch(call)
-    assert tuple(name for name, _, _, _ in sink) == _kernels(launches)
-    with_qparams = [kwargs.get("QP") is not None for _, _, _, kwargs in sink]
-    assert with_qparams == [launches in (ONE, SPLIT) and i == len(sink) - 1
-                            for i in range(len(sink))]
+    assert tuple(name for name, _, _, _ in sink) == KERNELS[launches]
+    assert [kwargs.get("QP") is not None for _, _, _, kwargs in sink] == [
+        launches == ONE] + [False] * (len(sink) - 1)
+    assert [kwargs.get("FINISH") is not None for _, _, _, kwargs in sink] == [
+        launches == SPLIT] + [False] * (len(sink) - 1)
+    if launches == SPLIT:
+        assert sink[0][1][1] > 1, "the rows were not split"
     assert [kwargs.get("ABSMAX", False) for _, _, _, kwargs in sink] == [
         launches == PARTS and i == 0 for i in range(len(sink))]
     if launches == PARTS:  # the partials written are the partials read
@@ -228,3 +236,26 @@ def test_tensor_group_split_across_programs_takes_the_partials_from_the_finish_p
     assert sink[0][1][1] == 3, "the rows were not split"
     assert [kw.get("ABSMAX", False) for _, _, _, kw in sink] == [False, True, False]
     assert sink[1][3]["absmax_ptr"] is sink[2][2][5]
+
+
+@pytest.mark.parametrize("name", ["fp8 tensor bf16 (split)", "int8 tensor asym fp16 (split, redo)",
+                                  "fp8 block256 bf16 (split)", "nvfp4 tensor_group16 bf16"])
+def test_values_in_a_row_on_the_device(name, device, pin_launch):
+    """On the tests' device (CUDA in make gpu-check: there the split's last
+    program takes its ticket under the hardware's memory ordering, which the
+    interpreter, running programs one after another, cannot show), values in
+    a row through one prepared launch, each the oracle's; the split forced
+    wide, so many programs meet at each ticket."""
+    fields, _, dtype, launches = FORMATS[name]
+    cuda = device == "cuda"
+    if launches == SPLIT:
+        pin_launch("min_max", split=64 if cuda else 4)
+    args = QuantizationArgs(**fields)
+    shape = (2048, 1024) if cuda else (64, 512)
+    gen = torch.Generator().manual_seed(11)
+    for i in range(16 if cuda else 2):
+        value = (torch.randn(*shape, generator=gen) * (i + 1)).to(dtype).to(device)
+        if i % 4 == 3:
+            value[i % shape[0], 7] = float("nan")
+        got = call_backend(kernel_module.min_max_qparams, value, "weight", args, record=True)
+        _assert_matches(got, _oracle(value, args, True), f"{name}, value {i}")
