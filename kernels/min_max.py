@@ -10,7 +10,10 @@ of its inputs), so they equal the reference bit for bit.
 
 Launches: one, or two when the rows of a group tile are split across
 programs to fill a GPU (a whole-tensor reduction): the first writes one
-partial min/max per (split, group), the second reduces the partials.
+partial min/max per (split, group), the second reduces the partials. A
+caller that repeats a split call in place and keeps zeroed tickets for it
+(``ops.Repeat``: an observer's forward) makes one: the last program of each
+block to arrive reduces the block's partials (``_finish_tile``).
 ``min_max_qparams`` makes one launch, split or not: its qparams come from the
 streaming kernel's epilogue, and with a split the last program of each block
 to arrive (a ticket) reduces the block's partials and computes them in the
@@ -72,12 +75,13 @@ from obskernels.kernels.qparams import (
 )
 from obskernels.kernels.quant import DTYPE_CODE
 from obskernels.spec.calls import MinMaxCall, MinMaxQParamsCall
-from obskernels.spec.record import STATUS_INIT
 from obskernels.spec.layout import Strategy
+from obskernels.spec.record import STATUS_INIT
 
 __all__ = ["min_max", "prepare", "min_max_qparams", "prepare_qparams"]
 
-_N_STATUS: tl.constexpr = tl.constexpr(len(STATUS_INIT))
+N_STATUS = len(STATUS_INIT)
+
 
 @triton.jit
 def _epilogue(min_ptr, max_ptr, offs, lo_q, hi_q, qq, mask, held_min_ptr, held_max_ptr,
@@ -194,24 +198,25 @@ def _store_absmax(absmax_ptr, pid, absmax):
 
 
 @triton.jit
-def _finish_tile(pmin_ptr, pmax_ptr, min_ptr, max_ptr, status_ptr, qa, qb, q_ok, geo, Q, qp,
-                 DTYPE: tl.constexpr, FINISH: tl.constexpr, BLOCK_A: tl.constexpr,
-                 BLOCK_B: tl.constexpr, BLOCK_S: tl.constexpr):
+def _finish_tile(pmin_ptr, pmax_ptr, min_ptr, max_ptr, held_min_ptr, held_max_ptr, avg_a, avg_c,
+                 ticket_ptr, status_ptr, qa, qb, q_ok, geo, Q, qp, MODE: tl.constexpr,
+                 DTYPE: tl.constexpr, BITS16: tl.constexpr, QP: tl.constexpr,
+                 BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_S: tl.constexpr):
     """A split reduction finished in its own launch: the last of block
-    (program_id(0))'s programs to arrive -- a ticket, an atomic counter in
-    ``status`` after the scale flags, zero at launch -- reduces the block's
-    partials over every split (as ``_min_max_finish_kernel``), stores the
-    groups' (min, max) and their qparams (``epilogue_qparams`` with the
-    switches FINISH) and its non-finite-scale flag, and puts the ticket back
-    to zero (the status then reads as one the finish pass would give). The
-    partials' stores come before the ticket (a barrier; the atomic releases
-    them) and are read after it (it acquires them); which program arrives
-    last changes nothing it computes."""
+    (program_id(0))'s programs to arrive -- a ticket, an atomic counter at
+    ``ticket_ptr + block``, zero at launch -- reduces the block's partials
+    over every split (as ``_min_max_finish_kernel``), stores the groups'
+    (min, max) through the MODE epilogue (combined with the held statistics)
+    and, with QP, their qparams and its non-finite-scale flag, and puts the
+    ticket back to zero (ready for the next launch; a status holding it then
+    reads as one the finish pass would give). The partials' stores come
+    before the ticket (a barrier; the atomic releases them) and are read
+    after it (it acquires them); which program arrives last changes nothing
+    it computes."""
     tl.debug_barrier()
     block = tl.program_id(0)
     split = tl.num_programs(1)
-    ticket_ptr = status_ptr + _N_STATUS + tl.num_programs(0) + block
-    if tl.atomic_add(ticket_ptr, 1) == split - 1:
+    if tl.atomic_add(ticket_ptr + block, 1) == split - 1:
         tl.debug_barrier()
         qq = qa * geo.QB + qb
         lo = tl.full([BLOCK_A, BLOCK_B, BLOCK_S, 1], float("inf"), tl.float32)
@@ -227,19 +232,20 @@ def _finish_tile(pmin_ptr, pmax_ptr, min_ptr, max_ptr, status_ptr, qa, qb, q_ok,
         has_nan = tl.max((lo != lo).to(tl.int32), axis=2, keep_dims=True) > 0
         lo_q = tl.where(has_nan, float("nan"), tl.min(lo, axis=2, keep_dims=True))
         hi_q = tl.where(has_nan, float("nan"), tl.max(hi, axis=2, keep_dims=True))
-        store_exact(min_ptr + qq, lo_q, q_ok)
-        store_exact(max_ptr + qq, hi_q, q_ok)
-        bad_scale = epilogue_qparams(lo_q, hi_q, qq, q_ok, qp, DTYPE, FINISH)
-        store_scale_flag(status_ptr, block, _any(bad_scale))
+        _epilogue(min_ptr, max_ptr, qq, lo_q, hi_q, qq, q_ok, held_min_ptr, held_max_ptr,
+                  avg_a, avg_c, MODE, DTYPE, BITS16)
+        if QP is not None:
+            bad_scale = epilogue_qparams(lo_q, hi_q, qq, q_ok, qp, DTYPE, QP)
+            store_scale_flag(status_ptr, block, _any(bad_scale))
         one = tl.arange(0, 1)
-        tl.store(ticket_ptr + one, one.to(tl.int64) * 0)
+        tl.store(ticket_ptr + block + one, one.to(tl.int64) * 0)
 
 
 # Sizes that vary per call are not specialised on (one compiled variant per
 # block shape and mode, not per tensor size); strides and the padding limits
 # stay specialised, so a unit stride is known at compile time and loads (and
 # the padding masks of a width divisible by 16) vectorise.
-@triton.jit(do_not_specialize=["Q", "NR", "rows_per_split", "observation"])
+@triton.jit(do_not_specialize=["Q", "NR", "rows_per_split", "observation", "ticket0"])
 def _min_max_kernel(
     x_ptr, perm_ptr, min_ptr, max_ptr,
     Q, NR, lim_r, lim_e, geo,
@@ -249,7 +255,8 @@ def _min_max_kernel(
     GROUP_TAIL: tl.constexpr, GROUP_LOOP: tl.constexpr, PAD: tl.constexpr, GATHER: tl.constexpr,
     MODE: tl.constexpr, DTYPE: tl.constexpr, BITS16: tl.constexpr, RECORD: tl.constexpr,
     qp=None, QP: tl.constexpr = None, absmax_ptr=None, ABSMAX: tl.constexpr = False,
-    fin_min_ptr=None, fin_max_ptr=None, FINISH: tl.constexpr = None, BLOCK_S: tl.constexpr = 1,
+    fin_min_ptr=None, fin_max_ptr=None, tickets_ptr=None, ticket0=0,
+    FINISH: tl.constexpr = False, BLOCK_S: tl.constexpr = 1,
 ):
     """Program (i, s): the BLOCK_A x BLOCK_B groups of block i
     (``tile_groups``), rows [s*rows_per_split, (s+1)*rows_per_split), every
@@ -270,11 +277,12 @@ def _min_max_kernel(
     flag per program at status_ptr[len(STATUS_INIT) + program]. ABSMAX (no
     split): the max over the program's groups of max(max, -min), NaN
     propagating, to absmax_ptr[program] in fp32 (a global scale's partial,
-    ``qparams.PartsQParams``). FINISH (a split, nothing held, no GROUP_LOOP:
-    the qparams switches of ``min_max_qparams``): the last program of each
-    block to arrive finishes it in this launch (``_finish_tile``: results
-    to fin_min_ptr / fin_max_ptr, their qparams, one flag per block; the
-    status holds one zero ticket per block after the flags).
+    ``qparams.PartsQParams``). FINISH (a split; never with GROUP_LOOP,
+    whose groups have one row): the programs store partials to min_ptr /
+    max_ptr, and the last program of each block to arrive finishes it in
+    this launch (``_finish_tile``, its ticket at tickets_ptr[ticket0 +
+    block], zero at launch): results through the MODE epilogue to
+    fin_min_ptr / fin_max_ptr, with QP their qparams and one flag per block.
     """
     pid_s = tl.program_id(1)
     r_lo = pid_s * rows_per_split
@@ -327,8 +335,13 @@ def _min_max_kernel(
             wrap = c == n_e
             c = tl.where(wrap, 0, c)
             r0 = tl.where(wrap, r0 + BLOCK_R, r0)
-        bad, bad_scale, absmax = _reduce_store(lo, hi, qa, qb, q_ok, out_base, *epi, MODE, DTYPE,
-                                               BITS16, RECORD, QP, ABSMAX)
+        if FINISH:  # partials: the epilogue and the qparams are the finishing program's
+            bad, bad_scale, absmax = _reduce_store(lo, hi, qa, qb, q_ok, out_base, *epi,
+                                                   ST.MODE_REPLACE, DTYPE, False, RECORD, None,
+                                                   False)
+        else:
+            bad, bad_scale, absmax = _reduce_store(lo, hi, qa, qb, q_ok, out_base, *epi, MODE,
+                                                   DTYPE, BITS16, RECORD, QP, ABSMAX)
         if RECORD:
             # nothing extra in the hot loop: a NaN, +inf or -inf shows in the
             # results; counting re-reads this program's slice only when one did
@@ -341,10 +354,11 @@ def _min_max_kernel(
                                                    lim_r, lim_e, BLOCK_R, BLOCK_E, ROW_LEVELS, PAD,
                                                    GATHER)
             ST.record(status_ptr, c_nan, c_pos, c_neg, any_bad, observation)
-        if FINISH is not None:
-            _finish_tile(min_ptr, max_ptr, fin_min_ptr, fin_max_ptr, status_ptr, qa, qb, q_ok,
-                         geo, Q, qp, DTYPE, FINISH, BLOCK_A, BLOCK_B, BLOCK_S)
-    if QP is not None:
+        if FINISH:
+            _finish_tile(min_ptr, max_ptr, fin_min_ptr, fin_max_ptr, held_min_ptr, held_max_ptr,
+                         avg_a, avg_c, tickets_ptr + ticket0, status_ptr, qa, qb, q_ok, geo, Q, qp,
+                         MODE, DTYPE, BITS16, QP, BLOCK_A, BLOCK_B, BLOCK_S)
+    if QP is not None and not FINISH:
         store_scale_flag(status_ptr, tl.program_id(0), _any(bad_scale))
     if ABSMAX:
         _store_absmax(absmax_ptr, tl.program_id(0), absmax)
@@ -447,8 +461,10 @@ def prepare(call: MinMaxCall, qparams: bool = False):
                                new_parts if split > 1 else None, context, token)
     held_contiguous = call.held is None or (call.held[0].is_contiguous()
                                             and call.held[1].is_contiguous())
+    if split > 1:  # with a caller's tickets: one launch, its last programs finishing
+        one_launch = dict(first, **epilogue, FINISH=True, BLOCK_S=finish_lanes(first))
 
-    def launch(call: MinMaxCall):
+    def launch(call: MinMaxCall, tickets=None):
         if config_token() is not token:  # a launch_config block changed the policy
             return min_max(call)
         value, held, status, out = call.flat.value, call.held, call.status, call.out
@@ -467,6 +483,14 @@ def prepare(call: MinMaxCall, qparams: bool = False):
         else:
             pmin, pmax = new_parts(), new_parts()
         with context():
+            if tickets is not None and split > 1:
+                _min_max_kernel[grid](
+                    value, perm if perm is not None else value, pmin, pmax, *layout_args,
+                    held_min, held_max, status if status is not None else pmin, avg_a, avg_c,
+                    call.observation, **one_launch, fin_min_ptr=mins, fin_max_ptr=maxs,
+                    tickets_ptr=tickets,
+                )
+                return mins, maxs
             _min_max_kernel[grid](
                 value, perm if perm is not None else value,  # perm: unread unless GATHER
                 pmin, pmax, *layout_args, held_min, held_max,
@@ -478,6 +502,9 @@ def prepare(call: MinMaxCall, qparams: bool = False):
                 )
         return mins, maxs
 
+    # a caller that repeats this call in place (ops.Repeat) keeps this many
+    # zeroed tickets for it: the launch then finishes a split itself
+    launch.tickets = grid[0] if split > 1 else 0
     return launch
 
 
@@ -512,6 +539,11 @@ QP_SMALL_GROUPS_BELOW = 64 << 20
 #: block's partials (``_finish_tile``): that many partials of a one-group
 #: block per step, fewer per group for wider blocks.
 FINISH_LANES = 256
+
+
+def finish_lanes(first: dict) -> int:
+    """``_finish_tile``'s BLOCK_S for a launch of the streaming kernel's options ``first``."""
+    return max(FINISH_LANES // (first["BLOCK_A"] * first["BLOCK_B"]), 1)
 
 
 def prepare_qparams(call: MinMaxQParamsCall):
@@ -557,11 +589,9 @@ def _qparams_launch(flat, layout, main, finish, launch_args, new_stats, new_part
     # torch's roundings, one operation each, where the qparams are computed;
     # with a split the last program of each block finishes it (a split is
     # never a GROUP_LOOP: its groups have one row)
-    if split == 1:
-        first = dict(first, enable_fp_fusion=False, QP=plan.switches)
-    else:
-        first = dict(first, enable_fp_fusion=False, FINISH=plan.switches,
-                     BLOCK_S=max(FINISH_LANES // (first["BLOCK_A"] * first["BLOCK_B"]), 1))
+    first = dict(first, enable_fp_fusion=False, QP=plan.switches)
+    if split > 1:  # the tickets after the flags
+        first = dict(first, FINISH=True, BLOCK_S=finish_lanes(first), ticket0=N_STATUS + grid[0])
 
     def launch(call: MinMaxQParamsCall):
         if config_token() is not token:  # a launch_config block changed the policy
@@ -579,7 +609,7 @@ def _qparams_launch(flat, layout, main, finish, launch_args, new_stats, new_part
                 _min_max_kernel[grid](
                     value, perm if perm is not None else value, new_parts(), new_parts(),
                     *layout_args, mins, maxs, status, avg_a, avg_c, 0, **first, qp=qp,
-                    fin_min_ptr=mins, fin_max_ptr=maxs,
+                    fin_min_ptr=mins, fin_max_ptr=maxs, tickets_ptr=status,
                 )
         return mins, maxs, qp.scale_ptr, qp.zp_ptr, None, status
 

@@ -81,9 +81,10 @@ class _Plan:
         self.rest = None if flat is None else flat[4:]
         self.extra = checked.params if isinstance(checked, (SearchCall, SearchQParamsCall)) else None
 
-    def run(self, call):
+    def run(self, call, *extra):
+        """``extra``: what a caller keeps for the launch (``Repeat.extra``)."""
         try:
-            return self.launch(call)
+            return self.launch(call, *extra)
         except KernelUnsupportedError as exc:
             return _fall_back(self.op, exc, call)
 
@@ -207,7 +208,7 @@ def min_max(value, base_name, args, g_idx=None, *, held=None, averaging_constant
             value, base_name, args, held, averaging_constant, status):
         plan = repeat.plan
         return plan.run(MinMaxCall(Flattening(value, *plan.head, args, *plan.rest), held,
-                                   averaging_constant, status, observation, out))
+                                   averaging_constant, status, observation, out), *repeat.extra)
     try:
         key = None if g_idx is not None else (
             get_backend(), "min_max", _t(value), base_name, type(args), args_key(args),
@@ -312,15 +313,23 @@ class Repeat:
     backend's torch operations advance them: there every other call takes
     the usual path, which is only slower. It holds the tensors of the call
     it remembers (an observer's own); ``forget()`` lets them go.
+
+    ``extra``: what the plan's launch takes besides the call. A triton
+    reduction split across programs (a whole tensor) takes tickets, one
+    zeroed counter per block kept here, and is then ONE launch whose last
+    program of each block finishes it (two without). They are the caller's
+    own, as its statistics are: no other call of the signature meets them
+    (calls on two streams at once would race on the statistics first).
     """
 
-    __slots__ = ("plan", "sig", "tensors", "marks")
+    __slots__ = ("plan", "sig", "tensors", "marks", "extra")
 
     def __init__(self):
         self.forget()
 
     def forget(self) -> None:
         self.plan = self.sig = self.tensors = self.marks = None
+        self.extra = ()
 
     def marks_now(self):
         low, high, status = self.tensors
@@ -340,6 +349,13 @@ class Repeat:
         self.plan, self.tensors = plan, (held[0], held[1], status)
         self.sig = self._signature(value, base_name, args, averaging_constant)
         self.marks = self.marks_now()
+        # a triton launch of a split reduction takes tickets to finish it in
+        # one launch: zeroed once here, put back to zero by every launch
+        n = getattr(plan.launch, "tickets", 0)
+        if not n:
+            self.extra = ()
+        elif not self.extra or self.extra[0].numel() != n or self.extra[0].device != held[0].device:
+            self.extra = (torch.zeros(n, dtype=torch.int64, device=held[0].device),)
 
     def matches(self, value, base_name, args, held, averaging_constant, status) -> bool:
         tensors = self.tensors

@@ -595,3 +595,54 @@ def test_a_refused_first_activation_stays_reported_after_later_observations(
     want = outcome_of(False)
     assert want[0] == "error"
     assert outcome_of(True) == want
+
+
+@pytest.mark.parametrize("policy", ["error", "propagate"])
+@pytest.mark.parametrize("name", ["static_minmax", "minmax"])
+def test_a_repeated_whole_tensor_forward_is_one_launch_its_last_programs_finishing(
+        name, policy, device, pin_launch, monkeypatch):
+    """An activation observer's forward repeated in place over a whole tensor
+    (a reduction split across programs): from its second combining forward
+    on (``ops.Repeat`` holds the plan and its tickets) ONE launch whose last
+    program of each block finishes the split, where the first makes two;
+    after every forward the statistics are the reference observer's (NaN
+    values among them), and the tickets are back at zero. On CUDA (make
+    gpu-check) the split is forced wide: many programs meet at each ticket."""
+    import importlib
+
+    from helpers import RecordingKernel, assert_same
+
+    min_max_module = importlib.import_module("obskernels.kernels.min_max")
+
+    cuda = device == "cuda"
+    pin_launch("min_max", split=64 if cuda else 3)
+    monkeypatch.setattr(ops, "_PLANS", {})  # plans made under this launch policy
+    args = QuantizationArgs(num_bits=8, type="float", strategy="tensor")
+    shape = (8, 512, 1024) if cuda else (4, 64, 256)
+    sink = []
+    for attr in ("_min_max_kernel", "_min_max_finish_kernel"):
+        monkeypatch.setattr(min_max_module, attr,
+                            RecordingKernel(getattr(min_max_module, attr), sink))
+    obs = Observer.load_from_registry(name, base_name="input", args=args, nonfinite=policy)
+    ref = Observer.load_from_registry(name, base_name="input", args=args, nonfinite="propagate")
+    gen = torch.Generator().manual_seed(3)
+    for i in range(12 if cuda else 6):
+        value = (torch.randn(*shape, generator=gen) * (1 + i % 3)).to(torch.bfloat16)
+        if i == 4:
+            value[0, 5, 9] = float("nan")
+        value = value.to(device)
+        sink.clear()
+        with use_backend("triton"):
+            obs(value)
+        with use_backend("reference"):
+            ref(value)
+        names = [launch[0] for launch in sink]
+        if i >= 2:
+            assert names == ["_min_max_kernel"] and sink[0][3]["FINISH"], (i, names)
+            assert sink[0][1][1] > 1, "the rows were not split"
+            tickets = obs.__dict__["_repeat"].extra[0]
+            assert tickets.tolist() == [0] * tickets.numel()
+        elif i == 1:
+            assert names == ["_min_max_kernel", "_min_max_finish_kernel"], names
+        assert_same(obs.min_vals, ref.min_vals, f"{name} forward {i}: min_vals")
+        assert_same(obs.max_vals, ref.max_vals, f"{name} forward {i}: max_vals")

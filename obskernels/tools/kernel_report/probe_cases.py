@@ -123,6 +123,18 @@ def cases() -> List[Case]:
         mm("weight int4 g128 bf16 14336x4096 average", lambda: w(14336, 4096), "weight", g128, held=held_stats((14336, 32), bf), averaging_constant=0.01),
         mm("weight nvfp4 g16 bf16 14336x4096 running, record", lambda: w(14336, 4096), "weight", QA(strategy="tensor_group", group_size=16, **nvfp4), held=held_stats((14336, 256), bf), status=torch.tensor(STATUS_INIT, dtype=torch.int64), observation=4),
     ]
+
+    def repeated(m, value, base, args, **kw):  # a forward repeated in place (ops.Repeat): its tickets
+        launch = m.prepare(calls.min_max(value, base, args, **kw))
+        return launch(calls.min_max(value, base, args, **kw), torch.zeros(max(launch.tickets, 1), dtype=torch.int64))
+
+    act_tensor = QA(num_bits=8, type="float", strategy="tensor")
+    out += [
+        R(f"64MB act tensor bf16 (2, 4096, 4096) {what} (split, one launch: tickets)", "min_max",
+          lambda m, kw=kw: repeated(m, w(2, 4096, 4096), "input", act_tensor, held=held_stats(1, bf), **kw))
+        for what, kw in (("running, record", dict(status=torch.tensor(STATUS_INIT, dtype=torch.int64), observation=2)),
+                         ("average", dict(averaging_constant=0.01)))
+    ]
     # A first observation with its qparams in min_max's epilogue
     # (min_max_qparams: one launch where groups are large enough or the value
     # small, the finish pass's where a reduction is split, else min_max and
