@@ -22,6 +22,7 @@ a check.
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import torch
@@ -81,10 +82,16 @@ class _Plan:
         self.rest = None if flat is None else flat[4:]
         self.extra = checked.params if isinstance(checked, (SearchCall, SearchQParamsCall)) else None
 
-    def run(self, call, *extra):
-        """``extra``: what a caller keeps for the launch (``Repeat.extra``)."""
+    def run(self, call):
         try:
-            return self.launch(call, *extra)
+            return self.launch(call)
+        except KernelUnsupportedError as exc:
+            return _fall_back(self.op, exc, call)
+
+    def run_with(self, call, tickets):
+        """``run`` with the tickets a caller keeps for a split (``Repeat``)."""
+        try:
+            return self.launch(call, tickets)
         except KernelUnsupportedError as exc:
             return _fall_back(self.op, exc, call)
 
@@ -207,8 +214,8 @@ def min_max(value, base_name, args, g_idx=None, *, held=None, averaging_constant
     if repeat is not None and held is not None and out is held and repeat.matches(
             value, base_name, args, held, averaging_constant, status):
         plan = repeat.plan
-        return plan.run(MinMaxCall(Flattening(value, *plan.head, args, *plan.rest), held,
-                                   averaging_constant, status, observation, out), *repeat.extra)
+        return repeat.run(MinMaxCall(Flattening(value, *plan.head, args, *plan.rest), held,
+                                     averaging_constant, status, observation, out))
     try:
         key = None if g_idx is not None else (
             get_backend(), "min_max", _t(value), base_name, type(args), args_key(args),
@@ -314,22 +321,22 @@ class Repeat:
     the usual path, which is only slower. It holds the tensors of the call
     it remembers (an observer's own); ``forget()`` lets them go.
 
-    ``extra``: what the plan's launch takes besides the call. A triton
-    reduction split across programs (a whole tensor) takes tickets, one
-    zeroed counter per block kept here, and is then ONE launch whose last
-    program of each block finishes it (two without). They are the caller's
-    own, as its statistics are: no other call of the signature meets them
-    (calls on two streams at once would race on the statistics first).
+    ``run``: the plan's run for a call. A triton reduction split across
+    programs (a whole tensor) takes ``tickets``, one zeroed counter per
+    block kept here, and is then ONE launch whose last program of each
+    block finishes it (two without). They are the caller's own, as its
+    statistics are: no other call of the signature meets them (calls on two
+    streams at once would race on the statistics first).
     """
 
-    __slots__ = ("plan", "sig", "tensors", "marks", "extra")
+    __slots__ = ("plan", "sig", "tensors", "marks", "tickets", "run")
 
     def __init__(self):
+        self.tickets = None
         self.forget()
 
     def forget(self) -> None:
-        self.plan = self.sig = self.tensors = self.marks = None
-        self.extra = ()
+        self.plan = self.sig = self.tensors = self.marks = self.run = None
 
     def marks_now(self):
         low, high, status = self.tensors
@@ -353,9 +360,12 @@ class Repeat:
         # one launch: zeroed once here, put back to zero by every launch
         n = getattr(plan.launch, "tickets", 0)
         if not n:
-            self.extra = ()
-        elif not self.extra or self.extra[0].numel() != n or self.extra[0].device != held[0].device:
-            self.extra = (torch.zeros(n, dtype=torch.int64, device=held[0].device),)
+            self.run = plan.run
+            return
+        tickets = self.tickets
+        if tickets is None or tickets.numel() != n or tickets.device != held[0].device:
+            tickets = self.tickets = torch.zeros(n, dtype=torch.int64, device=held[0].device)
+        self.run = functools.partial(plan.run_with, tickets=tickets)
 
     def matches(self, value, base_name, args, held, averaging_constant, status) -> bool:
         tensors = self.tensors

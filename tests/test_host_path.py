@@ -640,7 +640,7 @@ def test_a_repeated_whole_tensor_forward_is_one_launch_its_last_programs_finishi
         if i >= 2:
             assert names == ["_min_max_kernel"] and sink[0][3]["FINISH"], (i, names)
             assert sink[0][1][1] > 1, "the rows were not split"
-            tickets = obs.__dict__["_repeat"].extra[0]
+            tickets = obs.__dict__["_repeat"].tickets
             assert tickets.tolist() == [0] * tickets.numel()
         elif i == 1:
             assert names == ["_min_max_kernel", "_min_max_finish_kernel"], names
