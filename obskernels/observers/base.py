@@ -423,8 +423,8 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
     def _measure_with_qparams(self, value, g_idx, record: bool):
         """``_measure`` of a value with nothing held, and the qparams of its
         statistics (``ops.min_max_qparams`` / ``ops.mse_search_qparams``):
-        (min_vals, max_vals, scale, zero_point, status). Subclasses setting
-        ``_qparams_ahead`` define it."""
+        (min_vals, max_vals, scale, zero_point, global_scale, status).
+        Subclasses setting ``_qparams_ahead`` define it."""
         raise NotImplementedError(f"{type(self).__name__} does not define _measure_with_qparams")
 
     def _measure_combined(self, value, g_idx, held, c, status, observation) -> MinMaxTuple:
