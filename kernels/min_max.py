@@ -165,13 +165,19 @@ def _reduce_store(lo, hi, qa, qb, q_ok, out_base, geo, min_ptr, max_ptr, held_mi
         bad_scale = epilogue_qparams(lo_q, hi_q, qq, q_ok, qp, DTYPE, QP)
     absmax = 0.0
     if ABSMAX:
-        absmax = tl.where(q_ok, tl.where(has_nan, float("nan"), tl.maximum(hi_q, -lo_q)),
-                          float("-inf"))
+        absmax = _group_absmax(lo_q, hi_q, has_nan, q_ok)
     if RECORD:
         bad = (q_ok & (has_nan | (hi_q == float("inf")) | (lo_q == float("-inf")))).to(tl.int32)
         return bad, bad_scale, absmax
     else:
         return 0, bad_scale, absmax
+
+
+@triton.jit
+def _group_absmax(lo_q, hi_q, has_nan, ok):
+    """Each group's max(max, -min) (a global scale's absolute maximum): NaN
+    for a group holding one, -inf for a lane that is no group."""
+    return tl.where(ok, tl.where(has_nan, float("nan"), tl.maximum(hi_q, -lo_q)), float("-inf"))
 
 
 @triton.jit
@@ -394,8 +400,7 @@ def _min_max_finish_kernel(
     _epilogue(min_ptr, max_ptr, qq, lo_q, hi_q, qq, qq < Q, held_min_ptr, held_max_ptr,
               avg_a, avg_c, MODE, DTYPE, BITS16)
     if ABSMAX:
-        absmax = tl.where(qq < Q, tl.where(has_nan, float("nan"), tl.maximum(hi_q, -lo_q)),
-                          float("-inf"))
+        absmax = _group_absmax(lo_q, hi_q, has_nan, qq < Q)
         _store_absmax(absmax_ptr, tl.program_id(0), absmax[:, None, None, None])
 
 

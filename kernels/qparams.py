@@ -471,10 +471,11 @@ class PartsQParams(NamedTuple):
     new_parts: object
     new_gs: object
     template: torch.Tensor
+    new_status: object
     record: bool
 
     def status(self) -> torch.Tensor:
-        return self.template.clone() if self.record else self.template.new_empty(self.template.shape)
+        return self.template.clone() if self.record else self.new_status()
 
     def launch(self, min_vals, max_vals, parts, status):
         """(scale, zero_point, global_scale) into new outputs; status: ``status()``'s."""
@@ -498,7 +499,8 @@ def prepare_from_parts(args, stats_like: torch.Tensor, n_parts: int, record: boo
     template = torch.tensor(STATUS_INIT + (0,) * programs, dtype=torch.int64, device=dev)
     return PartsQParams(programs, constants, switches, new_scale, new_zero_point,
                         allocator((n_parts,), torch.float32, dev),
-                        allocator((1,), torch.float32, dev), template, record)
+                        allocator((1,), torch.float32, dev), template,
+                        allocator(template.shape, torch.int64, dev), record)
 
 
 def calculate_qparams(call: QParamsCall):

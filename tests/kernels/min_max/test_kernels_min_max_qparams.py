@@ -101,6 +101,17 @@ def _oracle(value, args, record, base_name="weight"):
     return mins, maxs, scale, zp, gs, out
 
 
+def _recorded_launches(monkeypatch) -> list:
+    """The launches of min_max's two kernels and calculate_qparams', recorded
+    (name, grid, arguments, keywords) into the list returned; each still runs."""
+    qparams_module = importlib.import_module("obskernels.kernels.qparams")
+    sink = []
+    for module, attr in ((kernel_module, "_min_max_kernel"), (kernel_module, "_min_max_finish_kernel"),
+                         (qparams_module, "_qparams_kernel")):
+        monkeypatch.setattr(module, attr, RecordingKernel(getattr(module, attr), sink))
+    return sink
+
+
 def _assert_matches(got, want, name):
     assert len(got) == 6, f"{name}: {len(got)} results"
     for what, g, w in zip(("min_vals", "max_vals", "scale", "zero_point"), got[:4], want[:4]):
@@ -184,11 +195,7 @@ def test_preparing_launches_nothing(name, size, monkeypatch):
     ``FINISH``: by the last program of a block, after the partials); for PARTS min_max
     writes the partials (``ABSMAX``) that the qparams kernel reads, with
     nothing between them."""
-    qparams_module = importlib.import_module("obskernels.kernels.qparams")
-    sink = []
-    for module, attr in ((kernel_module, "_min_max_kernel"), (kernel_module, "_min_max_finish_kernel"),
-                         (qparams_module, "_qparams_kernel")):
-        monkeypatch.setattr(module, attr, RecordingKernel(getattr(module, attr), sink))
+    sink = _recorded_launches(monkeypatch)
     launches = _sized(name, size, monkeypatch)
     fields, shape, dtype, _ = FORMATS[name]
     args = QuantizationArgs(**fields)
@@ -218,17 +225,13 @@ def test_tensor_group_split_across_programs_takes_the_partials_from_the_finish_p
     split across programs the finish pass writes the partial absolute maxima
     the qparams kernel reads (three launches, where min_max then
     calculate_qparams make four); the results are the oracle's."""
-    qparams_module = importlib.import_module("obskernels.kernels.qparams")
     pin_launch("min_max", split=3)
     args = QuantizationArgs(num_bits=4, type="float", strategy="tensor_group", group_size=16)
     value = _value((96, 64), torch.bfloat16, kind)
     want = _oracle(value, args, record, "input")
     got = call_backend(reference_module.min_max_qparams, value, "input", args, record=record)
     _assert_matches(got, want, f"reference {kind}")
-    sink = []
-    for module, attr in ((kernel_module, "_min_max_kernel"), (kernel_module, "_min_max_finish_kernel"),
-                         (qparams_module, "_qparams_kernel")):
-        monkeypatch.setattr(module, attr, RecordingKernel(getattr(module, attr), sink))
+    sink = _recorded_launches(monkeypatch)
     got = call_backend(kernel_module.min_max_qparams, value, "input", args, record=record)
     _assert_matches(got, want, f"triton {kind}")
     assert [name for name, _, _, _ in sink] == ["_min_max_kernel", "_min_max_finish_kernel",
