@@ -211,11 +211,10 @@ def min_max(value, base_name, args, g_idx=None, *, held=None, averaging_constant
     ``Repeat`` the caller keeps for a call it repeats in place (``out`` is
     ``held``): see there.
     """
-    if repeat is not None and held is not None and out is held and repeat.matches(
-            value, base_name, args, held, averaging_constant, status):
-        plan = repeat.plan
-        return repeat.run(MinMaxCall(Flattening(value, *plan.head, args, *plan.rest), held,
-                                     averaging_constant, status, observation, out))
+    if repeat is not None and held is not None and out is held:
+        result = repeat.again(value, base_name, args, held, averaging_constant, status, observation)
+        if result is not None:
+            return result
     try:
         key = None if g_idx is not None else (
             get_backend(), "min_max", _t(value), base_name, type(args), args_key(args),
@@ -315,7 +314,10 @@ class Repeat:
     and their data pointers). Where all match, the call is the remembered
     signature's and goes to its plan without building the key (the key's
     hash and the held tensors' descriptions cost as much as the launch on
-    the host); otherwise it takes the usual path and is remembered. A kernel
+    the host); otherwise it takes the usual path and is remembered.
+    ``r.again(...)`` is that comparison and launch alone, for a caller that
+    would check more before ``min_max`` (None where the call does not match:
+    the remembered call passed those checks with the same tensors). A kernel
     writes the statistics without advancing their versions, the reference
     backend's torch operations advance them: there every other call takes
     the usual path, which is only slower. It holds the tensors of the call
@@ -367,16 +369,25 @@ class Repeat:
             tickets = self.tickets = torch.zeros(n, dtype=torch.int64, device=held[0].device)
         self.run = functools.partial(plan.run_with, tickets=tickets)
 
-    def matches(self, value, base_name, args, held, averaging_constant, status) -> bool:
+    def again(self, value, base_name, args, held, averaging_constant=None, status=None,
+              observation=0):
+        """``min_max(value, base_name, args, held=held, averaging_constant=...,
+        status=..., observation=..., out=held)`` where that is the remembered
+        call's signature (its result: ``held``); None, having run nothing,
+        where it is not."""
         tensors = self.tensors
         if tensors is None or held[0] is not tensors[0] or held[1] is not tensors[1] \
                 or status is not tensors[2]:
-            return False
+            return None
         try:
             sig = self._signature(value, base_name, args, averaging_constant)
         except _UNKEYED:
-            return False
-        return sig == self.sig and self.marks_now() == self.marks
+            return None
+        if sig != self.sig or self.marks_now() != self.marks:
+            return None
+        plan = self.plan
+        return self.run(MinMaxCall(Flattening(value, *plan.head, args, *plan.rest), held,
+                                   averaging_constant, status, observation, held))
 
 
 def mse_search(

@@ -66,7 +66,7 @@ import torch
 
 from obskernels import ops
 from obskernels.backends import use_backend
-from obskernels.observers.base import hook_input
+from obskernels.observers.base import forward_directly, hook_input
 from obskernels.observers.mse import search_with
 from obskernels.spec.checks import FLOAT_DTYPES
 from obskernels.spec.errors import HeldStatisticsError
@@ -147,6 +147,13 @@ def _build_adapters(lc_obs) -> list[tuple[type, tuple[type, ...]]]:
         """llm-compressor's ``Observer.forward`` with the statistics of the
         raw value computed by ``_measure_value`` (obskernels.ops)."""
 
+        def __call__(self, observed: torch.Tensor):
+            # an activation observer is called on every forward: nn.Module's
+            # call without its generic frames where it would call forward
+            if forward_directly(self):
+                return self.forward(observed)
+            return torch.nn.Module.__call__(self, observed)
+
         def forward(self, observed: torch.Tensor):
             if observed.numel() == 0:
                 return self
@@ -202,6 +209,10 @@ def _build_adapters(lc_obs) -> list[tuple[type, tuple[type, ...]]]:
             they match (shape, dtype, device), else by ``torch_combine`` (the
             torch code of llm-compressor, broadcasting or raising as it does)."""
             held = mn, mx = self.min_vals, self.max_vals
+            repeat = self.__dict__.get("_obskernels_repeat")
+            if repeat is not None and repeat.again(value, self.base_name, self.args, held, c) \
+                    is not None:
+                return  # the call last combined in place, with these statistics: checked then
             in_op = c is None or (not isinstance(c, bool) and isinstance(c, (int, float)) and 0 <= c <= 1)
             dtype, device = value.dtype, value.device
             if (in_op and mn.dtype == dtype and mx.dtype == dtype and mn.device == device

@@ -133,6 +133,16 @@ if not all(isinstance(h, dict) for h in _GLOBAL_HOOKS):
     _GLOBAL_HOOKS = None
 
 
+def forward_directly(module: torch.nn.Module) -> bool:
+    """Whether ``nn.Module.__call__`` would call ``module.forward`` directly:
+    no hook registered (on the module or globally), neither compiled nor
+    traced. An observer called on every forward checks it without the two
+    generic frames of ``nn.Module.__call__``."""
+    return not (_GLOBAL_HOOKS is None or module._forward_pre_hooks or module._forward_hooks
+                or module._backward_pre_hooks or module._backward_hooks or any(_GLOBAL_HOOKS)
+                or module._compiled_call_impl is not None or torch._C._get_tracing_state())
+
+
 class UnknownObserverError(KeyError):
     """An observer name nobody registered. A KeyError like the registry's own,
     printed as written (a plain KeyError shows its message quoted, with
@@ -288,16 +298,11 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
     # -------------------------------------------------------------- observing
 
     def __call__(self, value, g_idx=None):
-        # nn.Module.__call__ calls forward directly when no hook is registered
-        # (on this observer or globally) and the call is neither compiled nor
-        # traced; that case is checked here without its two generic frames
-        if (_GLOBAL_HOOKS is None or self._forward_pre_hooks or self._forward_hooks
-                or self._backward_pre_hooks or self._backward_hooks or any(_GLOBAL_HOOKS)
-                or self._compiled_call_impl is not None or torch._C._get_tracing_state()):
-            if g_idx is None:  # the arguments as given: hooks see them so
-                return torch.nn.Module.__call__(self, value)
-            return torch.nn.Module.__call__(self, value, g_idx)
-        return self.forward(value, g_idx)
+        if forward_directly(self):
+            return self.forward(value, g_idx)
+        if g_idx is None:  # the arguments as given: hooks see them so
+            return torch.nn.Module.__call__(self, value)
+        return torch.nn.Module.__call__(self, value, g_idx)
 
     def forward(self, value: torch.Tensor, g_idx: Optional[torch.Tensor] = None) -> "Observer":
         """Update the statistics from ``value``; returns the observer itself.
