@@ -18,8 +18,8 @@ block to arrive reduces the block's partials (``_finish_tile``).
 streaming kernel's epilogue, and with a split the last program of each block
 to arrive (a ticket) reduces the block's partials and computes them in the
 same launch (TENSOR_GROUP: the launch giving the statistics writes one
-partial absolute maximum per program, and the qparams kernel reduces them
-into the global scale).
+partial absolute maximum per program, with a split per block by its last
+program, and the qparams kernel reduces them into the global scale).
 ``prepare`` makes the launch of a call's signature once (obskernels.ops
 keeps it for later calls of that signature).
 
@@ -205,16 +205,18 @@ def _store_absmax(absmax_ptr, pid, absmax):
 
 @triton.jit
 def _finish_tile(pmin_ptr, pmax_ptr, min_ptr, max_ptr, held_min_ptr, held_max_ptr, avg_a, avg_c,
-                 ticket_ptr, status_ptr, qa, qb, q_ok, geo, Q, qp, MODE: tl.constexpr,
-                 DTYPE: tl.constexpr, BITS16: tl.constexpr, QP: tl.constexpr,
-                 BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_S: tl.constexpr):
+                 ticket_ptr, status_ptr, absmax_ptr, qa, qb, q_ok, geo, Q, qp,
+                 MODE: tl.constexpr, DTYPE: tl.constexpr, BITS16: tl.constexpr,
+                 QP: tl.constexpr, ABSMAX: tl.constexpr, BLOCK_A: tl.constexpr,
+                 BLOCK_B: tl.constexpr, BLOCK_S: tl.constexpr):
     """A split reduction finished in its own launch: the last of block
     (program_id(0))'s programs to arrive -- a ticket, an atomic counter at
     ``ticket_ptr + block``, zero at launch -- reduces the block's partials
     over every split (as ``_min_max_finish_kernel``), stores the groups'
     (min, max) through the MODE epilogue (combined with the held statistics)
-    and, with QP, their qparams and its non-finite-scale flag, and puts the
-    ticket back to zero (ready for the next launch; a status holding it then
+    and, with QP, their qparams and its non-finite-scale flag (ABSMAX: the
+    block's absolute maximum to absmax_ptr[block]), and puts the ticket back
+    to zero (ready for the next launch; a status holding it then
     reads as one the finish pass would give). The partials' stores come
     before the ticket (a barrier; the atomic releases them) and are read
     after it (it acquires them); which program arrives last changes nothing
@@ -243,6 +245,8 @@ def _finish_tile(pmin_ptr, pmax_ptr, min_ptr, max_ptr, held_min_ptr, held_max_pt
         if QP is not None:
             bad_scale = epilogue_qparams(lo_q, hi_q, qq, q_ok, qp, DTYPE, QP)
             store_scale_flag(status_ptr, block, _any(bad_scale))
+        if ABSMAX:
+            _store_absmax(absmax_ptr, block, _group_absmax(lo_q, hi_q, has_nan, q_ok))
         one = tl.arange(0, 1)
         tl.store(ticket_ptr + block + one, one.to(tl.int64) * 0)
 
@@ -280,15 +284,16 @@ def _min_max_kernel(
     statistics addressed as their bits); RECORD adds this slice's NaN / +-inf
     counts to the observer's non-finite record. QP (nothing held, no split):
     the groups' qparams too (``qp``: ``QParamsOut``), and one non-finite-scale
-    flag per program at status_ptr[len(STATUS_INIT) + program]. ABSMAX (no
-    split): the max over the program's groups of max(max, -min), NaN
-    propagating, to absmax_ptr[program] in fp32 (a global scale's partial,
+    flag per program at status_ptr[len(STATUS_INIT) + program]. ABSMAX: the
+    max over the program's groups of max(max, -min), NaN propagating, to
+    absmax_ptr[program] in fp32 (a global scale's partial,
     ``qparams.PartsQParams``). FINISH (a split; never with GROUP_LOOP,
     whose groups have one row): the programs store partials to min_ptr /
     max_ptr, and the last program of each block to arrive finishes it in
     this launch (``_finish_tile``, its ticket at tickets_ptr[ticket0 +
     block], zero at launch): results through the MODE epilogue to
-    fin_min_ptr / fin_max_ptr, with QP their qparams and one flag per block.
+    fin_min_ptr / fin_max_ptr, with QP their qparams and one flag per block,
+    with ABSMAX the block's absolute maximum to absmax_ptr[block].
     """
     pid_s = tl.program_id(1)
     r_lo = pid_s * rows_per_split
@@ -362,11 +367,11 @@ def _min_max_kernel(
             ST.record(status_ptr, c_nan, c_pos, c_neg, any_bad, observation)
         if FINISH:
             _finish_tile(min_ptr, max_ptr, fin_min_ptr, fin_max_ptr, held_min_ptr, held_max_ptr,
-                         avg_a, avg_c, tickets_ptr + ticket0, status_ptr, qa, qb, q_ok, geo, Q, qp,
-                         MODE, DTYPE, BITS16, QP, BLOCK_A, BLOCK_B, BLOCK_S)
+                         avg_a, avg_c, tickets_ptr + ticket0, status_ptr, absmax_ptr, qa, qb, q_ok,
+                         geo, Q, qp, MODE, DTYPE, BITS16, QP, ABSMAX, BLOCK_A, BLOCK_B, BLOCK_S)
     if QP is not None and not FINISH:
         store_scale_flag(status_ptr, tl.program_id(0), _any(bad_scale))
-    if ABSMAX:
+    if ABSMAX and not FINISH:
         _store_absmax(absmax_ptr, tl.program_id(0), absmax)
 
 
@@ -376,12 +381,10 @@ def _min_max_finish_kernel(
     held_min_ptr, held_max_ptr, avg_a, avg_c,
     BLOCK_Q: tl.constexpr, BLOCK_S: tl.constexpr,
     MODE: tl.constexpr, DTYPE: tl.constexpr, BITS16: tl.constexpr,
-    absmax_ptr=None, ABSMAX: tl.constexpr = False,
 ):
     """min_vals[q] = min over s of pmin[s, q] (NaN if any partial is NaN); max alike.
     One program reduces BLOCK_Q groups over all SPLIT partials; the MODE
-    epilogue as in _min_max_kernel. ABSMAX: the program's absolute maximum,
-    as _min_max_kernel's."""
+    epilogue as in _min_max_kernel."""
     q = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)[None, :]
     lo = tl.full([BLOCK_S, BLOCK_Q], float("inf"), tl.float32)
     hi = tl.full([BLOCK_S, BLOCK_Q], float("-inf"), tl.float32)
@@ -399,9 +402,6 @@ def _min_max_finish_kernel(
     qq = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
     _epilogue(min_ptr, max_ptr, qq, lo_q, hi_q, qq, qq < Q, held_min_ptr, held_max_ptr,
               avg_a, avg_c, MODE, DTYPE, BITS16)
-    if ABSMAX:
-        absmax = _group_absmax(lo_q, hi_q, has_nan, qq < Q)
-        _store_absmax(absmax_ptr, tl.program_id(0), absmax[:, None, None, None])
 
 
 def min_max(call: MinMaxCall):
@@ -447,12 +447,6 @@ def prepare(call: MinMaxCall, qparams: bool = False):
         **(epilogue if split == 1 else dict(MODE=ST.MODE_REPLACE.value, DTYPE=epilogue["DTYPE"],
                                             BITS16=False)),
     )
-    finish = finish_grid = None
-    if split > 1:
-        FQ, FS = finish_blocks(Q, split, config)
-        finish = dict(BLOCK_Q=FQ, BLOCK_S=FS, **epilogue,
-                      num_warps=num_warps_for(FQ * FS))  # 4 warps at 4096 lanes: 155 registers
-        finish_grid = (cdiv(Q, FQ),)
 
     # outputs (contiguous); bf16 statistics are read and written as their
     # bits by the kernels themselves (kernels/stats.py), no view here
@@ -461,12 +455,17 @@ def prepare(call: MinMaxCall, qparams: bool = False):
     if split > 1:
         new_parts = allocator((split, Q), dtype, dev)
     if qparams:
-        return _qparams_launch(call.flat, layout, (grid, first), (finish_grid, finish),
+        return _qparams_launch(call.flat, layout, (grid, first),
                                (perm, layout_args, avg_a, avg_c), new_stats,
                                new_parts if split > 1 else None, context, token)
     held_contiguous = call.held is None or (call.held[0].is_contiguous()
                                             and call.held[1].is_contiguous())
-    if split > 1:  # with a caller's tickets: one launch, its last programs finishing
+    if split > 1:
+        FQ, FS = finish_blocks(Q, split, config)
+        finish = dict(BLOCK_Q=FQ, BLOCK_S=FS, **epilogue,
+                      num_warps=num_warps_for(FQ * FS))  # 4 warps at 4096 lanes: 155 registers
+        finish_grid = (cdiv(Q, FQ),)
+        # with a caller's tickets: one launch, its last programs finishing
         one_launch = dict(first, **epilogue, FINISH=True, BLOCK_S=finish_lanes(first))
 
     def launch(call: MinMaxCall, tickets=None):
@@ -562,21 +561,20 @@ def prepare_qparams(call: MinMaxQParamsCall):
     return prepare_with_qparams(call, prepare)
 
 
-def _qparams_launch(flat, layout, main, finish, launch_args, new_stats, new_parts, context, token):
+def _qparams_launch(flat, layout, main, launch_args, new_stats, new_parts, context, token):
     """``prepare(..., qparams=True)``'s launch (see there): the qparams in the
     one launch of ``_min_max_kernel`` (``main``: grid and options), with a
     split by the last program of each block (``new_parts``: the partials'
-    allocator; ``finish``: the finish pass's grid and options, which only
-    TENSOR_GROUP's launches use). None where the groups, reduced by the streaming
+    allocator). None where the groups, reduced by the streaming
     kernel itself, are gathered, or too small for it (``QP_MIN_GROUP``) in a
     value of ``QP_SMALL_GROUPS_BELOW`` bytes or more."""
     value = flat.value
-    (grid, first), (finish_grid, finish) = main, finish
+    grid, first = main
     split = grid[1]
     if flat.strategy == Strategy.TENSOR_GROUP:
         # a global scale needs every group first: the qparams in one launch more
-        return _parts_qparams_launch(flat, layout, main, (finish_grid, finish), launch_args,
-                                     new_stats, new_parts, context, token)
+        return _parts_qparams_launch(flat, layout, main, launch_args, new_stats, new_parts,
+                                     context, token)
     # the status: the record, then a scale flag per program (with a split,
     # per block, and after the flags a ticket per block, see _finish_tile)
     plan = epilogue_plan(flat.args, value, layout.qshape, grid[0] * (1 if split == 1 else 2),
@@ -621,21 +619,25 @@ def _qparams_launch(flat, layout, main, finish, launch_args, new_stats, new_part
     return launch
 
 
-def _parts_qparams_launch(flat, layout, main, finish, launch_args, new_stats, new_parts, context,
-                          token):
+def _parts_qparams_launch(flat, layout, main, launch_args, new_stats, new_parts, context, token):
     """``_qparams_launch`` of TENSOR_GROUP statistics, whose global scale
-    needs every group: the launch that gives the statistics (``_min_max_kernel``'s,
-    with a split the finish pass's) writes each program's absolute maximum
-    (ABSMAX), the streaming kernel counts the record into the status's head,
-    then ONE ``_qparams_kernel`` reduces those partials
-    (``qparams.PartsQParams``): a launch fewer than ``min_max`` then
-    ``calculate_qparams(fused=...)``."""
-    (grid, first), (finish_grid, finish), value = main, finish, flat.value
+    needs every group: the launch of ``_min_max_kernel`` that gives the
+    statistics writes each program's absolute maximum (ABSMAX; with a split,
+    the last program of each block to arrive finishes the block and writes
+    the block's, its ticket after the qparams kernel's flags in the status)
+    and counts the record into the status's head, then ONE ``_qparams_kernel``
+    reduces those partials (``qparams.PartsQParams``): two launches, where
+    ``min_max`` then ``calculate_qparams(fused=...)`` make three (four with a
+    split)."""
+    (grid, first), value = main, flat.value
     perm, layout_args, avg_a, avg_c = launch_args
-    split, Q = grid[1], layout.num_groups
+    split = grid[1]
     stats = torch.empty(layout.qshape, dtype=value.dtype, device=value.device)
-    plan = prepare_from_parts(flat.args, stats, grid[0] if split == 1 else finish_grid[0],
-                              first["RECORD"])
+    plan = prepare_from_parts(flat.args, stats, grid[0], first["RECORD"],
+                              tickets=grid[0] if split > 1 else 0)
+    first = dict(first, ABSMAX=True)
+    if split > 1:
+        first.update(FINISH=True, BLOCK_S=finish_lanes(first), ticket0=N_STATUS + plan.programs)
 
     def launch(call: MinMaxQParamsCall):
         if config_token() is not token:  # a launch_config block changed the policy
@@ -646,17 +648,13 @@ def _parts_qparams_launch(flat, layout, main, finish, launch_args, new_stats, ne
             if split == 1:
                 _min_max_kernel[grid](
                     value, perm if perm is not None else value, mins, maxs, *layout_args, mins,
-                    maxs, status, avg_a, avg_c, 0, **first, absmax_ptr=parts, ABSMAX=True,
+                    maxs, status, avg_a, avg_c, 0, **first, absmax_ptr=parts,
                 )
-            else:
-                pmin, pmax = new_parts(), new_parts()
+            else:  # the partials, finished in this launch into mins / maxs
                 _min_max_kernel[grid](
-                    value, perm if perm is not None else value, pmin, pmax, *layout_args, mins,
-                    maxs, status, avg_a, avg_c, 0, **first,
-                )
-                _min_max_finish_kernel[finish_grid](
-                    pmin, pmax, mins, maxs, Q, split, mins, maxs, avg_a, avg_c, **finish,
-                    absmax_ptr=parts, ABSMAX=True,
+                    value, perm if perm is not None else value, new_parts(), new_parts(),
+                    *layout_args, mins, maxs, status, avg_a, avg_c, 0, **first,
+                    absmax_ptr=parts, fin_min_ptr=mins, fin_max_ptr=maxs, tickets_ptr=status,
                 )
             scale, zero_point, gs = plan.launch(mins, maxs, parts, status)
         return mins, maxs, scale, zero_point, gs, status

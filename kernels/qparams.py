@@ -461,7 +461,9 @@ class PartsQParams(NamedTuple):
     ``prepare_from_parts`` makes it once per signature; ``status()`` gives a
     call's status: with ``record`` a fresh record at its head, for the
     measuring kernel to count into (the launch keeps it there), otherwise
-    written by the launch; then one flag per program, each program's own."""
+    written by the launch; then one flag per program, each program's own;
+    then, where the measuring kernel finishes a split by tickets, that many
+    zeroed tickets (zero again after it)."""
 
     programs: int
     constants: tuple
@@ -472,10 +474,10 @@ class PartsQParams(NamedTuple):
     new_gs: object
     template: torch.Tensor
     new_status: object
-    record: bool
+    fresh: bool  # the status starts as the template (a record, tickets)
 
     def status(self) -> torch.Tensor:
-        return self.template.clone() if self.record else self.new_status()
+        return self.template.clone() if self.fresh else self.new_status()
 
     def launch(self, min_vals, max_vals, parts, status):
         """(scale, zero_point, global_scale) into new outputs; status: ``status()``'s."""
@@ -487,20 +489,23 @@ class PartsQParams(NamedTuple):
         return scale, zero_point, gs
 
 
-def prepare_from_parts(args, stats_like: torch.Tensor, n_parts: int, record: bool) -> PartsQParams:
+def prepare_from_parts(args, stats_like: torch.Tensor, n_parts: int, record: bool,
+                       tickets: int = 0) -> PartsQParams:
     """The ``PartsQParams`` of TENSOR_GROUP statistics shaped and typed like
-    ``stats_like`` (contiguous, non-empty), from ``n_parts`` partials;
-    KernelUnsupportedError for a format the kernels do not cover."""
+    ``stats_like`` (contiguous, non-empty), from ``n_parts`` partials, the
+    status ending in ``tickets`` zeroed tickets; KernelUnsupportedError for a
+    format the kernels do not cover."""
     dtype, dev = stats_like.dtype, stats_like.device
     if dtype not in FLOAT_DTYPES:
         raise KernelUnsupportedError(f"calculate_qparams: statistics of dtype {dtype}")
     _, programs, constants, switches, new_scale, new_zero_point = _kernel_plan(
         args, stats_like, dtype, GS_FUSED.value, True, n_parts, record)
-    template = torch.tensor(STATUS_INIT + (0,) * programs, dtype=torch.int64, device=dev)
+    template = torch.tensor(STATUS_INIT + (0,) * (programs + tickets), dtype=torch.int64,
+                            device=dev)
     return PartsQParams(programs, constants, switches, new_scale, new_zero_point,
                         allocator((n_parts,), torch.float32, dev),
                         allocator((1,), torch.float32, dev), template,
-                        allocator(template.shape, torch.int64, dev), record)
+                        allocator(template.shape, torch.int64, dev), record or tickets > 0)
 
 
 def calculate_qparams(call: QParamsCall):

@@ -151,7 +151,7 @@ def cases() -> List[Case]:
         mq("g_idx g128 bf16 14336x4096, record", lambda: w(14336, 4096), g128, g_idx=g_idx14, record=True),
         mq("fp8 tensor bf16 8192x4096 (split), record", lambda: w(8192, 4096), QA(num_bits=8, type="float", strategy="tensor"), record=True),
         mq("nvfp4 g16 bf16 14336x4096 (partial absmax, then qparams), record", lambda: w(14336, 4096), QA(strategy="tensor_group", group_size=16, **nvfp4), record=True),
-        R("64MB qparams act tensor_group 16 fp32 (4096, 4096) (split: the finish pass's partial absmax), record", "min_max",
+        R("64MB qparams act tensor_group 16 fp32 (4096, 4096) (split: its last programs' partial absmax), record", "min_max",
           lambda m: checked(m.min_max_qparams, w(4096, 4096, dtype=f32), "input", QA(strategy="tensor_group", group_size=16, **nvfp4), record=True)),
         mq("int8 tensor asym fp16 8192x4096 (split, redo), record", lambda: w(8192, 4096, dtype=f16), QA(num_bits=8, symmetric=False, strategy="tensor"), record=True),
     ]

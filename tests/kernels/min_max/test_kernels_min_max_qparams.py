@@ -219,12 +219,14 @@ def test_preparing_launches_nothing(name, size, monkeypatch):
 
 @pytest.mark.parametrize("record", [True, False], ids=["record", "no-record"])
 @pytest.mark.parametrize("kind", ["finite", "nan", "inf"])
-def test_tensor_group_split_across_programs_takes_the_partials_from_the_finish_pass(
+def test_tensor_group_split_across_programs_takes_the_partials_from_its_last_programs(
         kind, record, pin_launch, monkeypatch):
     """An activation's TENSOR_GROUP groups span every token: with their rows
-    split across programs the finish pass writes the partial absolute maxima
-    the qparams kernel reads (three launches, where min_max then
-    calculate_qparams make four); the results are the oracle's."""
+    split across programs the last program of each block to arrive (its
+    ticket after the qparams kernel's flags in the status) finishes the block
+    and writes its partial absolute maximum, which the qparams kernel reads
+    (two launches, where min_max then calculate_qparams make four); the
+    results are the oracle's and the tickets are back at zero."""
     pin_launch("min_max", split=3)
     args = QuantizationArgs(num_bits=4, type="float", strategy="tensor_group", group_size=16)
     value = _value((96, 64), torch.bfloat16, kind)
@@ -234,16 +236,23 @@ def test_tensor_group_split_across_programs_takes_the_partials_from_the_finish_p
     sink = _recorded_launches(monkeypatch)
     got = call_backend(kernel_module.min_max_qparams, value, "input", args, record=record)
     _assert_matches(got, want, f"triton {kind}")
-    assert [name for name, _, _, _ in sink] == ["_min_max_kernel", "_min_max_finish_kernel",
-                                                "_qparams_kernel"]
-    assert sink[0][1][1] == 3, "the rows were not split"
-    assert [kw.get("ABSMAX", False) for _, _, _, kw in sink] == [False, True, False]
-    assert sink[1][3]["absmax_ptr"] is sink[2][2][5]
+    assert [name for name, _, _, _ in sink] == ["_min_max_kernel", "_qparams_kernel"]
+    (_, grid0, _, kw0), (_, grid1, args1, _) = sink
+    assert grid0[1] == 3, "the rows were not split"
+    assert kw0["ABSMAX"] and kw0["FINISH"] and kw0["absmax_ptr"] is args1[5]
+    status = got[5]
+    assert kw0["tickets_ptr"] is status and kw0["ticket0"] == N + grid1[0]
+    assert status.numel() == N + grid1[0] + grid0[0]
+    assert status[kw0["ticket0"]:].tolist() == [0] * grid0[0], "a ticket was not put back"
 
 
-@pytest.mark.parametrize("name", ["fp8 tensor bf16 (split)", "int8 tensor asym fp16 (split, redo)",
-                                  "fp8 block256 bf16 (split)", "nvfp4 tensor_group16 bf16"])
-def test_values_in_a_row_on_the_device(name, device, pin_launch):
+@pytest.mark.parametrize("name,base_name", [
+    ("fp8 tensor bf16 (split)", "weight"), ("int8 tensor asym fp16 (split, redo)", "weight"),
+    ("fp8 block256 bf16 (split)", "weight"), ("nvfp4 tensor_group16 bf16", "weight"),
+    # an activation's groups span every token: split, its partial absolute maxima by tickets
+    ("nvfp4 tensor_group16 bf16", "input"),
+])
+def test_values_in_a_row_on_the_device(name, base_name, device, pin_launch):
     """On the tests' device (CUDA in make gpu-check: there the split's last
     program takes its ticket under the hardware's memory ordering, which the
     interpreter, running programs one after another, cannot show), values in
@@ -251,7 +260,7 @@ def test_values_in_a_row_on_the_device(name, device, pin_launch):
     wide, so many programs meet at each ticket."""
     fields, _, dtype, launches = FORMATS[name]
     cuda = device == "cuda"
-    if launches == SPLIT:
+    if launches == SPLIT or base_name == "input":
         pin_launch("min_max", split=64 if cuda else 4)
     args = QuantizationArgs(**fields)
     shape = (2048, 1024) if cuda else (64, 512)
@@ -260,5 +269,5 @@ def test_values_in_a_row_on_the_device(name, device, pin_launch):
         value = (torch.randn(*shape, generator=gen) * (i + 1)).to(dtype).to(device)
         if i % 4 == 3:
             value[i % shape[0], 7] = float("nan")
-        got = call_backend(kernel_module.min_max_qparams, value, "weight", args, record=True)
-        _assert_matches(got, _oracle(value, args, True), f"{name}, value {i}")
+        got = call_backend(kernel_module.min_max_qparams, value, base_name, args, record=True)
+        _assert_matches(got, _oracle(value, args, True, base_name), f"{name}, value {i}")
