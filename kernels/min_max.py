@@ -414,7 +414,7 @@ def min_max(call: MinMaxCall):
     return prepare(call)(call)
 
 
-def prepare(call: MinMaxCall, qparams: bool = False):
+def prepare(call: MinMaxCall, qparams: bool = False, widen: bool = True):
     """The launch of ``call``, prepared from its signature: layout, blocks,
     split and warps are chosen here once; the returned function launches any
     call of the same signature (value, held, status and out of the same
@@ -422,7 +422,7 @@ def prepare(call: MinMaxCall, qparams: bool = False):
     only that call's tensors and observation index.
 
     ``qparams`` (``prepare_qparams``: nothing held, no out): the launch of a
-    ``MinMaxQParamsCall`` of that signature computing the qparams in its
+    ``MinMaxQParamsCall`` of that signature (and ``widen``) computing the qparams in its
     one launch (where a group's rows are split across programs, the last
     program of each block to arrive: ``_finish_tile``), or None where the
     streaming kernel reduces whole groups that are small (``QP_MIN_GROUP``)
@@ -457,7 +457,7 @@ def prepare(call: MinMaxCall, qparams: bool = False):
     if qparams:
         return _qparams_launch(call.flat, layout, (grid, first),
                                (perm, layout_args, avg_a, avg_c), new_stats,
-                               new_parts if split > 1 else None, context, token)
+                               new_parts if split > 1 else None, context, token, widen)
     held_contiguous = call.held is None or (call.held[0].is_contiguous()
                                             and call.held[1].is_contiguous())
     if split > 1:
@@ -561,7 +561,8 @@ def prepare_qparams(call: MinMaxQParamsCall):
     return prepare_with_qparams(call, prepare)
 
 
-def _qparams_launch(flat, layout, main, launch_args, new_stats, new_parts, context, token):
+def _qparams_launch(flat, layout, main, launch_args, new_stats, new_parts, context, token,
+                    widen):
     """``prepare(..., qparams=True)``'s launch (see there): the qparams in the
     one launch of ``_min_max_kernel`` (``main``: grid and options), with a
     split by the last program of each block (``new_parts``: the partials'
@@ -574,11 +575,11 @@ def _qparams_launch(flat, layout, main, launch_args, new_stats, new_parts, conte
     if flat.strategy == Strategy.TENSOR_GROUP:
         # a global scale needs every group first: the qparams in one launch more
         return _parts_qparams_launch(flat, layout, main, launch_args, new_stats, new_parts,
-                                     context, token)
+                                     context, token, widen)
     # the status: the record, then a scale flag per program (with a split,
     # per block, and after the flags a ticket per block, see _finish_tile)
     plan = epilogue_plan(flat.args, value, layout.qshape, grid[0] * (1 if split == 1 else 2),
-                         gpu_arith(current_config("min_max"), value, "min_max"))
+                         gpu_arith(current_config("min_max"), value, "min_max"), widen)
     # a streaming thread computes its group's qparams once, after streaming
     # the group: worth it where that costs little per element of the group
     # or the value is small (a host-bound call), and not for gathered columns
@@ -619,7 +620,8 @@ def _qparams_launch(flat, layout, main, launch_args, new_stats, new_parts, conte
     return launch
 
 
-def _parts_qparams_launch(flat, layout, main, launch_args, new_stats, new_parts, context, token):
+def _parts_qparams_launch(flat, layout, main, launch_args, new_stats, new_parts, context, token,
+                          widen):
     """``_qparams_launch`` of TENSOR_GROUP statistics, whose global scale
     needs every group: the launch of ``_min_max_kernel`` that gives the
     statistics writes each program's absolute maximum (ABSMAX; with a split,
@@ -633,7 +635,7 @@ def _parts_qparams_launch(flat, layout, main, launch_args, new_stats, new_parts,
     perm, layout_args, avg_a, avg_c = launch_args
     split = grid[1]
     stats = torch.empty(layout.qshape, dtype=value.dtype, device=value.device)
-    plan = prepare_from_parts(flat.args, stats, grid[0], first["RECORD"],
+    plan = prepare_from_parts(flat.args, stats, grid[0], first["RECORD"], widen,
                               tickets=grid[0] if split > 1 else 0)
     first = dict(first, ABSMAX=True)
     if split > 1:

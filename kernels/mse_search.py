@@ -240,14 +240,14 @@ class _Search(NamedTuple):
         return (*self.layout.kernel_args(), self.group_numel)
 
 
-def prepare(call: SearchCall, qparams: bool = False):
+def prepare(call: SearchCall, qparams: bool = False, widen: bool = True):
     """The launch of ``call``'s signature (see kernels/min_max.py ``prepare``):
     the layout, the format's constants, the step rule and the launch
     configuration are derived here once; the returned function launches any
     call of that signature.
 
     ``qparams`` (``prepare_qparams``): the launch of a ``SearchQParamsCall``
-    of that signature whose choice computes the qparams in its epilogue;
+    of that signature (and ``widen``) whose choice computes the qparams in its epilogue;
     None where there is no choose launch (the split path, a search that
     cannot stop early) and for TENSOR_GROUP (a global scale needs every
     group's range: ``calculate_qparams`` after the search)."""
@@ -327,7 +327,7 @@ def prepare(call: SearchCall, qparams: bool = False):
         programs = getattr(run, "choose_programs", None)
         if programs is None or flat.strategy == Strategy.TENSOR_GROUP:  # (a global scale: after)
             return None
-        plan = epilogue_plan(flat.args, value, layout.qshape, programs, fast)
+        plan = epilogue_plan(flat.args, value, layout.qshape, programs, fast, widen)
 
         def launch_qparams(call: SearchQParamsCall):
             if config_token() is not token:  # a launch_config block changed the policy

@@ -392,14 +392,15 @@ class EpilogueQParams(NamedTuple):
                 self.template.clone())
 
 
-def epilogue_plan(args, value: torch.Tensor, qshape, programs: int, fast: bool) -> EpilogueQParams:
+def epilogue_plan(args, value: torch.Tensor, qshape, programs: int, fast: bool,
+                  widen: bool = True) -> EpilogueQParams:
     """The ``EpilogueQParams`` of ``calculate_qparams(min_vals, max_vals,
-    args, widen=True)`` for statistics of ``value``'s dtype and device and
+    args, widen=widen)`` for statistics of ``value``'s dtype and device and
     shape ``qshape``, computed by ``programs`` programs (``fast``: the GPU's
     conversions); KernelUnsupportedError for a format the kernels do not cover."""
     dtype, dev = value.dtype, value.device
     fmt, constants, switches = qparams_format(args, dtype, dtype, torch.float32, GS_NONE.value,
-                                              widen=True)
+                                              widen=widen)
     shape = qshape if len(qshape) > 0 else (1,)
     return EpilogueQParams(
         (switches["SDTYPE"], switches["SYM"], switches["SCALE"], switches["ZP"], switches["WIDEN"],
@@ -413,14 +414,14 @@ def epilogue_plan(args, value: torch.Tensor, qshape, programs: int, fast: bool) 
 def prepare_with_qparams(call, prepare_measuring):
     """The launch of a ``*QParamsCall``'s signature (``min_max_qparams``,
     ``mse_search_qparams``): ``prepare_measuring(call.measuring(record),
-    qparams=True)``, the measuring kernels computing the qparams in their
+    qparams=True, widen=call.widen)``, the measuring kernels computing the qparams in their
     epilogue, where it gives one; otherwise the measuring operation's launch
     and ``calculate_qparams``', the record carried between them (the
     statistics' prototype allocated, not computed: preparing launches nothing)."""
     flat = call.flat
     proto = new_record(flat.value.device) if call.record else None
     measuring = call.measuring(proto)
-    fused = prepare_measuring(measuring, qparams=True)
+    fused = prepare_measuring(measuring, qparams=True, widen=call.widen)
     if fused is not None:
         return fused
     measure = prepare_measuring(measuring)
@@ -453,7 +454,7 @@ def _kernel_plan(args, min_vals, a_dtype, gs_mode: int, widen: bool, n_parts: in
 
 class PartsQParams(NamedTuple):
     """``calculate_qparams(min_vals, max_vals, args, fused=((min_vals,
-    max_vals),), widen=True)`` (TENSOR_GROUP statistics' qparams with their
+    max_vals),), widen=...)`` (TENSOR_GROUP statistics' qparams with their
     own global scale) in ONE launch of ``_qparams_kernel``, where the kernel
     that measured the statistics wrote ``n_parts`` partial absolute maxima
     (fp32, max(max_vals, -min_vals) over its groups, NaN propagating): every
@@ -490,16 +491,16 @@ class PartsQParams(NamedTuple):
 
 
 def prepare_from_parts(args, stats_like: torch.Tensor, n_parts: int, record: bool,
-                       tickets: int = 0) -> PartsQParams:
+                       widen: bool = True, tickets: int = 0) -> PartsQParams:
     """The ``PartsQParams`` of TENSOR_GROUP statistics shaped and typed like
-    ``stats_like`` (contiguous, non-empty), from ``n_parts`` partials, the
-    status ending in ``tickets`` zeroed tickets; KernelUnsupportedError for a
-    format the kernels do not cover."""
+    ``stats_like`` (contiguous, non-empty), from ``n_parts`` partials
+    (``widen``: calculate_qparams'), the status ending in ``tickets`` zeroed
+    tickets; KernelUnsupportedError for a format the kernels do not cover."""
     dtype, dev = stats_like.dtype, stats_like.device
     if dtype not in FLOAT_DTYPES:
         raise KernelUnsupportedError(f"calculate_qparams: statistics of dtype {dtype}")
     _, programs, constants, switches, new_scale, new_zero_point = _kernel_plan(
-        args, stats_like, dtype, GS_FUSED.value, True, n_parts, record)
+        args, stats_like, dtype, GS_FUSED.value, widen, n_parts, record)
     template = torch.tensor(STATUS_INIT + (0,) * (programs + tickets), dtype=torch.int64,
                             device=dev)
     return PartsQParams(programs, constants, switches, new_scale, new_zero_point,

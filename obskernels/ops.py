@@ -236,12 +236,13 @@ def min_max(value, base_name, args, g_idx=None, *, held=None, averaging_constant
     return result
 
 
-def min_max_qparams(value, base_name, args, g_idx=None, *, record=False):
+def min_max_qparams(value, base_name, args, g_idx=None, *, record=False, widen=True):
     """(min_vals, max_vals, scale, zero_point, global_scale, status) of a
     first observation in one operation: ``min_max(value, ...)`` with nothing
     held (``record``: its non-finite elements counted into a fresh record),
-    then ``calculate_qparams(min_vals, max_vals, args, widen=True,
-    carry=that record)``, for TENSOR_GROUP with ``fused=((min_vals,
+    then ``calculate_qparams(min_vals, max_vals, args, widen=widen,
+    carry=that record)`` (``widen=False``: compressed-tensors' own
+    arithmetic, no float64 redo), for TENSOR_GROUP with ``fused=((min_vals,
     max_vals),)`` (the statistics' own global scale; None otherwise) -- the
     same tensors, bit for bit, as those two calls. The triton backend
     computes the qparams in min_max's one launch (in its epilogue; with a
@@ -253,14 +254,15 @@ def min_max_qparams(value, base_name, args, g_idx=None, *, record=False):
     try:
         key = None if g_idx is not None else (
             get_backend(), "min_max_qparams", _t(value), base_name, type(args), args_key(args),
-            _scalar(record))
+            _scalar(record), _scalar(widen))
         plan = _PLANS.get(key)
     except _UNKEYED:  # not keyed (the check will say what is wrong), or unhashable
         key = plan = None
     if plan is not None:
         return plan.run(MinMaxQParamsCall(Flattening(value, *plan.head, args, *plan.rest),
-                                          record))
-    return _dispatch("min_max_qparams", key, value, base_name, args, g_idx=g_idx, record=record)
+                                          record, widen))
+    return _dispatch("min_max_qparams", key, value, base_name, args, g_idx=g_idx, record=record,
+                     widen=widen)
 
 
 class Ahead:
@@ -269,7 +271,7 @@ class Ahead:
     for them:
     ``take(min_vals, max_vals, args)`` returns (scale, zero_point,
     global_scale, status) -- what ``calculate_qparams(min_vals, max_vals,
-    args, widen=True, carry=the record)`` would, for TENSOR_GROUP with
+    args, widen=<the operation's widen>, carry=the record)`` would, for TENSOR_GROUP with
     ``fused=((min_vals, max_vals),)`` -- when those are the same statistics
     (the same objects, their version counters unchanged: no in-place change
     since), the args' key and the requested backend are the same; None
@@ -447,27 +449,27 @@ def mse_search(
 
 
 def mse_search_qparams(value, base_name, args, *, maxshrink, patience, grid, norm, expand=1.0,
-                       flavour="mse", record=False):
+                       flavour="mse", record=False, widen=True):
     """``min_max_qparams`` for the search (no importance): (min_vals,
     max_vals, scale, zero_point, global_scale, status), the tensors of
     ``mse_search(..., status=a fresh record when record)`` then
-    ``calculate_qparams(widen=True, carry=that record)`` (for TENSOR_GROUP
+    ``calculate_qparams(widen=widen, carry=that record)`` (for TENSOR_GROUP
     with the statistics' own global scale). The triton backend computes the
     qparams in the search's choice (no launch more) where it makes one
     (not for TENSOR_GROUP)."""
     try:
         key = (get_backend(), "mse_search_qparams", _t(value), base_name, type(args),
                args_key(args), _scalar(maxshrink), _scalar(patience), _scalar(grid),
-               _scalar(norm), _scalar(expand), flavour, _scalar(record))
+               _scalar(norm), _scalar(expand), flavour, _scalar(record), _scalar(widen))
         plan = _PLANS.get(key)
     except _UNKEYED:
         key = plan = None
     if plan is not None:
         return plan.run(SearchQParamsCall(Flattening(value, *plan.head, args, *plan.rest),
-                                          plan.extra, record))
+                                          plan.extra, record, widen))
     return _dispatch("mse_search_qparams", key, value, base_name, args, maxshrink=maxshrink,
                      patience=patience, grid=grid, norm=norm, expand=expand, flavour=flavour,
-                     record=record)
+                     record=record, widen=widen)
 
 
 def _on_tensors(op: str, call_type, *tensors):

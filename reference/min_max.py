@@ -33,7 +33,7 @@ def min_max(call: MinMaxCall):
 
 def min_max_qparams(call: MinMaxQParamsCall):
     """(min_vals, max_vals, scale, zero_point, global_scale, status):
-    ``min_max``, then ``calculate_qparams(widen=True)`` carrying the value's
+    ``min_max``, then ``calculate_qparams(widen=call.widen)`` carrying the value's
     record, for TENSOR_GROUP with the statistics' own global scale
     (``call.qparams_of``)."""
     return call.by_parts(min_max, calculate_qparams)

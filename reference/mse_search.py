@@ -97,7 +97,7 @@ def mse_search(call: SearchCall):
 
 def mse_search_qparams(call: SearchQParamsCall):
     """(min_vals, max_vals, scale, zero_point, global_scale, status):
-    ``mse_search``, then ``calculate_qparams(widen=True)`` carrying the value's
+    ``mse_search``, then ``calculate_qparams(widen=call.widen)`` carrying the value's
     record, for TENSOR_GROUP with the statistics' own global scale
     (``call.qparams_of``)."""
     return call.by_parts(mse_search, qparams_of)

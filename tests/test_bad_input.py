@@ -876,3 +876,18 @@ def test_llmcompressor_import_hint_points_to_its_own_environment(monkeypatch):
     text = str(info.value)
     assert "make llmcompressor-env" in text, text
     assert "pip install" not in text.replace("rather than pip-installing", ""), text
+
+
+@pytest.mark.parametrize("switch", ["record", "widen"])
+@pytest.mark.parametrize("op", ["min_max_qparams", "mse_search_qparams"])
+def test_a_first_observation_switch_that_is_not_a_bool_is_refused(op, switch):
+    """``record`` and ``widen`` say how the operation runs: 1 or "no" is a
+    TypeError naming the switch, the same on every backend."""
+    w = torch.randn(8, 64)
+    args = qargs("group", group_size=16)
+    for bad in (1, "no", None):
+        with pytest.raises(TypeError, match=rf"{switch} must be a bool, got {type(bad).__name__}"):
+            call(op, w, "weight", args, **{switch: bad})
+    assert_same_error_on_every_backend(
+        [(f"{op} {switch}={bad!r}", lambda bad=bad: call(op, w, "weight", args, **{switch: bad}))
+         for bad in (1, "no")])

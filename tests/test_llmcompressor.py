@@ -623,14 +623,17 @@ def test_oneshot_end_to_end_matches(scheme, observer, tmp_path, monkeypatch):
     from obskernels import ops
 
     calls = []
-    for op in ("min_max", "mse_search", "accumulate_sq"):
+    for op in ("min_max", "mse_search", "min_max_qparams", "mse_search_qparams", "accumulate_sq"):
         real = getattr(ops, op)
         monkeypatch.setattr(ops, op, lambda *a, _op=op, _real=real, **k: calls.append(_op) or _real(*a, **k))
     want = _oneshot_state(False, scheme, observer, tmp_path)
     assert not calls, "llm-compressor alone must not reach obskernels"
     got = _oneshot_state(True, scheme, observer, tmp_path)
-    # 14 quantized Linear layers: each weight went through obskernels
-    expected_op = "min_max" if observer == "memoryless_minmax" else "mse_search"
+    # 14 quantized Linear layers: each weight went through obskernels, with
+    # its qparams (W4A16's memoryless_mse; not NVFP4's global scale, taken
+    # over the fusion group, nor imatrix's weighted search)
+    expected_op = {"memoryless_mse": "mse_search_qparams", "memoryless_minmax": "min_max",
+                   "imatrix_mse": "mse_search"}[observer]
     assert calls.count(expected_op) >= 14, sorted(set(calls))
     if observer == "imatrix_mse":
         assert "accumulate_sq" in calls
@@ -697,12 +700,16 @@ def test_host_proxy_measures_the_drop_in_forward():
 @pytest.mark.parametrize("backend_name", ["reference", "triton"])
 @pytest.mark.parametrize("kind", ["finite", "nan", "inf", "wide"])
 @pytest.mark.parametrize("args_name", ["int8-channel", "int4-group16-asym", "nvfp4", "int8-tensor"])
+@pytest.mark.parametrize("observer", ["memoryless_minmax", "memoryless_mse"])
 def test_get_qparams_goes_through_ops_and_matches_llmcompressor(forced, backend_name, kind, args_name,
-                                                                monkeypatch):
-    """The drop-in's get_qparams computes through ops.calculate_qparams (one
-    launch on the triton backend) and gives llm-compressor's own scale, zero
+                                                                observer, monkeypatch):
+    """The drop-in's get_qparams gives llm-compressor's own scale, zero
     point and global scale, non-finite and overflowing statistics included
-    (no error: llm-compressor raises none)."""
+    (no error: llm-compressor raises none), computed through ops: a weight's
+    with its statistics in the observation (``min_max_qparams`` /
+    ``mse_search_qparams`` without the widening, as compressed-tensors
+    computes: on the triton backend in the measuring launch), TENSOR_GROUP's
+    by ``calculate_qparams`` with llm-compressor's global scale."""
     from obskernels import ops
 
     value = torch.randn(8, 64, generator=torch.Generator().manual_seed(11)).to(torch.bfloat16)
@@ -714,10 +721,16 @@ def test_get_qparams_goes_through_ops_and_matches_llmcompressor(forced, backend_
     elif kind == "wide":  # finite, but max - min overflows bf16
         value[0, 0], value[0, 1] = big, -big
     kw = WEIGHT_ARGS[args_name]
-    want = _qparams("memoryless_minmax", "weight", kw, [value], enable=False)
+    want = _qparams(observer, "weight", kw, [value], enable=False)
     calls = []
-    real = ops.calculate_qparams
-    monkeypatch.setattr(ops, "calculate_qparams", lambda *a, **k: calls.append(1) or real(*a, **k))
-    got = _qparams("memoryless_minmax", "weight", kw, [value], enable=True)
-    assert calls == [1]
-    _assert_same(got, want, f"get_qparams {args_name} {kind} ({backend_name})")
+    for op in ("calculate_qparams", "min_max_qparams", "mse_search_qparams"):
+        real = getattr(ops, op)
+        monkeypatch.setattr(ops, op, lambda *a, _op=op, _real=real, **k:
+                            calls.append((_op, k.get("widen"))) or _real(*a, **k))
+    got = _qparams(observer, "weight", kw, [value], enable=True)
+    if args_name == "nvfp4":
+        assert calls == [("calculate_qparams", None)], calls
+    else:
+        assert calls == [(observer.replace("memoryless_minmax", "min_max").replace(
+            "memoryless_mse", "mse_search") + "_qparams", False)], calls
+    _assert_same(got, want, f"get_qparams {observer} {args_name} {kind} ({backend_name})")

@@ -29,7 +29,12 @@ only where numbers are computed:
   as without the drop-in;
 - ``get_qparams``: the scale and zero point from ``ops.calculate_qparams``
   (one launch on the triton backend) instead of compressed-tensors'
-  ``calculate_qparams`` (a dozen torch ops), the same numbers.
+  ``calculate_qparams`` (a dozen torch ops), the same numbers; a weight's
+  (not TENSOR_GROUP's, whose global scale is the fusion group's) computed
+  with its statistics in the observation, ``ops.min_max_qparams`` /
+  ``ops.mse_search_qparams`` without the widening (compressed-tensors'
+  arithmetic; on the triton backend in the measuring launch), and taken
+  by ``get_qparams`` while those statistics are unchanged.
 
 Everything else is llm-compressor's own code, inherited unchanged: kwargs and
 their defaults, statistics bookkeeping, fusion of q/k/v and gate/up global
@@ -67,7 +72,7 @@ import torch
 from obskernels import ops
 from obskernels.backends import use_backend
 from obskernels.observers.base import forward_directly, hook_input
-from obskernels.observers.mse import search_with
+from obskernels.observers.mse import search_qparams_with, search_with
 from obskernels.spec.checks import FLOAT_DTYPES
 from obskernels.spec.errors import HeldStatisticsError
 
@@ -135,6 +140,9 @@ def _build_adapters(lc_obs) -> list[tuple[type, tuple[type, ...]]]:
     """[(llm-compressor observer class, the mixins its adapter puts in front)]."""
     from llmcompressor.observers.helpers import flatten_for_calibration, lerp
     from llmcompressor.modifiers.utils.hooks import HooksMixin
+    from compressed_tensors.quantization import QuantizationStrategy
+
+    TENSOR_GROUP = QuantizationStrategy.TENSOR_GROUP
 
     MemorylessMinMax = lc_obs.MemorylessMinMaxObserver
     StaticMinMax = lc_obs.StaticMinMaxObserver
@@ -182,16 +190,43 @@ def _build_adapters(lc_obs) -> list[tuple[type, tuple[type, ...]]]:
             if not self.has_statistics:
                 raise AssertionError("No statistics available. Call observer(value) first.")
             global_scale = self.get_global_scale()
-            scale, zero_point = ops.calculate_qparams(self.min_vals, self.max_vals, self.args,
-                                                      global_scale)[:2]
+            min_vals, max_vals = self.min_vals, self.max_vals
+            # computed with the statistics (a weight's), which are unchanged
+            ahead = self.__dict__.get("_obskernels_ahead")
+            taken = None if ahead is None else ahead.take(min_vals, max_vals, self.args)
+            if taken is None:
+                taken = ops.calculate_qparams(min_vals, max_vals, self.args, global_scale)
             self.delete_statistics()
-            return {"scale": scale, "zero_point": zero_point, "global_scale": global_scale}
+            return {"scale": taken[0], "zero_point": taken[1], "global_scale": global_scale}
+
+        def delete_statistics(self, check_fused: bool = True) -> None:
+            super().delete_statistics(check_fused)
+            if "min_vals" not in self.__dict__:  # and the qparams computed with them
+                self.__dict__.pop("_obskernels_ahead", None)
 
         def _update_from_value(self, value):
+            # a weight, observed whole: its qparams in the same operation (on
+            # the triton backend in the measuring launch), for get_qparams;
+            # not for TENSOR_GROUP, whose global scale llm-compressor takes
+            # over the fusion group
+            state = self.__dict__
+            state.pop("_obskernels_ahead", None)
+            if self.base_name == "weight" and self.args.strategy != TENSOR_GROUP:
+                result = self._measure_value_with_qparams(value)
+                if result is not None:
+                    self.min_vals, self.max_vals = result[:2]
+                    state["_obskernels_ahead"] = ops.Ahead(result, self.args)
+                    return
             self.min_vals, self.max_vals = self._measure_value(value)
 
         def _measure_value(self, value):
             return ops.min_max(value, self.base_name, self.args)
+
+        def _measure_value_with_qparams(self, value):
+            """``_measure_value`` and llm-compressor's qparams of its result
+            (calculate_qparams without the widening): a ``min_max_qparams``
+            result, or None where the observer has no such operation."""
+            return ops.min_max_qparams(value, self.base_name, self.args, widen=False)
 
         def _measure_combined(self, value, held, c, torch_combine):
             # one launch: min_max's epilogue combines the new statistics into
@@ -248,6 +283,9 @@ def _build_adapters(lc_obs) -> list[tuple[type, tuple[type, ...]]]:
         def _measure_value(self, value):
             return self._search_value(value, "mse")
 
+        def _measure_value_with_qparams(self, value):
+            return search_qparams_with(self, value, widen=False)
+
         def _measure_combined(self, value, held, c, torch_combine):
             # the search, then one launch combining its statistics with held
             new_min, new_max = self._search_value(value, "mse")
@@ -257,6 +295,9 @@ def _build_adapters(lc_obs) -> list[tuple[type, tuple[type, ...]]]:
                                           held=held, averaging_constant=c, out=held)
 
     class _IMatrixMeasure:
+        def _measure_value_with_qparams(self, value):
+            return None  # (the search weighs by the importance gathered)
+
         def _measure_value(self, value):
             return self._search_value(value, "imatrix", importance=self._importance_vector(value))
 

@@ -131,6 +131,17 @@ def search_with(observer, value: torch.Tensor, flavour: str, importance=None, *,
     )
 
 
+def search_qparams_with(observer, value: torch.Tensor, *, record: bool = False,
+                        widen: bool = True):
+    """``ops.mse_search_qparams`` with the search settings held by
+    ``observer``, as ``search_with`` (a first observation: no importance,
+    no g_idx)."""
+    return ops.mse_search_qparams(
+        value, observer.base_name, observer.args, maxshrink=observer.maxshrink,
+        patience=observer.patience, grid=observer.grid, norm=observer.norm,
+        expand=observer.expand, record=record, widen=widen)
+
+
 def gather_columns(value, base_name, args, g_idx, importance=None):
     """The weight's columns in the stable order of ``g_idx`` (and the
     importance in that order), through ``ops.flatten_for_calibration``, which
@@ -167,9 +178,7 @@ class MemorylessMSEObserver(SearchKwargsMixin, Observer):
     def _measure_with_qparams(self, value, g_idx, record: bool):
         if g_idx is not None:
             value, _ = gather_columns(value, self.base_name, self.args, g_idx)
-        return ops.mse_search_qparams(
-            value, self.base_name, self.args, maxshrink=self.maxshrink, patience=self.patience,
-            grid=self.grid, norm=self.norm, expand=self.expand, record=record)
+        return search_qparams_with(self, value, record=record)
 
     def _default_triton_error_buffer(self):
         return default_triton_error_buffer(self.args)

@@ -156,14 +156,14 @@ class QParamsCall(NamedTuple):
     carry: torch.Tensor | None = None
 
 
-def _qparams_of(flat, mins, maxs, record) -> QParamsCall:
+def _qparams_of(flat, mins, maxs, record, widen) -> QParamsCall:
     """The ``calculate_qparams`` call a ``*QParamsCall`` makes of the
-    statistics it measured: widened, carrying ``record``, and for
+    statistics it measured: widened as the call says, carrying ``record``, and for
     TENSOR_GROUP with the global scale of those statistics alone
     (``fused=((mins, maxs),)``: what ``get_qparams`` of an observer fused with
     no other returns)."""
     fused = ((mins, maxs),) if flat.strategy == Strategy.TENSOR_GROUP else None
-    return QParamsCall(mins, maxs, flat.args, fused=fused, widen=True, carry=record)
+    return QParamsCall(mins, maxs, flat.args, fused=fused, widen=widen, carry=record)
 
 
 def _measured_then_qparams(call, measure, calculate_qparams):
@@ -179,11 +179,13 @@ def _measured_then_qparams(call, measure, calculate_qparams):
 
 
 class MinMaxQParamsCall(NamedTuple):
-    """``min_max_qparams``: the flattening of a first observation, and
-    whether its non-finite elements are recorded (into a fresh record)."""
+    """``min_max_qparams``: the flattening of a first observation, whether
+    its non-finite elements are recorded (into a fresh record), and whether
+    the qparams are widened (``calculate_qparams``' ``widen``)."""
 
     flat: Flattening
     record: bool = False
+    widen: bool = True
 
     def measuring(self, status=None) -> MinMaxCall:
         """The min_max alone, adding the value to ``status`` as observation 0."""
@@ -195,17 +197,18 @@ class MinMaxQParamsCall(NamedTuple):
 
     def qparams_of(self, mins, maxs, record=None) -> QParamsCall:
         """The ``calculate_qparams`` call of the statistics measured (``_qparams_of``)."""
-        return _qparams_of(self.flat, mins, maxs, record)
+        return _qparams_of(self.flat, mins, maxs, record, self.widen)
 
 
 class SearchQParamsCall(NamedTuple):
     """``mse_search_qparams``: the search of a first observation (no
-    importance), and whether its non-finite elements are recorded (into a
-    fresh record)."""
+    importance), whether its non-finite elements are recorded (into a fresh
+    record), and whether the qparams are widened."""
 
     flat: Flattening
     params: SearchParams
     record: bool = False
+    widen: bool = True
 
     def measuring(self, status=None) -> SearchCall:
         """The search alone, adding the value to ``status`` as observation 0."""
@@ -217,7 +220,7 @@ class SearchQParamsCall(NamedTuple):
 
     def qparams_of(self, mins, maxs, record=None) -> QParamsCall:
         """The ``calculate_qparams`` call of the statistics measured (``_qparams_of``)."""
-        return _qparams_of(self.flat, mins, maxs, record)
+        return _qparams_of(self.flat, mins, maxs, record, self.widen)
 
 
 class ImportanceCall(NamedTuple):
@@ -299,21 +302,26 @@ def calculate_qparams(min_vals, max_vals, args, global_scale=None, *, fused=None
     return QParamsCall(min_vals, max_vals, args, global_scale, fused, bool(widen), carry)
 
 
-def min_max_qparams(value, base_name, args, g_idx=None, *, record=False) -> MinMaxQParamsCall:
+def _check_switches(record, widen) -> None:
+    for name, flag in (("record", record), ("widen", widen)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+
+
+def min_max_qparams(value, base_name, args, g_idx=None, *, record=False,
+                    widen=True) -> MinMaxQParamsCall:
     flat = flattening(value, base_name, args, g_idx)
     check_groups_nonempty(flat.flat_shape, value, "min_max_qparams")
-    if not isinstance(record, bool):
-        raise TypeError(f"record must be a bool, got {type(record).__name__}")
-    return MinMaxQParamsCall(flat, record)
+    _check_switches(record, widen)
+    return MinMaxQParamsCall(flat, record, widen)
 
 
 def mse_search_qparams(value, base_name, args, *, maxshrink, patience, grid, norm, expand=1.0,
-                       flavour="mse", record=False) -> SearchQParamsCall:
+                       flavour="mse", record=False, widen=True) -> SearchQParamsCall:
     search = mse_search(value, base_name, args, maxshrink=maxshrink, patience=patience, grid=grid,
                         norm=norm, expand=expand, flavour=flavour)
-    if not isinstance(record, bool):
-        raise TypeError(f"record must be a bool, got {type(record).__name__}")
-    return SearchQParamsCall(search.flat, search.params, record)
+    _check_switches(record, widen)
+    return SearchQParamsCall(search.flat, search.params, record, widen)
 
 
 def importance(sum_buf, count_buf, status) -> ImportanceCall:

@@ -90,14 +90,14 @@ def _value(shape, dtype, kind):
     return v
 
 
-def _oracle(value, args, record, base_name="weight"):
+def _oracle(value, args, record, base_name="weight", widen=True):
     """The reference's min_max into a fresh record, then calculate_qparams
     carrying it; for TENSOR_GROUP with the global scale of those statistics."""
     status = new_record(value.device) if record else None
     mins, maxs = call_backend(reference_min_max, value, base_name, args, status=status)
     fused = ((mins, maxs),) if args.strategy == "tensor_group" else None
     scale, zp, gs, out = call_backend(reference_qparams, mins, maxs, args, fused=fused,
-                                      widen=True, carry=status)
+                                      widen=widen, carry=status)
     return mins, maxs, scale, zp, gs, out
 
 
@@ -153,6 +153,28 @@ def test_min_max_qparams_is_min_max_then_calculate_qparams(name, size, kind, rec
     for backend, module in (("reference", reference_module), ("triton", kernel_module)):
         got = call_backend(module.min_max_qparams, value, "weight", args, record=record)
         _assert_matches(got, want, f"{backend} {name} {kind}")
+
+
+@pytest.mark.parametrize("kind", ["finite", "wide"])
+@pytest.mark.parametrize("name", ["int8 channel asym fp16 (redo)", "int8 tensor asym fp16 (split, redo)",
+                                  "int4 g32 asym bf16 (small groups)", "int4 tensor_group32 asym fp16",
+                                  "int4 g128 sym bf16"])
+def test_min_max_qparams_without_widening_is_calculate_qparams_without_it(name, kind):
+    """``widen=False`` (compressed-tensors' own arithmetic, what
+    llm-compressor's get_qparams computes): the statistics, then
+    calculate_qparams(widen=False), on both backends -- where statistics
+    overflow the dtype that differs from the widened qparams, which it must not
+    give."""
+    fields, shape, dtype, _ = FORMATS[name]
+    args = QuantizationArgs(**fields)
+    value = _value(shape, dtype, kind)
+    want = _oracle(value, args, False, widen=False)
+    widened = _oracle(value, args, False)
+    for backend, module in (("reference", reference_module), ("triton", kernel_module)):
+        got = call_backend(module.min_max_qparams, value, "weight", args, widen=False)
+        _assert_matches(got, want, f"{backend} {name} {kind}")
+    if kind == "wide" and "asym" in name and "tensor_group" not in name:  # (sym: no redo)
+        assert not torch.equal(want[2], widened[2]), "the case does not tell the two apart"
 
 
 @pytest.mark.parametrize("name,size", SIZED)
