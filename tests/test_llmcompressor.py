@@ -502,6 +502,43 @@ def test_a_repeated_drop_in_forward_goes_straight_to_its_launch(forced, backend_
     assert calls == [False, True], calls
 
 
+@pytest.mark.parametrize("registered", [False, True], ids=["plain", "buffers"])
+@pytest.mark.parametrize("name,base_name", [("memoryless_minmax", "weight"),
+                                            ("static_minmax", "input"), ("minmax", "input")])
+def test_drop_in_statistics_live_where_nn_module_puts_them(name, base_name, registered):
+    """The adapter reads and writes the statistics in the instance dict only
+    where nothing is registered on the observer; with min_vals / max_vals
+    registered as buffers they stay buffers, read and written as
+    llm-compressor's own observer does (nn.Module's attribute protocol)."""
+    args = QuantizationArgs(**(WEIGHT_ARGS["int8-channel"] if base_name == "weight"
+                               else ACT_ARGS["int8-tensor"]))
+    values = [torch.randn(4, 64, generator=torch.Generator().manual_seed(s)) * (s + 1)
+              for s in range(3)]
+    if base_name != "weight":
+        values = [v.reshape(2, 2, 64) for v in values]
+
+    def observe(enable):
+        (drop_in.enable if enable else drop_in.disable)()
+        obs = LCObserver.load_from_registry(name, base_name=base_name, args=args)
+        seen = [obs.has_statistics]
+        if registered:  # float64: the values' statistics are combined by torch and set
+            obs.register_buffer("min_vals", torch.full((1,), -1.0, dtype=torch.float64))
+            obs.register_buffer("max_vals", torch.full((1,), 1.0, dtype=torch.float64))
+        for v in values:
+            obs(v)
+            seen.append((obs.has_statistics, "min_vals" in obs.__dict__,
+                         sorted(k for k, _ in obs.named_buffers()),
+                         obs.min_vals.clone(), obs.max_vals.clone()))
+        return seen
+
+    want, got = observe(False), observe(True)
+    assert got[0] == want[0] is False
+    for i, (g, w) in enumerate(zip(got[1:], want[1:])):
+        assert g[:3] == w[:3], (i, g[:3], w[:3])
+        torch.testing.assert_close(g[3], w[3], rtol=0, atol=0)
+        torch.testing.assert_close(g[4], w[4], rtol=0, atol=0)
+
+
 def test_a_drop_in_observer_call_runs_every_hook_as_nn_module_does():
     """The adapter's call skips nn.Module.__call__'s frames only where no
     hook is registered: hooks of the observer and global hooks still run."""

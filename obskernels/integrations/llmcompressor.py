@@ -119,6 +119,38 @@ def _repeat_of(observer) -> "ops.Repeat":
     return repeat
 
 
+def _registers_nothing(observer) -> bool:
+    """Whether nn.Module's attribute protocol is the instance dict for every
+    name of ``observer``: no parameter, buffer or submodule registered
+    (llm-compressor's observers register none)."""
+    return not (observer._parameters or observer._buffers or observer._modules)
+
+
+def _has_statistics(observer, names=None) -> bool:
+    """llm-compressor's ``has_statistics`` (every statistic an attribute;
+    ``names``: these attributes instead), read from the instance dict:
+    without nn.Module's ``__getattr__`` raising an AttributeError per missing
+    statistic (a first observation), where nothing else could hold them."""
+    state = observer.__dict__
+    names = observer._stats_attrs if names is None else names
+    if all(name in state for name in names):
+        return True
+    if _registers_nothing(observer) and not any(hasattr(type(observer), n) for n in names):
+        return False
+    return all(hasattr(observer, name) for name in names)
+
+
+def _set_statistics(observer, min_vals, max_vals) -> None:
+    """``observer.min_vals, observer.max_vals = min_vals, max_vals``: where
+    nothing is registered, the instance dict nn.Module's ``__setattr__``
+    would write them to, without its checks."""
+    if _registers_nothing(observer):
+        state = observer.__dict__
+        state["min_vals"], state["max_vals"] = min_vals, max_vals
+    else:
+        observer.min_vals, observer.max_vals = min_vals, max_vals
+
+
 def _run(fn, *args):
     """``fn(*args)`` under the backend ``enable`` was given (if any) with grad
     disabled: torch.no_grad(), as llm-compressor's observers use it, without
@@ -165,7 +197,7 @@ def _build_adapters(lc_obs) -> list[tuple[type, tuple[type, ...]]]:
         def forward(self, observed: torch.Tensor):
             if observed.numel() == 0:
                 return self
-            if self.is_weight_obs and self.has_statistics:
+            if self.base_name == "weight" and _has_statistics(self):  # (is_weight_obs)
                 return self
             _run(self._observe_through_ops, observed)
             return self
@@ -214,10 +246,10 @@ def _build_adapters(lc_obs) -> list[tuple[type, tuple[type, ...]]]:
             if self.base_name == "weight" and self.args.strategy != TENSOR_GROUP:
                 result = self._measure_value_with_qparams(value)
                 if result is not None:
-                    self.min_vals, self.max_vals = result[:2]
+                    _set_statistics(self, result[0], result[1])
                     state["_obskernels_ahead"] = ops.Ahead(result, self.args)
                     return
-            self.min_vals, self.max_vals = self._measure_value(value)
+            _set_statistics(self, *self._measure_value(value))
 
         def _measure_value(self, value):
             return ops.min_max(value, self.base_name, self.args)
@@ -258,22 +290,22 @@ def _build_adapters(lc_obs) -> list[tuple[type, tuple[type, ...]]]:
                     pass
                 else:
                     if new[0] is not held[0] or new[1] is not held[1]:  # not combined in place
-                        self.min_vals, self.max_vals = new
+                        _set_statistics(self, *new)
                     return
-            self.min_vals, self.max_vals = torch_combine(*self._measure_value(value))
+            _set_statistics(self, *torch_combine(*self._measure_value(value)))
 
     class _StaticUpdate:
         def _update_from_value(self, value):
-            if not hasattr(self, "min_vals"):
-                self.min_vals, self.max_vals = self._measure_value(value)
+            if not _has_statistics(self, ("min_vals",)):
+                _set_statistics(self, *self._measure_value(value))
                 return
             self._update_combining(value, None, lambda new_min, new_max: (
                 torch.min(new_min, self.min_vals), torch.max(new_max, self.max_vals)))
 
     class _MovingAverageUpdate:
         def _update_from_value(self, value):
-            if not hasattr(self, "min_vals") or self.avg_constant == 1.0:
-                self.min_vals, self.max_vals = self._measure_value(value)
+            if not _has_statistics(self, ("min_vals",)) or self.avg_constant == 1.0:
+                _set_statistics(self, *self._measure_value(value))
                 return
             c = self.avg_constant
             self._update_combining(value, c, lambda new_min, new_max: (
