@@ -114,6 +114,11 @@ def _pair(p):
             type(b), b.shape, b.stride(), b.dtype, b.device, a.data_ptr() == b.data_ptr())
 
 
+def _switches(record, widen):
+    """Two switches of a first observation, keyed as ``_scalar`` keys them."""
+    return type(record), record, type(widen), widen
+
+
 def _opt(t):
     return None if t is None else _t(t)
 
@@ -254,7 +259,7 @@ def min_max_qparams(value, base_name, args, g_idx=None, *, record=False, widen=T
     try:
         key = None if g_idx is not None else (
             get_backend(), "min_max_qparams", _t(value), base_name, type(args), args_key(args),
-            _scalar(record), _scalar(widen))
+            *_switches(record, widen))
         plan = _PLANS.get(key)
     except _UNKEYED:  # not keyed (the check will say what is wrong), or unhashable
         key = plan = None
@@ -460,7 +465,7 @@ def mse_search_qparams(value, base_name, args, *, maxshrink, patience, grid, nor
     try:
         key = (get_backend(), "mse_search_qparams", _t(value), base_name, type(args),
                args_key(args), _scalar(maxshrink), _scalar(patience), _scalar(grid),
-               _scalar(norm), _scalar(expand), flavour, _scalar(record), _scalar(widen))
+               _scalar(norm), _scalar(expand), flavour, *_switches(record, widen))
         plan = _PLANS.get(key)
     except _UNKEYED:
         key = plan = None

@@ -33,7 +33,8 @@ observer, the same shape each time, as in a calibration loop), a
 memoryless_mse call, an activation observer's call (new, observe, get_qparams),
 one call of every registered observer, and, where llm-compressor is
 installed (``.venv-llmcompressor/bin/python -m obskernels.bench.host``), its
-static_minmax activation forward through the drop-in.
+static_minmax activation forward and memoryless_minmax weight call through
+the drop-in.
 """
 
 from __future__ import annotations
@@ -84,6 +85,8 @@ SCENARIOS = (
     # measured where llm-compressor is installed (its own environment)
     Scenario("drop-in activation forward", "static_minmax", "input", _FP8_TENSOR, (4, 64, 256),
              repeat=True, drop_in=True),
+    Scenario("drop-in minmax call", "memoryless_minmax", "weight", _INT4_G128, (256, 256),
+             drop_in=True),
     Scenario("static_minmax call", "static_minmax", "weight", _INT4_G128, (256, 256)),
     Scenario("minmax (moving average) call", "minmax", "weight", _INT4_G128, (256, 256)),
     Scenario("mse call", "mse", "weight", _INT4_G128, (256, 256)),
@@ -168,7 +171,16 @@ def _call_of(sc: Scenario, device: str = "cpu") -> Callable[[], object]:
 
         with enabled():  # the adapter class is chosen when the observer is built
             obs = registry.load_from_registry(sc.observer, base_name=sc.base_name, args=args)
-        return lambda: obs(value)
+        if sc.repeat:
+            return lambda: obs(value)
+        adapter = type(obs)  # as llm-compressor builds one per module (enable() done once)
+
+        def drop_in_call():
+            new = adapter(base_name=sc.base_name, args=args)
+            new(value)
+            return new.get_qparams()
+
+        return drop_in_call
     if sc.repeat:
         obs = Observer.load_from_registry(sc.observer, base_name=sc.base_name, args=args)
         return lambda: obs(value)

@@ -126,18 +126,20 @@ def _registers_nothing(observer) -> bool:
     return not (observer._parameters or observer._buffers or observer._modules)
 
 
-def _has_statistics(observer, names=None) -> bool:
-    """llm-compressor's ``has_statistics`` (every statistic an attribute;
-    ``names``: these attributes instead), read from the instance dict:
-    without nn.Module's ``__getattr__`` raising an AttributeError per missing
-    statistic (a first observation), where nothing else could hold them."""
-    state = observer.__dict__
-    names = observer._stats_attrs if names is None else names
-    if all(name in state for name in names):
+def _has_statistics(observer) -> bool:
+    """llm-compressor's ``has_statistics`` (every statistic an attribute),
+    read from the instance dict: without nn.Module's ``__getattr__`` raising
+    an AttributeError per missing statistic (a weight's first observation),
+    where nothing else could hold them."""
+    state, names = observer.__dict__, observer._stats_attrs
+    for name in names:
+        if name not in state:
+            break
+    else:
         return True
     if _registers_nothing(observer) and not any(hasattr(type(observer), n) for n in names):
         return False
-    return all(hasattr(observer, name) for name in names)
+    return observer.has_statistics
 
 
 def _set_statistics(observer, min_vals, max_vals) -> None:
@@ -296,7 +298,7 @@ def _build_adapters(lc_obs) -> list[tuple[type, tuple[type, ...]]]:
 
     class _StaticUpdate:
         def _update_from_value(self, value):
-            if not _has_statistics(self, ("min_vals",)):
+            if not hasattr(self, "min_vals"):
                 _set_statistics(self, *self._measure_value(value))
                 return
             self._update_combining(value, None, lambda new_min, new_max: (
@@ -304,7 +306,7 @@ def _build_adapters(lc_obs) -> list[tuple[type, tuple[type, ...]]]:
 
     class _MovingAverageUpdate:
         def _update_from_value(self, value):
-            if not _has_statistics(self, ("min_vals",)) or self.avg_constant == 1.0:
+            if not hasattr(self, "min_vals") or self.avg_constant == 1.0:
                 _set_statistics(self, *self._measure_value(value))
                 return
             c = self.avg_constant
