@@ -286,3 +286,36 @@ class RecordingKernel:
             return launch(*args, **kwargs)
 
         return run
+
+
+def call_with_hooks(module, value):
+    """``module(value)`` (which must return the module) with a forward
+    pre-hook, a forward hook and a global forward hook registered: (what the
+    hooks saw, in order; the module's two handles, still registered). The
+    global hook is removed before returning."""
+    from torch.nn.modules.module import register_module_forward_hook
+
+    seen = []
+    handles = (module.register_forward_pre_hook(lambda m, inp: seen.append(("pre", inp[0] is value))),
+               module.register_forward_hook(lambda m, inp, out: seen.append(("post", out is m))))
+    glob = register_module_forward_hook(lambda m, inp, out: seen.append(("global", m is module)))
+    try:
+        assert module(value) is module
+    finally:
+        glob.remove()
+    return seen, handles
+
+
+def assert_observer_call_runs_hooks(observer, oracle, value) -> None:
+    """``observer(value)`` runs its hooks and the global ones exactly as
+    ``oracle(value)`` does (an nn.Module calling through nn.Module.__call__),
+    and, its hooks removed, none; the statistics are those of ``value``."""
+    import torch
+
+    expected, _ = call_with_hooks(oracle, value)
+    seen, handles = call_with_hooks(observer, value)
+    assert seen == expected and len(seen) == 3
+    for handle in handles:
+        handle.remove()
+    assert observer(value) is observer and len(seen) == 3
+    assert torch.equal(observer.max_vals, value.amax().reshape(observer.max_vals.shape))

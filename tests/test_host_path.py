@@ -293,33 +293,15 @@ def test_an_observer_holds_the_state_nn_module_init_gives():
 def test_an_observer_call_runs_every_hook_as_nn_module_does():
     """``observer(value)`` skips nn.Module.__call__'s frames only where no
     hook is registered: hooks of the observer and global hooks still run."""
-    from torch.nn.modules.module import register_module_forward_hook
+    from helpers import assert_observer_call_runs_hooks
 
     class Plain(torch.nn.Module):  # the oracle: nn.Module's own __call__
         def forward(self, value):
             return self
 
-    def hooked(module, seen):
-        pre = module.register_forward_pre_hook(lambda m, inp: seen.append(("pre", inp[0] is value)))
-        post = module.register_forward_hook(lambda m, inp, out: seen.append(("post", out is m)))
-        glob = register_module_forward_hook(lambda m, inp, out: seen.append(("global", m is module)))
-        try:
-            assert module(value) is module
-        finally:
-            glob.remove()
-        return pre, post
-
     args = QuantizationArgs(num_bits=8, strategy="tensor")
-    value = torch.randn(3, 16)
     obs = Observer.load_from_registry("static_minmax", base_name="input", args=args)
-    seen, expected = [], []
-    hooked(Plain(), expected)
-    pre, post = hooked(obs, seen)
-    assert seen == expected and len(seen) == 3
-    pre.remove()
-    post.remove()
-    assert obs(value) is obs and len(seen) == 3
-    assert torch.equal(obs.max_vals, value.amax().reshape(obs.max_vals.shape))
+    assert_observer_call_runs_hooks(obs, Plain(), torch.randn(3, 16))
 
 
 # --------------------------------------------------------------------------- #
