@@ -229,14 +229,21 @@ def min_max(value, base_name, args, g_idx=None, *, held=None, averaging_constant
         plan = _PLANS.get(key)
     except _UNKEYED:  # not keyed (the check will say what is wrong), or unhashable
         key = plan = None
+    remember = repeat is not None and key is not None and held is not None and out is held
     if plan is not None:
-        result = plan.run(MinMaxCall(Flattening(value, *plan.head, args, *plan.rest), held,
-                                     averaging_constant, status, observation, out))
-    else:
-        result = _dispatch("min_max", key, value, base_name, args, g_idx=g_idx, held=held,
-                           averaging_constant=averaging_constant, status=status,
-                           observation=observation, out=out)
-    if repeat is not None and key is not None and held is not None and out is held:
+        call = MinMaxCall(Flattening(value, *plan.head, args, *plan.rest), held,
+                          averaging_constant, status, observation, out)
+        if not remember:
+            return plan.run(call)
+        # remembered first: this launch takes the caller's tickets already
+        repeat.remember(plan, value, base_name, args, held, averaging_constant, status)
+        result = repeat.run(call)
+        repeat.marks = repeat.marks_now()  # (the reference's torch ops advance versions)
+        return result
+    result = _dispatch("min_max", key, value, base_name, args, g_idx=g_idx, held=held,
+                       averaging_constant=averaging_constant, status=status,
+                       observation=observation, out=out)
+    if remember:
         repeat.remember(_PLANS.get(key), value, base_name, args, held, averaging_constant, status)
     return result
 
@@ -321,7 +328,9 @@ class Repeat:
     and their data pointers). Where all match, the call is the remembered
     signature's and goes to its plan without building the key (the key's
     hash and the held tensors' descriptions cost as much as the launch on
-    the host); otherwise it takes the usual path and is remembered.
+    the host); otherwise it takes the usual path and is remembered (before
+    its launch where the signature's plan exists, so that the launch takes
+    the tickets below already: another observer of the same shapes made it).
     ``r.again(...)`` is that comparison and launch alone, for a caller that
     would check more before ``min_max`` (None where the call does not match:
     the remembered call passed those checks with the same tensors). A kernel

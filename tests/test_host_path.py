@@ -628,3 +628,49 @@ def test_a_repeated_whole_tensor_forward_is_one_launch_its_last_programs_finishi
             assert names == ["_min_max_kernel", "_min_max_finish_kernel"], names
         assert_same(obs.min_vals, ref.min_vals, f"{name} forward {i}: min_vals")
         assert_same(obs.max_vals, ref.max_vals, f"{name} forward {i}: max_vals")
+
+
+@pytest.mark.parametrize("name", ["static_minmax", "minmax"])
+def test_a_second_observer_of_a_signature_combines_in_one_launch_from_its_first_combination(
+        name, pin_launch, monkeypatch):
+    """Where the signature's plan exists (another observer of the same
+    shapes made it: the layers of a model), an observer's first combining
+    forward remembers it before launching, so it too is ONE launch whose last
+    programs finish the split; the statistics are the reference observer's
+    after every forward, on the reference backend too (whose torch ops
+    advance the versions the Repeat compares), and the tickets are back at
+    zero."""
+    import importlib
+
+    from helpers import RecordingKernel, assert_same
+
+    min_max_module = importlib.import_module("obskernels.kernels.min_max")
+    pin_launch("min_max", split=3)
+    monkeypatch.setattr(ops, "_PLANS", {})  # plans made under this launch policy
+    args = QuantizationArgs(num_bits=8, type="float", strategy="tensor")
+    gen = torch.Generator().manual_seed(5)
+    values = [(torch.randn(4, 64, 256, generator=gen) * (1 + i)).to(torch.bfloat16) for i in range(4)]
+    for backend in ("triton", "reference"):
+        with use_backend(backend):
+            first = Observer.load_from_registry(name, base_name="input", args=args)
+            for v in values[:2]:
+                first(v)  # the signature's plans
+    sink = []
+    for attr in ("_min_max_kernel", "_min_max_finish_kernel"):
+        monkeypatch.setattr(min_max_module, attr, RecordingKernel(getattr(min_max_module, attr), sink))
+    for backend in ("triton", "reference"):
+        obs = Observer.load_from_registry(name, base_name="input", args=args)
+        ref = Observer.load_from_registry(name, base_name="input", args=args)
+        for i, v in enumerate(values):
+            sink.clear()
+            with use_backend(backend):
+                obs(v)
+            with use_backend("reference"):
+                ref(v)
+            if backend == "triton" and i >= 1:
+                assert [launch[0] for launch in sink] == ["_min_max_kernel"], (i, sink)
+                assert sink[0][3]["FINISH"] and sink[0][1][1] > 1, "the rows were not split"
+                tickets = obs.__dict__["_repeat"].tickets
+                assert tickets.tolist() == [0] * tickets.numel()
+            assert_same(obs.min_vals, ref.min_vals, f"{name} {backend} forward {i}: min_vals")
+            assert_same(obs.max_vals, ref.max_vals, f"{name} {backend} forward {i}: max_vals")
