@@ -71,7 +71,7 @@ import torch
 
 from obskernels import ops
 from obskernels.backends import use_backend
-from obskernels.observers.base import forward_directly, hook_input
+from obskernels.observers.base import DirectCall, hook_input
 from obskernels.observers.mse import search_qparams_with, search_with
 from obskernels.spec.checks import FLOAT_DTYPES
 from obskernels.spec.errors import HeldStatisticsError
@@ -185,16 +185,11 @@ def _build_adapters(lc_obs) -> list[tuple[type, tuple[type, ...]]]:
     MovingAverageMSE = lc_obs.MovingAverageMSEObserver
     IMatrixMSE = lc_obs.IMatrixMSEObserver
 
-    class _OpsForward:
+    class _OpsForward(DirectCall):
         """llm-compressor's ``Observer.forward`` with the statistics of the
-        raw value computed by ``_measure_value`` (obskernels.ops)."""
-
-        def __call__(self, observed: torch.Tensor):
-            # an activation observer is called on every forward: nn.Module's
-            # call without its generic frames where it would call forward
-            if forward_directly(self):
-                return self.forward(observed)
-            return torch.nn.Module.__call__(self, observed)
+        raw value computed by ``_measure_value`` (obskernels.ops); called
+        without nn.Module's generic frames where no hook is registered
+        (``DirectCall``: an activation observer is called on every forward)."""
 
         def forward(self, observed: torch.Tensor):
             if observed.numel() == 0:

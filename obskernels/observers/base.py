@@ -133,14 +133,23 @@ if not all(isinstance(h, dict) for h in _GLOBAL_HOOKS):
     _GLOBAL_HOOKS = None
 
 
-def forward_directly(module: torch.nn.Module) -> bool:
-    """Whether ``nn.Module.__call__`` would call ``module.forward`` directly:
-    no hook registered (on the module or globally), neither compiled nor
-    traced. An observer called on every forward checks it without the two
-    generic frames of ``nn.Module.__call__``."""
-    return not (_GLOBAL_HOOKS is None or module._forward_pre_hooks or module._forward_hooks
-                or module._backward_pre_hooks or module._backward_hooks or any(_GLOBAL_HOOKS)
-                or module._compiled_call_impl is not None or torch._C._get_tracing_state())
+class DirectCall:
+    """An nn.Module observer's call, ``observer(value)`` (``g_idx`` where
+    given), without nn.Module.__call__'s two generic frames where that would
+    call forward directly: no hook registered (on the module or globally),
+    neither compiled nor traced (an activation observer is called on every
+    forward). Otherwise nn.Module's own call, the arguments as given."""
+
+    def __call__(self, value, g_idx=None):
+        if (_GLOBAL_HOOKS is None or self._forward_pre_hooks or self._forward_hooks
+                or self._backward_pre_hooks or self._backward_hooks or any(_GLOBAL_HOOKS)
+                or self._compiled_call_impl is not None or torch._C._get_tracing_state()):
+            if g_idx is None:  # hooks see the arguments as given
+                return torch.nn.Module.__call__(self, value)
+            return torch.nn.Module.__call__(self, value, g_idx)
+        if g_idx is None:
+            return self.forward(value)
+        return self.forward(value, g_idx)
 
 
 class UnknownObserverError(KeyError):
@@ -152,7 +161,7 @@ class UnknownObserverError(KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-class Observer(Fusion, Report, InternalModule, RegistryMixin):
+class Observer(DirectCall, Fusion, Report, InternalModule, RegistryMixin):
     """Computes quantization parameters from observed values.
 
     :param base_name: "weight", "input", "output", "q", "k" or "v": how a value
@@ -296,13 +305,6 @@ class Observer(Fusion, Report, InternalModule, RegistryMixin):
         return status
 
     # -------------------------------------------------------------- observing
-
-    def __call__(self, value, g_idx=None):
-        if forward_directly(self):
-            return self.forward(value, g_idx)
-        if g_idx is None:  # the arguments as given: hooks see them so
-            return torch.nn.Module.__call__(self, value)
-        return torch.nn.Module.__call__(self, value, g_idx)
 
     def forward(self, value: torch.Tensor, g_idx: Optional[torch.Tensor] = None) -> "Observer":
         """Update the statistics from ``value``; returns the observer itself.
