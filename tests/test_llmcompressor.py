@@ -701,9 +701,9 @@ def test_token_sequence_length_change_matches_llmcompressor(name):
 def test_host_proxy_measures_the_drop_in_forward():
     """obskernels.bench.host's drop-in scenarios time llm-compressor's own
     observers computing through obskernels (their Python calls pinned, with
-    room: the activation forward 21 measured, 25 through nn.Module's call and
+    room: the activation forward 20 measured, 25 through nn.Module's call and
     llm-compressor's checks, 56 before the in-place combination; the weight
-    call 68, llm-compressor's construction and get_qparams included), and
+    call 67, llm-compressor's construction and get_qparams included), and
     leave the registry as they found it."""
     from obskernels.backends import triton_unavailable_reason
     from obskernels.bench import host
