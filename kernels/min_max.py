@@ -578,8 +578,9 @@ def _qparams_launch(flat, layout, main, launch_args, new_stats, new_parts, conte
                                      context, token, widen)
     # the status: the record, then a scale flag per program (with a split,
     # per block, and after the flags a ticket per block, see _finish_tile)
-    plan = epilogue_plan(flat.args, value, layout.qshape, grid[0] * (1 if split == 1 else 2),
-                         gpu_arith(current_config("min_max"), value, "min_max"), widen)
+    plan = epilogue_plan(flat.args, value, layout.qshape, grid[0],
+                         gpu_arith(current_config("min_max"), value, "min_max"), widen,
+                         tickets=grid[0] if split > 1 else 0)
     # a streaming thread computes its group's qparams once, after streaming
     # the group: worth it where that costs little per element of the group
     # or the value is small (a host-bound call), and not for gathered columns

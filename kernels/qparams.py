@@ -377,7 +377,8 @@ class EpilogueQParams(NamedTuple):
     side of ``epilogue_qparams``), prepared once per signature: the
     constexpr switches, the format's constants, the outputs' allocators and
     the status template (a fresh record, then one zero flag per program of
-    the epilogue's launch, each of which writes its own)."""
+    the epilogue's launch, each of which writes its own, then the zeroed
+    tickets of a split finished by its last programs, if any)."""
 
     switches: tuple
     constants: QParamsConstants
@@ -393,11 +394,13 @@ class EpilogueQParams(NamedTuple):
 
 
 def epilogue_plan(args, value: torch.Tensor, qshape, programs: int, fast: bool,
-                  widen: bool = True) -> EpilogueQParams:
+                  widen: bool = True, tickets: int = 0) -> EpilogueQParams:
     """The ``EpilogueQParams`` of ``calculate_qparams(min_vals, max_vals,
     args, widen=widen)`` for statistics of ``value``'s dtype and device and
     shape ``qshape``, computed by ``programs`` programs (``fast``: the GPU's
-    conversions); KernelUnsupportedError for a format the kernels do not cover."""
+    conversions), the status ending in ``tickets`` zeroed tickets (a split
+    finished by its last programs); KernelUnsupportedError for a format the
+    kernels do not cover."""
     dtype, dev = value.dtype, value.device
     fmt, constants, switches = qparams_format(args, dtype, dtype, torch.float32, GS_NONE.value,
                                               widen=widen)
@@ -407,7 +410,7 @@ def epilogue_plan(args, value: torch.Tensor, qshape, programs: int, fast: bool,
          bool(fast)),
         constants, switches["WIDEN"], allocator(shape, dtype, dev),
         allocator(shape, fmt.zp_dtype, dev),
-        torch.tensor(STATUS_INIT + (0,) * programs, dtype=torch.int64, device=dev),
+        torch.tensor(STATUS_INIT + (0,) * (programs + tickets), dtype=torch.int64, device=dev),
     )
 
 

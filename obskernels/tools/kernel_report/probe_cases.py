@@ -137,7 +137,7 @@ def cases() -> List[Case]:
     ]
     # A first observation with its qparams in min_max's epilogue
     # (min_max_qparams: one launch where groups are large enough or the value
-    # small, the finish pass's where a reduction is split, else min_max and
+    # small, or where a reduction is split (its last programs finish it), else min_max and
     # calculate_qparams; TENSOR_GROUP: min_max's partial absolute maxima, then
     # the qparams kernel reducing them), the formats observers use
     mq = lambda name, value, args, **kw: R(  # noqa: E731

@@ -139,8 +139,6 @@ def _sized(name, size, monkeypatch):
     return ONE if launches == TWO else launches
 
 
-
-
 @pytest.mark.parametrize("record", [True, False], ids=["record", "no-record"])
 @pytest.mark.parametrize("kind", ["finite", "nan", "inf", "wide"])
 @pytest.mark.parametrize("name,size", SIZED)
