@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from obskernels.kernels._layout import check_launchable, coalesce, on_device, row_offsets, widen
+from obskernels.kernels._replay import Replay
 from obskernels.kernels.launch import (
     ACCUMULATE_ROUND,
     accumulate_tile,
@@ -154,16 +155,16 @@ def _launch(x, sum_buf, count_buf, rows, tile, levels, config):
     blocks = dict(BLOCK_T=tile.t, BLOCK_H=tile.h, ROUND=ACCUMULATE_ROUND, ROW_LEVELS=levels,
                   **tile.launch())
     if tile.split == 1:
-        _sum_sq_kernel[(tile.programs, 1)](
+        Replay.site(globals(), "_sum_sq_kernel", (tile.programs, 1), "add")(
             x, sum_buf, count_buf, *rows, 0, sum_buf.stride(0), ADD=True, **blocks,
         )
         return None
     part = torch.empty((tile.split, H), dtype=torch.float32, device=x.device)
-    _sum_sq_kernel[(tile.programs, tile.split)](
+    Replay.site(globals(), "_sum_sq_kernel", (tile.programs, tile.split), "split")(
         x, part, count_buf, *rows, H, 1, ADD=False, **blocks,
     )
     FH, FS = finish_blocks(H, tile.split, config)
-    _sum_sq_finish_kernel[(triton.cdiv(H, FH),)](
+    Replay.site(globals(), "_sum_sq_finish_kernel", (triton.cdiv(H, FH),))(
         part, sum_buf, count_buf, H, sum_buf.stride(0), tile.split, NT,
         BLOCK_S=FS, BLOCK_H=FH,
     )

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from obskernels.kernels._layout import allocator, launch_context
+from obskernels.kernels._replay import Replay
 from obskernels.kernels.launch import IMPORTANCE_BLOCK
 from obskernels.spec.calls import ImportanceCall
 from obskernels.spec.record import (
@@ -79,13 +80,13 @@ def prepare(call: ImportanceCall):
 
     new_importance = allocator(shape, torch.float32, dev)
     context = launch_context(dev)
+    kernel = Replay(globals(), "_importance_kernel", (1,))
 
     def launch(call: ImportanceCall):
         sum_buf = call.sum_buf
         imp = new_importance()
         with context():
-            _importance_kernel[(1,)](sum_buf, call.count_buf, imp, call.status, H, stride,
-                                     BLOCK=IMPORTANCE_BLOCK)
+            kernel(sum_buf, call.count_buf, imp, call.status, H, stride, BLOCK=IMPORTANCE_BLOCK)
         return imp
 
     return launch

@@ -66,6 +66,7 @@ from obskernels.kernels.launch import (
     num_warps_for,
 )
 from obskernels.kernels import stats as ST
+from obskernels.kernels._replay import Replay
 from obskernels.kernels.qparams import (
     epilogue_plan,
     epilogue_qparams,
@@ -468,6 +469,11 @@ def prepare(call: MinMaxCall, qparams: bool = False, widen: bool = True):
         # with a caller's tickets: one launch, its last programs finishing
         one_launch = dict(first, **epilogue, FINISH=True, BLOCK_S=finish_lanes(first))
 
+    # a launch site each (kernels/_replay.py: the calls of one site differ in their tensors)
+    main_k, ticketed_k = (Replay(globals(), "_min_max_kernel", grid) for _ in range(2))
+    if split > 1:
+        finish_k = Replay(globals(), "_min_max_finish_kernel", finish_grid)
+
     def launch(call: MinMaxCall, tickets=None):
         if config_token() is not token:  # a launch_config block changed the policy
             return min_max(call)
@@ -488,20 +494,20 @@ def prepare(call: MinMaxCall, qparams: bool = False, widen: bool = True):
             pmin, pmax = new_parts(), new_parts()
         with context():
             if tickets is not None and split > 1:
-                _min_max_kernel[grid](
+                ticketed_k(
                     value, perm if perm is not None else value, pmin, pmax, *layout_args,
                     held_min, held_max, status if status is not None else pmin, avg_a, avg_c,
                     call.observation, **one_launch, fin_min_ptr=mins, fin_max_ptr=maxs,
                     tickets_ptr=tickets,
                 )
                 return mins, maxs
-            _min_max_kernel[grid](
+            main_k(
                 value, perm if perm is not None else value,  # perm: unread unless GATHER
                 pmin, pmax, *layout_args, held_min, held_max,
                 status if status is not None else pmin, avg_a, avg_c, call.observation, **first,
             )
             if split > 1:
-                _min_max_finish_kernel[finish_grid](
+                finish_k(
                     pmin, pmax, mins, maxs, Q, split, held_min, held_max, avg_a, avg_c, **finish,
                 )
         return mins, maxs
@@ -598,6 +604,8 @@ def _qparams_launch(flat, layout, main, launch_args, new_stats, new_parts, conte
     if split > 1:  # the tickets after the flags
         first = dict(first, FINISH=True, BLOCK_S=finish_lanes(first), ticket0=N_STATUS + grid[0])
 
+    kernel = Replay(globals(), "_min_max_kernel", grid)
+
     def launch(call: MinMaxQParamsCall):
         if config_token() is not token:  # a launch_config block changed the policy
             return min_max_qparams(call)
@@ -606,12 +614,12 @@ def _qparams_launch(flat, layout, main, launch_args, new_stats, new_parts, conte
         qp, status = plan.outputs()
         with context():
             if split == 1:
-                _min_max_kernel[grid](
+                kernel(
                     value, perm if perm is not None else value, mins, maxs, *layout_args, mins,
                     maxs, status, avg_a, avg_c, 0, **first, qp=qp,
                 )
             else:  # the partials, finished in this launch into mins / maxs
-                _min_max_kernel[grid](
+                kernel(
                     value, perm if perm is not None else value, new_parts(), new_parts(),
                     *layout_args, mins, maxs, status, avg_a, avg_c, 0, **first, qp=qp,
                     fin_min_ptr=mins, fin_max_ptr=maxs, tickets_ptr=status,
@@ -642,6 +650,8 @@ def _parts_qparams_launch(flat, layout, main, launch_args, new_stats, new_parts,
     if split > 1:
         first.update(FINISH=True, BLOCK_S=finish_lanes(first), ticket0=N_STATUS + plan.programs)
 
+    kernel = Replay(globals(), "_min_max_kernel", grid)
+
     def launch(call: MinMaxQParamsCall):
         if config_token() is not token:  # a launch_config block changed the policy
             return min_max_qparams(call)
@@ -649,12 +659,12 @@ def _parts_qparams_launch(flat, layout, main, launch_args, new_stats, new_parts,
         mins, maxs, parts, status = new_stats(), new_stats(), plan.new_parts(), plan.status()
         with context():
             if split == 1:
-                _min_max_kernel[grid](
+                kernel(
                     value, perm if perm is not None else value, mins, maxs, *layout_args, mins,
                     maxs, status, avg_a, avg_c, 0, **first, absmax_ptr=parts,
                 )
             else:  # the partials, finished in this launch into mins / maxs
-                _min_max_kernel[grid](
+                kernel(
                     value, perm if perm is not None else value, new_parts(), new_parts(),
                     *layout_args, mins, maxs, status, avg_a, avg_c, 0, **first,
                     absmax_ptr=parts, fin_min_ptr=mins, fin_max_ptr=maxs, tickets_ptr=status,

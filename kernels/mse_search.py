@@ -98,6 +98,7 @@ from obskernels.kernels._layout import (
     group_layout,
     launch_context,
 )
+from obskernels.kernels._replay import Replay
 from obskernels.kernels.launch import (
     CHOOSE_BLOCK,
     MAX_SPLIT_STEPS,
@@ -413,6 +414,9 @@ def _register_path(s: _Search, config: LaunchConfig):
         # one word per (program, 32 steps), each stored by its program: no clearing
         new_flags = allocator((programs, n_words), torch.int32, dev)
 
+    search_k = Replay(globals(), "_search_kernel", (programs,))
+    choose_k, choose_qp_k = (Replay(globals(), "_choose_kernel", choose_grid) for _ in range(2))
+
     def run(s: _Search, qparams=None) -> None:
         """``qparams``: (``QParamsOut``, its QP switches) for the choice's
         epilogue (``s.status``: the status, a record at its head)."""
@@ -420,18 +424,18 @@ def _register_path(s: _Search, config: LaunchConfig):
             bits = flags = s.value  # unread
         else:
             bits, flags = new_bits(), new_flags()
-        _search_kernel[(programs,)](
+        search_k(
             s.value, *s.weights, s.tab, *s.steps, bits, flags, s.out_min, s.out_max,
             s.status if s.record else flags, *layout_args, *search_tail, s.observation,
             **search_switches,
         )
         if qparams is not None:
-            _choose_kernel[choose_grid](
+            choose_qp_k(
                 bits, flags, *s.steps, s.out_min, s.out_max, *choose_tail, **choose_switches,
                 status_ptr=s.status, qp=qparams[0], QP=qparams[1],
             )
         elif not track:
-            _choose_kernel[choose_grid](
+            choose_k(
                 bits, flags, *s.steps, s.out_min, s.out_max, *choose_tail, **choose_switches,
             )
 
@@ -474,17 +478,20 @@ def _split_path(s: _Search, config: LaunchConfig):
     new_bits, new_flags = allocator((n_words, G), torch.int32, dev), allocator((n_words,), torch.int32, dev)
     new_part = allocator((G, K, max(s.n_steps, 1)), torch.float32, dev)
 
+    minmax_k = Replay(globals(), "_minmax_part_kernel", (G, K))
+    search_k = Replay(globals(), "_search_part_kernel", (row_programs, K))
+
     def run(s: _Search) -> None:
         mm, tickets, bits, flags = new_mm(), new_tickets(), new_bits(), new_flags()
-        _minmax_part_kernel[(G, K)](s.value, mm, tickets, flags,
-                                    s.status if s.record else flags, *layout_args, K, cps,
-                                    s.n_words, s.expand, s.observation,
-                                    PAD=s.switches["PAD"], BLOCK_E=chunk,
-                                    BLOCK_W=_next_pow2(n_words), DTYPE=s.switches["DTYPE"],
-                                    RECORD=s.record, num_warps=minmax_part_warps(chunk),
-                                    **_NO_FMA)
+        minmax_k(s.value, mm, tickets, flags,
+                 s.status if s.record else flags, *layout_args, K, cps,
+                 s.n_words, s.expand, s.observation,
+                 PAD=s.switches["PAD"], BLOCK_E=chunk,
+                 BLOCK_W=_next_pow2(n_words), DTYPE=s.switches["DTYPE"],
+                 RECORD=s.record, num_warps=minmax_part_warps(chunk),
+                 **_NO_FMA)
         part = new_part()
-        _search_part_kernel[(row_programs, K)](
+        search_k(
             s.value, *s.weights, s.tab, *s.steps, mm, part, tickets, bits, flags,
             s.out_min, s.out_max, *layout_args, K, cps * rows, s.n_steps, s.n_words, s.patience,
             s.expand, s.best_init, s.consts, **s.switches, FAST=s.fast, ROWS=rows,

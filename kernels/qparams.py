@@ -39,6 +39,7 @@ import triton.language as tl
 from obskernels.kernels import quant
 from obskernels.kernels.quant import GS_FUSED, GS_GIVEN, GS_NONE, S_BF16, S_F16, S_F32, S_FP8, S_MX, S_NONE
 from obskernels.kernels._layout import allocator, launch_context
+from obskernels.kernels._replay import Replay
 from obskernels.kernels.launch import (
     QPARAMS_BLOCK,
     QPARAMS_MAX_PARTS,
@@ -479,6 +480,7 @@ class PartsQParams(NamedTuple):
     template: torch.Tensor
     new_status: object
     fresh: bool  # the status starts as the template (a record, tickets)
+    kernel: object  # the launch site (kernels/_replay.py)
 
     def status(self) -> torch.Tensor:
         return self.template.clone() if self.fresh else self.new_status()
@@ -486,7 +488,7 @@ class PartsQParams(NamedTuple):
     def launch(self, min_vals, max_vals, parts, status):
         """(scale, zero_point, global_scale) into new outputs; status: ``status()``'s."""
         scale, zero_point, gs = self.new_scale(), self.new_zero_point(), self.new_gs()
-        _qparams_kernel[(self.programs,)](
+        self.kernel(
             min_vals, max_vals, scale, zero_point, status, parts, gs, status, status,
             *self.constants, **self.switches,
         )
@@ -509,7 +511,8 @@ def prepare_from_parts(args, stats_like: torch.Tensor, n_parts: int, record: boo
     return PartsQParams(programs, constants, switches, new_scale, new_zero_point,
                         allocator((n_parts,), torch.float32, dev),
                         allocator((1,), torch.float32, dev), template,
-                        allocator(template.shape, torch.int64, dev), record or tickets > 0)
+                        allocator(template.shape, torch.int64, dev), record or tickets > 0,
+                        Replay(globals(), "_qparams_kernel", (programs,)))
 
 
 def calculate_qparams(call: QParamsCall):
@@ -561,6 +564,8 @@ def prepare(call: QParamsCall):
         new_parts, new_gs = allocator((n_parts,), torch.float32, dev), allocator((1,), torch.float32, dev)
     # the statistics' strides are the signature's
     stats_contiguous = min_vals.is_contiguous() and call.max_vals.is_contiguous()
+    kernel = Replay(globals(), "_qparams_kernel", (programs,))
+    absmax_k = [Replay(globals(), "_absmax_kernel", (p,)) for p in counts]  # per fused pair
 
     def launch(call: QParamsCall):
         if config_token() is not token:  # a launch_config block changed the policy
@@ -575,16 +580,16 @@ def prepare(call: QParamsCall):
             if gs_mode == GS_FUSED.value:
                 parts, gs_out = new_parts(), new_gs()
                 part0 = 0
-                for (mn, mx), p in zip(call.fused, counts):
+                for (mn, mx), p, absmax in zip(call.fused, counts, absmax_k):
                     n = mn.numel()
                     if mn.dtype != mx.dtype:
                         mn, mx = mn.to(a_dtype), mx.to(a_dtype)
-                    _absmax_kernel[(p,)](_flat(mn), _flat(mx), parts, n, cdiv(n, p), part0,
-                                         BITS16=mn.dtype == torch.bfloat16, BLOCK=QPARAMS_BLOCK)
+                    absmax(_flat(mn), _flat(mx), parts, n, cdiv(n, p), part0,
+                           BITS16=mn.dtype == torch.bfloat16, BLOCK=QPARAMS_BLOCK)
                     part0 += p
                 global_scale = gs_out
             if N:
-                _qparams_kernel[(programs,)](
+                kernel(
                     min_vals, max_vals, scale, zero_point,
                     global_scale if gs_mode == GS_GIVEN.value else status, parts, gs_out,
                     carry if carry is not None else status, status, *constants, **switches,

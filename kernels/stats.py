@@ -33,6 +33,7 @@ from obskernels.kernels._layout import (
     launch_context,
     widen,
 )
+from obskernels.kernels._replay import Replay
 from obskernels.kernels.launch import cdiv, combine_block
 from obskernels.spec.calls import CombineCall
 from obskernels.spec.record import STATUS_BAD_STATS, STATUS_FIRST_BAD, STATUS_NAN
@@ -209,6 +210,7 @@ def prepare(call: CombineCall):
     contiguous = all(t.is_contiguous() for t in inputs)
     new_stats = allocator(shape, dtype, dev)
     context = launch_context(dev)
+    kernel = Replay(globals(), "_combine_kernel", grid)
 
     def v(t):
         return t if contiguous else t.contiguous()
@@ -232,7 +234,7 @@ def prepare(call: CombineCall):
         else:
             omin, omax = v(out_min), v(out_max)
         with context():
-            _combine_kernel[grid](
+            kernel(
                 value, nmin, nmax, hmin, hmax, omin, omax,
                 status if status is not None else out_min, a, c, call.observation,
                 *layout_args, **switches,

@@ -319,3 +319,38 @@ def assert_observer_call_runs_hooks(observer, oracle, value) -> None:
         handle.remove()
     assert observer(value) is observer and len(seen) == 3
     assert torch.equal(observer.max_vals, value.amax().reshape(observer.max_vals.shape))
+
+
+# --------------------------------------------------------------------------- #
+# the tritons the compiled-kernel checks run under
+# --------------------------------------------------------------------------- #
+def compile_pythons() -> list:
+    """The interpreters a check of compiled kernels runs under (each in a
+    subprocess without TRITON_INTERPRET): this one (the newest triton) and
+    every one listed in OBSKERNELS_COMPILE_PYTHONS (':'-separated; `make test`
+    lists the environment with the lowest triton pyproject.toml declares)."""
+    extra = os.environ.get("OBSKERNELS_COMPILE_PYTHONS", "")
+    return [sys.executable] + [p for p in extra.split(os.pathsep) if p.strip()]
+
+
+def triton_version(python):
+    """The triton version ``python`` imports, or None."""
+    try:
+        out = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('triton'))"],
+                             capture_output=True, text=True, timeout=120)
+    except OSError:
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def python_id(python) -> str:
+    """A test id for an interpreter of ``compile_pythons()``."""
+    version = triton_version(python)
+    return f"triton-{version}" if version else f"broken-{os.path.basename(os.path.dirname(os.path.dirname(python)))}"
+
+
+def compiling_env() -> dict:
+    """The environment of such a subprocess: triton compiles (no interpreter)."""
+    env = dict(os.environ, PYTHONSAFEPATH="1", TRITON_DEFAULT_FP_FUSION="1")
+    env.pop("TRITON_INTERPRET", None)
+    return env

@@ -559,8 +559,8 @@ def test_cuda_host_refuses_without_cuda(monkeypatch, capsys):
 @pytest.mark.gpu
 def test_cuda_host_measures_every_row():
     """On a GPU: every row measured (positive times), the unit row is the
-    unit, the activation's forward is there eagerly and replayed from a
-    CUDA graph."""
+    unit, the activation's forward is there eagerly, with every launch
+    through Triton's launch path and replayed from a CUDA graph."""
     from obskernels.bench import cuda_host, host
     from obskernels.bench.backends import llmc_available
 
@@ -570,5 +570,6 @@ def test_cuda_host_measures_every_row():
     scenarios = [s.name for s in host.SCENARIOS if not s.drop_in or llmc_available()]
     assert names[2:2 + len(scenarios)] == scenarios
     assert "activation forward 2048x4096, CUDA graph replay" in names
+    assert {"minmax call, Triton's launch path", "activation forward 2048x4096, Triton's launch path"} <= set(names)
     assert rows[0]["units"] == 1.0
     assert all(r["loop_us"] > 0 and r["sync_us"] > 0 and r["kind"] == "measured" for r in rows)

@@ -622,6 +622,55 @@ def test_check_g_idx_returns_the_stable_order():
 # on a GPU: the operations that need no read must not synchronise
 # --------------------------------------------------------------------------- #
 @pytest.mark.gpu
+@pytest.mark.parametrize("name,base_name,scheme,new_each_call", [
+    ("static_minmax", "input", "fp8-tensor-act", False),  # a calibration loop's forward
+    ("memoryless_minmax", "weight", "int4-group128", True),  # new, observe, get_qparams
+    ("memoryless_mse", "weight", "int4-group128", True),
+    ("memoryless_minmax", "weight", "nvfp4-tg16", True),  # a global scale: three launch sites
+])
+def test_repeated_calls_launch_past_tritons_front_end_on_cuda(name, base_name, scheme, new_each_call,
+                                                              monkeypatch):
+    """On CUDA, once a call's launches have run, the same call again makes
+    every launch through its launch site's replay (kernels/_replay.py:
+    Triton's launch path not taken, counted at JITFunction.run), and its
+    results are the reference backend's, call after call."""
+    from triton.runtime.jit import JITFunction
+
+    args = SCHEMES[scheme].qargs()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    values = [torch.randn(64, 256, device="cuda", generator=g).to(torch.bfloat16) * (1 + k)
+              for k in range(5)]
+
+    def results(backend, count=None):
+        out, obs = [], None
+        with use_backend(backend):
+            for k, v in enumerate(values):
+                if obs is None or new_each_call:
+                    obs = Observer.load_from_registry(name, base_name=base_name, args=args)
+                if count is not None and k == 2:  # two calls made every launch once
+                    torch.cuda.synchronize()
+                    count[0] = 0
+                obs(v)
+                out.append({k2: t.clone() for k2, t in obs.get_qparams().items() if t is not None})
+        return out
+
+    count = [0]
+    run = JITFunction.run
+
+    def counted(self, *a, **k):
+        count[0] += 1
+        return run(self, *a, **k)
+
+    monkeypatch.setattr(JITFunction, "run", counted)
+    got = results("triton", count)
+    assert count[0] == 0, f"{count[0]} launches of the last three calls took Triton's launch path"
+    want = results("reference")
+    for k, (g_, w) in enumerate(zip(got, want)):
+        for key in w:
+            assert torch.equal(g_[key], w[key]), f"call {k} {key}: {g_[key]} != {w[key]}"
+
+
+@pytest.mark.gpu
 def test_no_sync_on_cuda():
     args = SCHEMES["int4-group128"].qargs()
     value = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)

@@ -20,10 +20,12 @@ Rows:
 - "unit: one-element CUDA add_": the GPU host's unit (the model's ``host_unit_s``);
 - "bare Triton launch": a one-element Triton kernel (the model's ``triton_launch_s``);
 - every scenario of ``obskernels.bench.host.SCENARIOS`` (its shapes; the
-  drop-in's where llm-compressor imports);
+  drop-in's where llm-compressor imports), and the minmax call again with
+  every launch through Triton's launch path (launch replays off,
+  kernels/_replay.py);
 - an fp8 activation's static_minmax forward at 2048x4096 bf16 (the
-  calibration loop's repeated call): obskernels' observer eagerly, the same
-  forward captured in a CUDA graph and replayed (``nonfinite="propagate"``,
+  calibration loop's repeated call): obskernels' observer eagerly (and with
+  launch replays off), the same forward captured in a CUDA graph and replayed (``nonfinite="propagate"``,
   the pattern of the README), and, where llm-compressor imports, its own
   observer plain and through the drop-in.
 
@@ -106,6 +108,21 @@ def _unit() -> Callable[[], object]:
     return lambda: t.add_(1)
 
 
+def _through_triton(fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` with every launch through Triton's launch path (no replay past
+    its front end, kernels/_replay.py): what the replays save."""
+    from obskernels.kernels import _replay
+
+    def call():
+        _replay.ENABLED = False
+        try:
+            return fn()
+        finally:
+            _replay.ENABLED = True
+
+    return call
+
+
 def _activation_value():
     import torch
 
@@ -124,7 +141,8 @@ def _activation_rows() -> List[tuple]:
     args = host._qargs(host._FP8_TENSOR)
     value = _activation_value()
     eager = Observer.load_from_registry("static_minmax", base_name="input", args=args)
-    rows = [("activation forward 2048x4096 (obskernels static_minmax)", lambda: eager(value))]
+    rows = [("activation forward 2048x4096 (obskernels static_minmax)", lambda: eager(value)),
+            ("activation forward 2048x4096, Triton's launch path", _through_triton(lambda: eager(value)))]
 
     graphed = Observer.load_from_registry("static_minmax", base_name="input", args=args,
                                           nonfinite="propagate")
@@ -171,6 +189,9 @@ def measure(n: int = 200, reps: int = 50) -> List[Dict]:
             if sc.drop_in and not llmc_available():
                 continue
             rows.append((sc.name, host._call_of(sc, device="cuda")))
+        minmax = next(sc for sc in host.SCENARIOS if sc.name == "minmax call")
+        rows.append(("minmax call, Triton's launch path",
+                     _through_triton(host._call_of(minmax, device="cuda"))))
         rows += _activation_rows()
         out = []
         for name, fn in rows:

@@ -16,8 +16,12 @@ The stub runs no kernel. It zero-fills the integer tensors it is handed (an
 observer's non-finite record, the qparams' status) so that host code reading
 them back sees a clean record rather than uninitialised memory, without
 advancing their version counters (a kernel's writes do not), and the time
-it spends doing so is subtracted: launches cost nothing here. What remains is
-the Python and the aten calls (allocations, views) of the call itself.
+it spends doing so is subtracted: launches cost nothing here. A launch made
+through a launch site's ``Replay`` (kernels/_replay.py) is stubbed whole:
+what the Replay does to launch is launch work, which
+``obskernels.bench.launch`` measures with Triton's launch path kept. What
+remains is the Python and the aten calls (allocations, views) of the call
+itself.
 
 Times are given in microseconds and in units of one one-element ``add_`` on
 a CPU tensor timed on the same machine: the unit scales the figure to the
@@ -49,7 +53,7 @@ import sys
 import time
 from typing import Callable, Dict, List, Optional
 
-__all__ = ["Scenario", "SCENARIOS", "stubbed_launches", "unit_seconds", "measure", "main"]
+__all__ = ["Scenario", "SCENARIOS", "stubbed_launches", "zero_integers", "unit_seconds", "measure", "main"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +102,10 @@ SCENARIOS = (
 
 class _Stub:
     """Stands in for one kernel: ``kernel[grid](*args)`` runs nothing (see
-    the module docstring); ``spent`` accumulates the stub's own time."""
+    the module docstring); ``spent`` accumulates the stub's own time.
+    ``replay`` stands in for a whole ``kernels._replay.Replay`` call (a
+    launch site's launch: its own matching is launch work, which
+    ``obskernels.bench.launch`` measures)."""
 
     spent = 0.0
 
@@ -107,29 +114,45 @@ class _Stub:
 
     @staticmethod
     def _launch(*args, **kwargs):
-        import torch
-
         t0 = time.perf_counter()
-        for a in args:
-            if isinstance(a, torch.Tensor) and not a.dtype.is_floating_point and a.dtype != torch.bool:
-                a.data.zero_()  # as a kernel writes: the tensor's version counter unchanged
+        zero_integers(args)
         _Stub.spent += time.perf_counter() - t0
+
+    @staticmethod
+    def replay(site, *args, **kwargs):
+        t0 = time.perf_counter()
+        zero_integers(args)
+        _Stub.spent += time.perf_counter() - t0
+
+
+def zero_integers(args) -> None:
+    """What a stub writes: zeros into the integer tensors it is handed (a
+    record, flags, tickets), the tensors' version counters unchanged, as a
+    kernel's writes leave them."""
+    import torch
+
+    for a in args:
+        if isinstance(a, torch.Tensor) and not a.dtype.is_floating_point and a.dtype != torch.bool:
+            a.data.zero_()
 
 
 @contextlib.contextmanager
 def stubbed_launches():
-    """Every kernel of obskernels.kernels is a ``_Stub`` within the block."""
+    """Every kernel of obskernels.kernels is a ``_Stub``, and every launch
+    through a ``Replay`` is ``_Stub.replay``, within the block."""
+    from obskernels.kernels._replay import Replay
     from obskernels.tools.kernel_report.launches import discover_kernels
 
-    saved = []
+    saved = [(Replay, "__call__", Replay.__call__)]
+    Replay.__call__ = _Stub.replay
     for module, attr in discover_kernels().values():
         saved.append((module, attr, getattr(module, attr)))
         setattr(module, attr, _Stub())
     try:
         yield
     finally:
-        for module, attr, fn in saved:
-            setattr(module, attr, fn)
+        for owner, attr, fn in saved:
+            setattr(owner, attr, fn)
 
 
 def unit_seconds(reps: int = 20000, rounds: int = 7) -> float:
@@ -200,11 +223,11 @@ def _call_of(sc: Scenario, device: str = "cpu") -> Callable[[], object]:
 def _python_calls(fn: Callable[[], object]) -> int:
     """Python function calls made by one ``fn()`` (the stub's excluded)."""
     count = 0
-    stub_code = _Stub._launch.__code__
+    stub_codes = (_Stub._launch.__code__, _Stub.replay.__code__, zero_integers.__code__)
 
     def profile(frame, event, arg):
         nonlocal count
-        if event == "call" and frame.f_code is not stub_code:
+        if event == "call" and frame.f_code not in stub_codes:
             count += 1
 
     sys.setprofile(profile)

@@ -33,6 +33,7 @@ from typing import Dict, Tuple
 
 from obskernels.bench.backends import prepare
 from obskernels.bench.cases import Case, Target
+from obskernels.bench.host import zero_integers
 from obskernels.bench.traffic import count_traffic
 
 __all__ = ["host_shape", "stubbed", "measure", "METHOD"]
@@ -67,14 +68,23 @@ class _Stub:
         return self._launch
 
     def _launch(self, *args, **kwargs):
-        import torch
-
         t0 = time.perf_counter()
         self.clock.launch(t0)
-        for a in args:
-            if isinstance(a, torch.Tensor) and not a.dtype.is_floating_point and a.dtype != torch.bool:
-                a.zero_()
+        zero_integers(args)
         self.clock.spent += time.perf_counter() - t0
+
+
+def _replay_stub(clock: "_Clock"):
+    """A whole ``kernels._replay.Replay`` call (a launch site's launch, its
+    own matching included) as a stub on ``clock``."""
+
+    def replay(site, *args, **kwargs):
+        t0 = time.perf_counter()
+        clock.launch(t0)
+        zero_integers(args)
+        clock.spent += time.perf_counter() - t0
+
+    return replay
 
 
 class _Clock:
@@ -132,17 +142,20 @@ def stubbed(backend: str, clock: _Clock):
     saved = []
     with contextlib.ExitStack() as stack:
         if backend == "triton":
+            from obskernels.kernels._replay import Replay
             from obskernels.tools.kernel_report.launches import cpu_tensors_recorded
 
             stack.enter_context(cpu_tensors_recorded())
+            saved.append((Replay, "__call__", Replay.__call__))
+            Replay.__call__ = _replay_stub(clock)
         for module, attr in _kernels_of(backend).values():
             saved.append((module, attr, getattr(module, attr)))
             setattr(module, attr, _Stub(clock))
         try:
             yield
         finally:
-            for module, attr, fn in saved:
-                setattr(module, attr, fn)
+            for owner, attr, fn in saved:
+                setattr(owner, attr, fn)
 
 
 def measure(case: Case, target: Target, backend: str, min_reps: int = 3, max_reps: int = 20,

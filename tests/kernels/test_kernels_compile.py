@@ -38,6 +38,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import compile_pythons, compiling_env, python_id, triton_version
 
 pytestmark = pytest.mark.kernel
 
@@ -97,36 +98,12 @@ ALLOWED_FAST = {
 }
 
 
-def _compile_pythons():
-    """The interpreters the probe runs under: this one (the newest triton) and
-    every one listed in OBSKERNELS_COMPILE_PYTHONS (':'-separated; `make test`
-    lists the environment with the lowest triton pyproject.toml declares).
-    Every check below holds under each, with the same budgets."""
-    extra = os.environ.get("OBSKERNELS_COMPILE_PYTHONS", "")
-    return [sys.executable] + [p for p in extra.split(os.pathsep) if p.strip()]
-
-
-def _triton_version(python):
-    try:
-        out = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('triton'))"],
-                             capture_output=True, text=True, timeout=120)
-    except OSError:
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
-
-
-def _id(python):
-    version = _triton_version(python)
-    return f"triton-{version}" if version else f"broken-{os.path.basename(os.path.dirname(os.path.dirname(python)))}"
-
-
 _PROBES: dict = {}  # python -> the running probe (all started at the first use: they compile side by side)
 
 
 def _start_probes():
-    env = dict(os.environ, PYTHONSAFEPATH="1", TRITON_DEFAULT_FP_FUSION="1")
-    env.pop("TRITON_INTERPRET", None)
-    for python in _compile_pythons():
+    env = compiling_env()
+    for python in compile_pythons():
         if os.access(python, os.X_OK):
             _PROBES[python] = subprocess.Popen(
                 [python, "-m", "obskernels.tools.kernel_report", "--probe"],
@@ -134,12 +111,12 @@ def _start_probes():
             )
 
 
-@pytest.fixture(scope="module", params=_compile_pythons(), ids=_id)
+@pytest.fixture(scope="module", params=compile_pythons(), ids=python_id)
 def probe(request):
     python = request.param
     # a configured environment that is missing or broken fails, it never skips
     assert os.access(python, os.X_OK), f"compile environment {python} does not exist (`make test` creates it)"
-    assert _triton_version(python), f"{python} has no triton"
+    assert triton_version(python), f"{python} has no triton"
     if not _PROBES:
         _start_probes()
     proc = _PROBES[python]
@@ -465,8 +442,7 @@ def test_issue_time_takes_the_slowest_pipe():
 def test_report_cli_json_lines():
     """``python -m obskernels.tools.kernel_report --json``: one object per variant
     with the documented fields (flatten's cases only, to stay quick)."""
-    env = dict(os.environ, PYTHONSAFEPATH="1", TRITON_DEFAULT_FP_FUSION="1")
-    env.pop("TRITON_INTERPRET", None)
+    env = compiling_env()
     proc = subprocess.run(
         [sys.executable, "-m", "obskernels.tools.kernel_report", "--json", "--module", "flatten"],
         env=env, capture_output=True, text=True, timeout=600,

@@ -20,10 +20,11 @@ import re
 from typing import Dict, List
 
 PACKAGE = "obskernels.kernels"
-# modules and packages of kernels/ that launch no kernel of their own (launch:
+# modules and packages of kernels/ that launch no kernel of their own (_replay:
+# how the launchers launch; launch:
 # the launch policy; mse_search_details: the search's jit kernels, launched by
 # mse_search)
-_NOT_KERNEL_MODULES = {"_layout", "launch", "quant", "quant_pow", "mse_search_details"}
+_NOT_KERNEL_MODULES = {"_layout", "_replay", "launch", "quant", "quant_pow", "mse_search_details"}
 
 
 def _kernel_modules() -> Dict[str, object]:
@@ -34,7 +35,8 @@ def _kernel_modules() -> Dict[str, object]:
 
 def discover_kernels(modules=None) -> Dict[str, tuple]:
     """Every launched @triton.jit kernel of kernels/: a JIT function of a
-    module that the module's source launches as ``name[grid](...)``.
+    module that the module's source launches as ``name[grid](...)`` or
+    through a ``Replay(globals(), "name", grid)`` (or ``Replay.site``).
     Returns {"module.name": (module, attribute)}."""
     import inspect
 
@@ -47,7 +49,11 @@ def discover_kernels(modules=None) -> Dict[str, tuple]:
     for mname, module in (modules or _kernel_modules()).items():
         src = inspect.getsource(module)
         for attr, fn in vars(module).items():
-            if isinstance(fn, kinds) and re.search(rf"\b{re.escape(attr)}\s*\[", src):
+            # launched as name[grid](...) or through kernels/_replay.py's
+            # Replay(globals(), "name", ...) / Replay.site(globals(), "name", ...)
+            launched = (rf"\b{re.escape(attr)}\s*\[|"
+                        rf"\bReplay(?:\.site)?\(\s*globals\(\),\s*\"{re.escape(attr)}\"")
+            if isinstance(fn, kinds) and re.search(launched, src):
                 found[f"{mname}.{attr}"] = (module, attr)
     return found
 

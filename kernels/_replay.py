@@ -1,0 +1,250 @@
+"""A launch site's repeated launches, past Triton's launch front end.
+
+``kernel[grid](*args, **kwargs)`` on a GPU runs Triton's front end before
+the launch itself: it binds the call to the kernel's signature, specialises
+every argument (a tensor's dtype and 16-byte alignment, an integer's
+divisibility by 16 or being 1, every constexpr), builds the compiled-kernel
+cache key from that and looks it up, and checks the kernel's globals. Our
+kernels take ~40 arguments: on the development CPU Triton's path costs
+12-16 us per launch more than a replay below under triton 3.6, 20-25 us
+under 3.9 (``python -m obskernels.bench.launch``), more than the rest of an
+activation observer's forward.
+
+A launcher's prepared launch (one call signature: shapes, strides, dtypes,
+its block sizes) makes the same call every time but for its tensors: the
+value, the outputs it allocates. ``Replay`` is such a launch site's kernel:
+its first call goes through Triton (compiling if needed) and keeps the
+compiled kernel with what its specialisation was built from; a later call
+whose every non-tensor argument and option is equal (value and type, but
+for the runtime scalars Triton does not specialise on), whose tensors have
+the same dtypes and are 16-byte aligned exactly where the kept ones were,
+on the same device with the same Triton knobs and kernel globals, launches the compiled
+kernel directly (``CompiledKernel[grid]``, Triton's own launcher for it:
+the stream, the launch hooks and the C launcher as ``kernel[grid]`` uses
+them). Any other call takes Triton's path and is kept in its place. So a
+replayed launch runs the kernel Triton would have chosen, with the same
+arguments; ``tests/kernels/test_replay.py`` checks that against Triton's
+own launch with a recording driver.
+
+Under the interpreter (``TRITON_INTERPRET=1``), or where the kernel is
+replaced (the host proxy's stubs, the compile report's recorders: the
+kernel is looked up by name at each call), every call is ``kernel[grid]``.
+``OBSKERNELS_REPLAY=0`` turns replays off (read at import).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import operator
+import os
+
+import torch
+import triton
+from triton.compiler import CompiledKernel
+from triton.runtime.jit import JITFunction
+
+__all__ = ["Replay", "ENABLED"]
+
+ENABLED = os.environ.get("OBSKERNELS_REPLAY", "1") != "0"
+
+_dtype = operator.attrgetter("dtype")
+_data_ptr = torch.Tensor.data_ptr
+_low_bits = (15).__and__
+
+
+def _aligned(tensors) -> tuple:
+    """Per tensor, whether its data pointer is a multiple of 16 bytes."""
+    return tuple(map(operator.not_, map(_low_bits, map(_data_ptr, tensors))))
+
+
+def _knobs():
+    """The Triton knobs a launch reads into its compile options."""
+    knobs = triton.knobs
+    return (knobs.runtime.debug, knobs.compilation.instrumentation_mode,
+            getattr(knobs.compilation, "fpsan_homomorphic_casts", None))
+
+
+_I32_MIN, _I32_MAX = -(2**31), 2**31 - 1
+
+
+def _is_i32(v) -> bool:
+    return _I32_MIN <= v <= _I32_MAX
+
+
+def _model(value):
+    """What a tuple argument must match (Triton specialises each field): per
+    field a tensor's dtype and alignment, a scalar's type and value; the
+    tuple itself where it holds no tensor (a call passing the same object
+    matches at once)."""
+    if isinstance(value, torch.Tensor):
+        return (_TENSOR, value.dtype, value.data_ptr() % 16 == 0)
+    if isinstance(value, tuple):
+        fields = tuple(map(_model, value))
+        holds_tensor = any(f[0] is _TENSOR or (f[0] is _TUPLE and f[1] is None) for f in fields)
+        return (_TUPLE, None if holds_tensor else value, type(value), fields)
+    return (_SCALAR, type(value), value)
+
+
+_TENSOR, _TUPLE, _SCALAR = "tensor", "tuple", "scalar"
+
+
+def _matches(value, model) -> bool:
+    kind = model[0]
+    if kind is _TENSOR:
+        return (isinstance(value, torch.Tensor) and value.dtype == model[1]
+                and (value.data_ptr() % 16 == 0) == model[2])
+    if kind is _TUPLE:
+        return value is model[1] or (type(value) is model[2] and len(value) == len(model[3])
+                                     and all(map(_matches, value, model[3])))
+    return type(value) is model[1] and value == model[2]
+
+
+def _getter(positions):
+    """vals -> tuple of vals[i] for i in positions (a tuple for any count;
+    positions may be a dict's keys)."""
+    if not positions:
+        return lambda vals: ()
+    if len(positions) == 1:
+        (i,) = positions
+        return lambda vals: (vals[i],)
+    return operator.itemgetter(*positions)
+
+
+@functools.lru_cache(maxsize=None)
+def _order_of(fn):
+    """A function taking a call of ``fn`` as written (positional, keywords,
+    launch options) and returning (the arguments in ``fn``'s signature order,
+    defaults filled in; the launch options)."""
+    params = fn.signature.parameters
+    names = list(params)
+    defaults = {f"_default_{n}": p.default for n, p in params.items()
+                if p.default is not inspect.Parameter.empty}
+    spec = ", ".join(n if f"_default_{n}" not in defaults else f"{n}=_default_{n}" for n in names)
+    src = f"def order({spec}, **options):\n    return ({', '.join(names)},), options\n"
+    scope = dict(defaults)
+    exec(src, scope)  # noqa: S102 - a signature's binding, from the kernel's own parameter names
+    return scope["order"]
+
+
+class _Kept:
+    """A compiled kernel and what a call must match to launch it directly."""
+
+    __slots__ = ("fn", "order", "options", "fixed_of", "fixed", "fixed_types", "free_of",
+                 "free_types", "ints_of", "tuples", "tensors_of", "dtypes", "aligned", "device",
+                 "knobs", "globals", "runner")
+
+    def __init__(self, fn, kernel, grid, args, kwargs, device):
+        self.fn, self.order, self.device = fn, _order_of(fn), device
+        vals, self.options = self.order(*args, **kwargs)
+        tensors = [i for i, v in enumerate(vals) if isinstance(v, torch.Tensor)]
+        tuples = [i for i, v in enumerate(vals) if isinstance(v, tuple)]
+        scalars = [i for i in range(len(vals)) if i not in tensors and i not in tuples]
+        # runtime scalars whose value Triton does not specialise on (a float;
+        # an int of a do_not_specialize parameter, as long as it stays an
+        # i32): they may differ from call to call (an observation's index);
+        # every other scalar (a constexpr, None, a specialised int) is fixed
+        params = fn.params
+        free_ints = [i for i in scalars if type(vals[i]) is int and not params[i].is_constexpr
+                     and params[i].do_not_specialize and _is_i32(vals[i])]
+        floats = [i for i in scalars if type(vals[i]) is float and not params[i].is_constexpr]
+        fixed = [i for i in scalars if i not in free_ints and i not in floats]
+        self.fixed_of, self.free_of, self.ints_of = map(_getter, (fixed, free_ints + floats, free_ints))
+        self.fixed = self.fixed_of(vals)
+        self.fixed_types = tuple(map(type, self.fixed))
+        self.free_types = tuple(map(type, self.free_of(vals)))
+        self.tuples = tuple((i, _model(vals[i])) for i in tuples)
+        self.tensors_of = _getter(tensors)
+        self.dtypes = tuple(map(_dtype, self.tensors_of(vals)))
+        # which tensors are 16-byte aligned, which Triton specialises on (the
+        # compiled code may assume it): a call whose pattern differs takes its path
+        self.aligned = _aligned(self.tensors_of(vals))
+        self.knobs = _knobs()
+        # the globals the kernel read when it compiled, per module, as bound
+        # now (Triton's launch has just checked them against their values then)
+        scopes = {}
+        for (name, _), (_, scope) in fn.used_global_vals.items():
+            scopes.setdefault(id(scope), (scope, []))[1].append(name)
+        self.globals = tuple((scope, _getter(names), _getter(names)(scope))
+                             for scope, names in scopes.values())
+        self.runner = kernel[(tuple(grid) + (1, 1))[:3]]
+
+    def launch(self, args, kwargs, device) -> bool:
+        """Launches the kept kernel where this call matches; False otherwise."""
+        try:
+            vals = self._matching(args, kwargs, device)
+        except (KeyError, AttributeError, TypeError):  # a call Triton may take, or explain
+            return False
+        if vals is None:
+            return False
+        self.runner(*vals, stream=_stream(device))
+        return True
+
+    def _matching(self, args, kwargs, device):
+        """The call's arguments in signature order where it matches; None otherwise."""
+        vals, options = self.order(*args, **kwargs)
+        fixed, ints, tensors = self.fixed_of(vals), self.ints_of(vals), self.tensors_of(vals)
+        if (options != self.options or fixed != self.fixed
+                or tuple(map(type, fixed)) != self.fixed_types  # 1 == True == 1.0
+                or tuple(map(type, self.free_of(vals))) != self.free_types
+                or (ints and not (_I32_MIN <= min(ints) and max(ints) <= _I32_MAX))
+                or tuple(map(_dtype, tensors)) != self.dtypes or _aligned(tensors) != self.aligned
+                or device != self.device or _knobs() != self.knobs or self.fn.pre_run_hooks):
+            return None
+        for i, model in self.tuples:
+            if not _matches(vals[i], model):
+                return None
+        # the kernel's globals unchanged since it compiled, as Triton checks at
+        # each launch (the same objects compare at once)
+        for scope, bound, values in self.globals:
+            if bound(scope) != values:
+                return None
+        return vals
+
+
+def _device():
+    return triton.runtime.driver.active.get_current_device()
+
+
+def _stream(device):
+    return triton.runtime.driver.active.get_current_stream(device)
+
+
+_SITES: dict = {}
+_MAX_SITES = 256
+
+
+class Replay:
+    """``Replay(scope, name, grid)(*args, **kwargs)``: ``scope[name][grid](*args,
+    **kwargs)`` (``scope``: the launcher module's globals, read at each call),
+    replayed past Triton's front end where it matches the kept call (see the
+    module docstring). One per launch site of a prepared launch."""
+
+    __slots__ = ("scope", "name", "grid", "kept")
+
+    def __init__(self, scope, name, grid):
+        self.scope, self.name, self.grid, self.kept = scope, name, tuple(grid), None
+
+    @classmethod
+    def site(cls, scope, name, grid, tag=None) -> "Replay":
+        """The Replay of a launch site that a launcher plans at every call
+        (no prepared launch to hold it): one per (module, kernel, grid,
+        ``tag``: the site), kept for the process (at most ``_MAX_SITES``)."""
+        key = (id(scope), name, tuple(grid), tag)
+        replay = _SITES.get(key)
+        if replay is None:
+            if len(_SITES) >= _MAX_SITES:
+                _SITES.clear()
+            replay = _SITES[key] = cls(scope, name, grid)
+        return replay
+
+    def __call__(self, *args, **kwargs):
+        fn = self.scope[self.name]
+        kept = self.kept
+        if kept is not None and kept.fn is fn and ENABLED:
+            device = _device()
+            if kept.launch(args, kwargs, device):
+                return
+        kernel = fn[self.grid](*args, **kwargs)
+        if ENABLED and isinstance(fn, JITFunction) and isinstance(kernel, CompiledKernel):
+            self.kept = _Kept(fn, kernel, self.grid, args, kwargs, _device())

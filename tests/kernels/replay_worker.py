@@ -1,0 +1,213 @@
+"""Worker of tests/kernels/test_replay.py, run as a script WITHOUT
+TRITON_INTERPRET (the kernels must compile, for sm_90, with no GPU: a
+recording driver stands in for the launcher, obskernels.bench.launch).
+
+For each case it makes a launch through ``kernels/_replay.Replay`` and the
+same launch through Triton's own ``kernel[grid](...)``, and prints one JSON
+object per case: which path the Replay took ("replay": the kept kernel,
+past Triton's front end; "triton": Triton's launch path, counted at
+``JITFunction.run``), whether both launches reached the launcher with the
+same compiled kernel (function handle), grid and argument objects, or the
+error each raised. The test holds the expectations.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+_OFFSET: tl.constexpr = tl.constexpr(1)
+
+
+@triton.jit(do_not_specialize=["free_n"])
+def _probe(x_ptr, y_ptr, n, one, free_n, f, geo, pair, B: tl.constexpr, FLAG: tl.constexpr = False):
+    offs = tl.arange(0, B)
+    mask = offs < n
+    out = tl.load(x_ptr + offs, mask=mask, other=0.0) * f + one + free_n + geo[0] + geo[1]
+    out += tl.load(pair[0] + offs, mask=mask, other=0.0) + _OFFSET
+    if FLAG:
+        out += 1
+    tl.store(y_ptr + offs, out, mask=mask)
+
+
+def _launch_of(recorder, runs, call):
+    """(path, record or error) of ``call()``."""
+    before_runs, before = runs[0], len(recorder.sink)
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        return ("triton" if runs[0] > before_runs else "replay"), f"{type(exc).__name__}: {exc}"
+    path = "triton" if runs[0] > before_runs else "replay"
+    records = recorder.sink[before:]
+    return path, records[-1] if records else None
+
+
+def _same(a, b) -> dict:
+    """Facts about two launcher records (name, grid, stream, function, args)."""
+    if isinstance(a, str) or isinstance(b, str) or a is None or b is None:
+        return {"errors": [a if isinstance(a, str) else None, b if isinstance(b, str) else None],
+                "same_function": False, "same_args": False, "same_grid": False}
+    return {"errors": [None, None], "same_function": a[3] == b[3], "same_grid": a[1] == b[1],
+            "same_args": len(a[4]) == len(b[4]) and all(x is y for x, y in zip(a[4], b[4]))}
+
+
+def probe_cases(recorder, runs) -> list:
+    from obskernels.kernels import _replay
+
+    def base():
+        x, y, p = (torch.zeros(64) for _ in range(3))
+        return [x, y, 64, 1, 5, 0.5, (16, 1), (p,)], {"B": 64}
+
+    def with_(i, v):
+        def change(args, kw):
+            args[i] = v
+        return change
+
+    def kw_(name, v):
+        def change(args, kw):
+            kw[name] = v
+        return change
+
+    buf = torch.zeros(80)
+    cases = {
+        "new tensors": lambda a, k: a.__setitem__(slice(0, 2), [torch.zeros(64), torch.zeros(64)]),
+        "free int changes": with_(4, 7),
+        "free int leaves i32": with_(4, 2**31),
+        "free int becomes a bool": with_(4, True),
+        "float changes": with_(5, 2.0),
+        "float becomes an int": with_(5, 2),
+        "specialised int changes": with_(2, 48),
+        "int 1 becomes True": with_(3, True),  # equal in Python, not to Triton
+        "an equal new tuple": with_(6, (16, 1)),
+        "tuple field becomes a bool": with_(6, (16, True)),
+        "dtype changes": with_(0, torch.zeros(64, dtype=torch.float16)),
+        "misaligned tensor": with_(0, buf[1:65]),
+        "misaligned tensor in a tuple": with_(7, (buf[1:65],)),
+        "constexpr changes": kw_("B", 128),
+        "default constexpr given": kw_("FLAG", False),
+        "constexpr default changes": kw_("FLAG", True),
+        "launch option changes": kw_("num_warps", 8),
+    }
+    out = []
+
+    def run_case(name, change=None, setup=None, teardown=None):
+        replay = _replay.Replay(globals(), "_probe", (1,))
+        args, kw = base()
+        replay(*args, **kw)  # kept
+        if change is not None:
+            change(args, kw)
+        if setup is not None:
+            setup()
+        try:
+            path, rec = _launch_of(recorder, runs, lambda: replay(*args, **kw))
+            _, ref = _launch_of(recorder, runs, lambda: _probe[(1,)](*args, **kw))
+        finally:
+            if teardown is not None:
+                teardown()
+        out.append(dict(case=name, path=path, **_same(rec, ref)))
+
+    for name, change in cases.items():
+        run_case(name, change)
+    # a misaligned call kept, then an aligned one: the aligned variant is Triton's choice
+    replay = _replay.Replay(globals(), "_probe", (1,))
+    args, kw = base()
+    args[0] = buf[1:65]
+    replay(*args, **kw)
+    args[0] = torch.zeros(64)
+    path, rec = _launch_of(recorder, runs, lambda: replay(*args, **kw))
+    _, ref = _launch_of(recorder, runs, lambda: _probe[(1,)](*args, **kw))
+    out.append(dict(case="aligned after a misaligned kept call", path=path, **_same(rec, ref)))
+
+    def set_device(d):
+        recorder.device = d
+
+    run_case("another device", setup=lambda: set_device(1), teardown=lambda: set_device(0))
+    run_case("Triton debug knob", setup=lambda: setattr(triton.knobs.runtime, "debug", True),
+             teardown=lambda: setattr(triton.knobs.runtime, "debug", False))
+    hook = lambda *a, **k: None  # noqa: E731
+    run_case("a pre-run hook", setup=lambda: _probe.pre_run_hooks.append(hook),
+             teardown=lambda: _probe.pre_run_hooks.remove(hook))
+    run_case("replays off", setup=lambda: setattr(_replay, "ENABLED", False),
+             teardown=lambda: setattr(_replay, "ENABLED", True))
+    saved = globals()["_OFFSET"]
+    run_case("a global rebound", setup=lambda: globals().__setitem__("_OFFSET", tl.constexpr(2)),
+             teardown=lambda: globals().__setitem__("_OFFSET", saved))
+    return out
+
+
+def observer_cases(recorder, runs, calls: int = 4) -> list:
+    """Each host-proxy scenario (and a few more) called ``calls`` times after
+    three warm-up calls; every launch the Replay makes past Triton is made again through
+    Triton with the same arguments and the two records compared."""
+    from obskernels.bench import host
+    from obskernels.bench.backends import llmc_available
+    from obskernels.kernels import _replay
+
+    checked = []
+    original = _replay.Replay.__call__
+
+    def checking(self, *args, **kwargs):
+        before_runs, before = runs[0], len(recorder.sink)
+        original(self, *args, **kwargs)
+        if runs[0] == before_runs and len(recorder.sink) == before + 1:  # replayed
+            rec = recorder.sink[-1]
+            self.scope[self.name][self.grid](*args, **kwargs)
+            checked.append(dict(kernel=self.name, **_same(rec, recorder.sink[-1])))
+            recorder.sink.pop()
+            runs[0] -= 1  # the check's own launch
+
+    def accumulate():  # an imatrix observer's forward hook: launches planned at each call
+        from obskernels import ops
+
+        x = torch.randn(4, 64, 256, dtype=torch.bfloat16)
+        total, count = torch.zeros(256), torch.zeros((), dtype=torch.int64)
+        return lambda: ops.accumulate_sq(x, total, count)
+
+    def forward(name):  # an activation observer's repeated forward, its observation index counting
+        from obskernels import Observer
+
+        obs = Observer.load_from_registry(name, base_name="input", args=host._qargs(host._FP8_TENSOR))
+        x = torch.randn(4, 64, 256, dtype=torch.bfloat16)
+        return lambda: obs(x)
+
+    makers = [(sc.name, lambda sc=sc: host._call_of(sc)) for sc in host.SCENARIOS
+              if not sc.drop_in or llmc_available()]
+    makers += [(f"{name} forward", lambda name=name: forward(name)) for name in ("minmax", "mse")]
+    out = []
+    _replay.Replay.__call__ = checking
+    try:
+        for name, make in makers + [("accumulate_sq", accumulate)]:
+            fn = make()
+            for _ in range(3):  # a repeated forward's third call is its first ticketed launch
+                fn()
+            checked.clear()
+            runs[0], launches = 0, len(recorder.sink)
+            for _ in range(calls):
+                fn()
+            out.append(dict(case=name, launches=len(recorder.sink) - launches,
+                            triton_runs=runs[0], replays=list(checked)))
+    finally:
+        _replay.Replay.__call__ = original
+    return out
+
+
+def main() -> int:
+    import warnings
+
+    from obskernels.bench.launch import compiled_on_cpu, triton_runs
+
+    warnings.simplefilter("ignore")
+    part = sys.argv[1]
+    with compiled_on_cpu() as recorder, triton_runs() as runs:
+        rows = probe_cases(recorder, runs) if part == "probe" else observer_cases(recorder, runs)
+    for row in rows:
+        print(json.dumps(row))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""Launches replayed past Triton's front end (kernels/_replay.py), checked
+against Triton's own launch without a GPU.
+
+``replay_worker.py`` runs in a subprocess without TRITON_INTERPRET, under
+each triton of ``compile_pythons()``: the kernels compile for sm_90 and a
+recording driver (obskernels.bench.launch) stands in for Triton's C
+launcher. Every launch a ``Replay`` makes is made again through Triton's
+``kernel[grid](...)`` with the same arguments; the two must reach the
+launcher with the same compiled kernel, grid and argument objects. A call
+that Triton would specialise differently must take Triton's path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+from helpers import compile_pythons, compiling_env, python_id, triton_version
+
+pytestmark = pytest.mark.kernel
+
+WORKER = os.path.join(os.path.dirname(__file__), "replay_worker.py")
+
+# the probe kernel's cases and the path each must take
+EXPECTED_PATHS = {
+    "new tensors": "replay",
+    "free int changes": "replay",  # a do_not_specialize int (an observation's index)
+    "free int leaves i32": "triton",
+    "free int becomes a bool": "triton",
+    "float changes": "replay",
+    "float becomes an int": "triton",
+    "specialised int changes": "triton",
+    "int 1 becomes True": "triton",
+    "an equal new tuple": "replay",
+    "tuple field becomes a bool": "triton",
+    "dtype changes": "triton",
+    "misaligned tensor": "triton",
+    "misaligned tensor in a tuple": "triton",
+    "aligned after a misaligned kept call": "triton",
+    "constexpr changes": "triton",
+    "default constexpr given": "replay",
+    "constexpr default changes": "triton",
+    "launch option changes": "triton",
+    "another device": "triton",
+    "Triton debug knob": "triton",
+    "a pre-run hook": "triton",
+    "replays off": "triton",
+    "a global rebound": "triton",
+}
+
+
+def _worker(python, part):
+    assert os.access(python, os.X_OK), f"compile environment {python} does not exist (`make test` creates it)"
+    assert triton_version(python), f"{python} has no triton"
+    proc = subprocess.run([python, WORKER, part], env=compiling_env(), capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, f"replay worker under {python} failed:\n{proc.stderr[-4000:]}"
+    return {row["case"]: row for row in map(json.loads, proc.stdout.splitlines())}
+
+
+@pytest.fixture(scope="module", params=compile_pythons(), ids=python_id)
+def python(request):
+    return request.param
+
+
+def test_a_replay_launches_what_triton_launches_and_only_where_it_would(python):
+    rows = _worker(python, "probe")
+    assert set(rows) == set(EXPECTED_PATHS)
+    for case, want in EXPECTED_PATHS.items():
+        row = rows[case]
+        assert row["path"] == want, f"{case}: took {row['path']}'s path, expected {want}'s"
+        if case == "a global rebound":  # Triton refuses the call; the replay did not launch it
+            assert all(e and e.startswith("RuntimeError: Global variable _OFFSET") for e in row["errors"]), row
+            continue
+        assert row["errors"] == [None, None], f"{case}: {row['errors']}"
+        assert row["same_function"] and row["same_grid"] and row["same_args"], \
+            f"{case}: the replay's launch differs from Triton's: {row}"
+
+
+def test_every_repeated_observer_launch_is_replayed_as_triton_launches_it(python):
+    """The host proxy's scenarios (every observer family, first observations
+    with their qparams, repeated forwards, TENSOR_GROUP's global scale), the
+    moving-average observers' repeated forwards (their observation index
+    counting) and an imatrix forward's accumulate_sq: once every launch site
+    has launched, no launch takes Triton's path, and each replayed one
+    equals Triton's."""
+    rows = _worker(python, "observers")
+    assert {"minmax call", "activation forward", "memoryless_mse call", "nvfp4_expanded_mse call",
+            "imatrix_mse call", "minmax forward", "mse forward", "accumulate_sq"} <= set(rows)
+    for case, row in rows.items():
+        assert row["launches"] > 0, case
+        assert row["triton_runs"] == 0, f"{case}: {row['triton_runs']} launches took Triton's path"
+        assert len(row["replays"]) == row["launches"], case
+        for rep in row["replays"]:
+            assert rep["same_function"] and rep["same_grid"] and rep["same_args"], f"{case}: {rep}"
