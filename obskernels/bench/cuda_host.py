@@ -37,9 +37,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
-import subprocess
 import sys
 import time
 from typing import Callable, Dict, List, Optional
@@ -215,11 +213,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--n", type=int, default=200, help="calls per back-to-back round")
     ap.add_argument("--reps", type=int, default=50, help="single synchronised calls")
     ns = ap.parse_args(argv)
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        # the kernels must compile for the GPU: run afresh without the interpreter
-        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        cmd = [sys.executable, "-m", "obskernels.bench.cuda_host", *(argv if argv is not None else sys.argv[1:])]
-        return subprocess.call(cmd, env=env)
+    from obskernels.bench.host import interpreting, rerun
+
+    if interpreting():  # the kernels must compile for the GPU: run afresh without the interpreter
+        return rerun("obskernels.bench.cuda_host", argv, interpret=False)
     import torch
 
     if not torch.cuda.is_available():

@@ -287,6 +287,21 @@ def measure(scenarios=SCENARIOS, reps: int = 300, warmup: int = 20) -> List[Dict
     return out
 
 
+def interpreting() -> bool:
+    """Whether TRITON_INTERPRET is on in this process's environment."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def rerun(module: str, argv: Optional[List[str]], interpret: bool) -> int:
+    """``python -m module argv`` afresh, with triton's interpreter on or off
+    (it must be set before triton is imported); its exit status."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
+    cmd = [sys.executable, "-m", module, *(argv if argv is not None else sys.argv[1:])]
+    return subprocess.call(cmd, env=env)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     import argparse
 
@@ -295,11 +310,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--json", action="store_true", help="one JSON object per line")
     ap.add_argument("--reps", type=int, default=300)
     ns = ap.parse_args(argv)
-    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-        # the interpreter must be on before triton is imported: run afresh with it
-        env = dict(os.environ, TRITON_INTERPRET="1")
-        cmd = [sys.executable, "-m", "obskernels.bench.host", *(argv if argv is not None else sys.argv[1:])]
-        return subprocess.call(cmd, env=env)
+    if not interpreting():  # the interpreter must be on before triton is imported
+        return rerun("obskernels.bench.host", argv, interpret=True)
     rows = measure(reps=ns.reps)
     if ns.json:
         for r in rows:

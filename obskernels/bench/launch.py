@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import subprocess
 import sys
 import time
 import zlib
@@ -207,10 +205,6 @@ def measure(scenarios=None, reps: int = 200) -> List[Dict]:
     return out
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 def main(argv: Optional[List[str]] = None) -> int:
     import argparse
 
@@ -219,10 +213,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--json", action="store_true", help="one JSON object per line")
     ap.add_argument("--reps", type=int, default=200)
     ns = ap.parse_args(argv)
-    if _interpreting():  # the kernels must compile: run afresh without the interpreter
-        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        cmd = [sys.executable, "-m", "obskernels.bench.launch", *(argv if argv is not None else sys.argv[1:])]
-        return subprocess.call(cmd, env=env)
+    from obskernels.bench.host import interpreting, rerun
+
+    if interpreting():  # the kernels must compile: run afresh without the interpreter
+        return rerun("obskernels.bench.launch", argv, interpret=False)
     import triton
 
     rows = measure(reps=ns.reps)

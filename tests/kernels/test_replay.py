@@ -95,3 +95,24 @@ def test_every_repeated_observer_launch_is_replayed_as_triton_launches_it(python
         assert len(row["replays"]) == row["launches"], case
         for rep in row["replays"]:
             assert rep["same_function"] and rep["same_grid"] and rep["same_args"], f"{case}: {rep}"
+
+
+def test_launch_proxy_cli_json_rows():
+    """``python -m obskernels.bench.launch --json`` (run from this
+    interpreted process: it re-runs itself without the interpreter): one row
+    per host scenario, every launch replayed, both times measured."""
+    import sys
+
+    from obskernels.bench import host
+    from obskernels.bench.backends import llmc_available
+
+    env = dict(compiling_env(), TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-m", "obskernels.bench.launch", "--json", "--reps", "3"],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert [r["scenario"] for r in rows] == [s.name for s in host.SCENARIOS
+                                             if not s.drop_in or llmc_available()]
+    for r in rows:
+        assert r["launches"] >= 1 and r["triton_runs"] == 0, r
+        assert r["replay_us"] > 0 and r["triton_us"] > 0 and r["unit_us"] > 0, r
