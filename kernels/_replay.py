@@ -34,8 +34,6 @@ kernel is looked up by name at each call), every call is ``kernel[grid]``.
 
 from __future__ import annotations
 
-import functools
-import inspect
 import operator
 import os
 
@@ -111,54 +109,56 @@ def _getter(positions):
     return operator.itemgetter(*positions)
 
 
-@functools.lru_cache(maxsize=None)
-def _order_of(fn):
-    """A function taking a call of ``fn`` as written (positional, keywords,
-    launch options) and returning (the arguments in ``fn``'s signature order,
-    defaults filled in; the launch options)."""
-    params = fn.signature.parameters
-    names = list(params)
-    defaults = {f"_default_{n}": p.default for n, p in params.items()
-                if p.default is not inspect.Parameter.empty}
-    spec = ", ".join(n if f"_default_{n}" not in defaults else f"{n}=_default_{n}" for n in names)
-    src = f"def order({spec}, **options):\n    return ({', '.join(names)},), options\n"
-    scope = dict(defaults)
-    exec(src, scope)  # noqa: S102 - a signature's binding, from the kernel's own parameter names
-    return scope["order"]
-
-
 class _Kept:
-    """A compiled kernel and what a call must match to launch it directly."""
+    """A compiled kernel and what a call must match to launch it directly.
 
-    __slots__ = ("fn", "order", "options", "fixed_of", "fixed", "fixed_types", "free_of",
-                 "free_types", "ints_of", "tuples", "tensors_of", "dtypes", "aligned", "device",
-                 "knobs", "globals", "runner")
+    A call is taken as written: ``flat`` is its positional arguments, its
+    keyword arguments' values (in their order), then the site's own keywords
+    and the defaults of the parameters neither passes (``tail``); ``args_of``
+    picks the kernel's arguments from it in signature order. Only the call's
+    own part is compared: the site's keywords are the site's, the same
+    objects at every call."""
 
-    def __init__(self, fn, kernel, grid, args, kwargs, device):
-        self.fn, self.order, self.device = fn, _order_of(fn), device
-        vals, self.options = self.order(*args, **kwargs)
-        tensors = [i for i, v in enumerate(vals) if isinstance(v, torch.Tensor)]
-        tuples = [i for i, v in enumerate(vals) if isinstance(v, tuple)]
-        scalars = [i for i in range(len(vals)) if i not in tensors and i not in tuples]
+    __slots__ = ("fn", "n_args", "keys", "tail", "args_of", "fixed_of", "fixed", "fixed_types",
+                 "free_of", "free_types", "ints_of", "tuples", "tensors_of", "dtypes", "aligned",
+                 "device", "knobs", "globals", "runner")
+
+    def __init__(self, fn, kernel, grid, args, kwargs, bound, device):
+        self.fn, self.device = fn, device
+        params, defaults = fn.params, fn.signature.parameters
+        names = [p.name for p in params]
+        self.n_args, self.keys = len(args), tuple(kwargs)
+        missing = [n for n in names[len(args):] if n not in kwargs and n not in bound]
+        self.tail = tuple(bound.values()) + tuple(defaults[n].default for n in missing)
+        flat_names = names[:len(args)] + list(kwargs) + list(bound) + missing
+        self.args_of = _getter([flat_names.index(n) for n in names])
+        flat = tuple(args) + tuple(kwargs.values()) + self.tail
+        own = range(len(args) + len(kwargs))
+        param = {i: params[names.index(flat_names[i])] if flat_names[i] in names else None
+                 for i in own}  # None: a launch option (num_warps, ...)
+        runtime = {i for i in own if param[i] is not None and not param[i].is_constexpr}
+        tensors = [i for i in own if isinstance(flat[i], torch.Tensor)]
+        tuples = [i for i in own if isinstance(flat[i], tuple)]
+        scalars = [i for i in own if i not in tensors and i not in tuples]
         # runtime scalars whose value Triton does not specialise on (a float;
         # an int of a do_not_specialize parameter, as long as it stays an
         # i32): they may differ from call to call (an observation's index);
-        # every other scalar (a constexpr, None, a specialised int) is fixed
-        params = fn.params
-        free_ints = [i for i in scalars if type(vals[i]) is int and not params[i].is_constexpr
-                     and params[i].do_not_specialize and _is_i32(vals[i])]
-        floats = [i for i in scalars if type(vals[i]) is float and not params[i].is_constexpr]
+        # every other scalar (a constexpr, None, a specialised int, an
+        # option) is fixed
+        free_ints = [i for i in scalars if i in runtime and type(flat[i]) is int
+                     and param[i].do_not_specialize and _is_i32(flat[i])]
+        floats = [i for i in scalars if i in runtime and type(flat[i]) is float]
         fixed = [i for i in scalars if i not in free_ints and i not in floats]
         self.fixed_of, self.free_of, self.ints_of = map(_getter, (fixed, free_ints + floats, free_ints))
-        self.fixed = self.fixed_of(vals)
+        self.fixed = self.fixed_of(flat)
         self.fixed_types = tuple(map(type, self.fixed))
-        self.free_types = tuple(map(type, self.free_of(vals)))
-        self.tuples = tuple((i, _model(vals[i])) for i in tuples)
+        self.free_types = tuple(map(type, self.free_of(flat)))
+        self.tuples = tuple((i, _model(flat[i])) for i in tuples)
         self.tensors_of = _getter(tensors)
-        self.dtypes = tuple(map(_dtype, self.tensors_of(vals)))
+        self.dtypes = tuple(map(_dtype, self.tensors_of(flat)))
         # which tensors are 16-byte aligned, which Triton specialises on (the
         # compiled code may assume it): a call whose pattern differs takes its path
-        self.aligned = _aligned(self.tensors_of(vals))
+        self.aligned = _aligned(self.tensors_of(flat))
         self.knobs = _knobs()
         # the globals the kernel read when it compiled, per module, as bound
         # now (Triton's launch has just checked them against their values then)
@@ -181,25 +181,27 @@ class _Kept:
         return True
 
     def _matching(self, args, kwargs, device):
-        """The call's arguments in signature order where it matches; None otherwise."""
-        vals, options = self.order(*args, **kwargs)
-        fixed, ints, tensors = self.fixed_of(vals), self.ints_of(vals), self.tensors_of(vals)
-        if (options != self.options or fixed != self.fixed
+        """The call's kernel arguments in signature order where it matches; None otherwise."""
+        if len(args) != self.n_args or tuple(kwargs) != self.keys:
+            return None
+        flat = args + tuple(kwargs.values()) + self.tail if kwargs else args + self.tail
+        fixed, ints, tensors = self.fixed_of(flat), self.ints_of(flat), self.tensors_of(flat)
+        if (fixed != self.fixed
                 or tuple(map(type, fixed)) != self.fixed_types  # 1 == True == 1.0
-                or tuple(map(type, self.free_of(vals))) != self.free_types
+                or tuple(map(type, self.free_of(flat))) != self.free_types
                 or (ints and not (_I32_MIN <= min(ints) and max(ints) <= _I32_MAX))
                 or tuple(map(_dtype, tensors)) != self.dtypes or _aligned(tensors) != self.aligned
                 or device != self.device or _knobs() != self.knobs or self.fn.pre_run_hooks):
             return None
         for i, model in self.tuples:
-            if not _matches(vals[i], model):
+            if not _matches(flat[i], model):
                 return None
         # the kernel's globals unchanged since it compiled, as Triton checks at
         # each launch (the same objects compare at once)
         for scope, bound, values in self.globals:
             if bound(scope) != values:
                 return None
-        return vals
+        return self.args_of(flat)
 
 
 def _device():
@@ -215,15 +217,17 @@ _MAX_SITES = 256
 
 
 class Replay:
-    """``Replay(scope, name, grid)(*args, **kwargs)``: ``scope[name][grid](*args,
-    **kwargs)`` (``scope``: the launcher module's globals, read at each call),
+    """``Replay(scope, name, grid, **bound)(*args, **kwargs)``:
+    ``scope[name][grid](*args, **kwargs, **bound)`` (``scope``: the launcher
+    module's globals, read at each call; ``bound``: the site's own keyword
+    arguments, the same at every call: its constexprs and launch options),
     replayed past Triton's front end where it matches the kept call (see the
     module docstring). One per launch site of a prepared launch."""
 
-    __slots__ = ("scope", "name", "grid", "kept")
+    __slots__ = ("scope", "name", "grid", "bound", "kept")
 
-    def __init__(self, scope, name, grid):
-        self.scope, self.name, self.grid, self.kept = scope, name, tuple(grid), None
+    def __init__(self, scope, name, grid, **bound):
+        self.scope, self.name, self.grid, self.bound, self.kept = scope, name, tuple(grid), bound, None
 
     @classmethod
     def site(cls, scope, name, grid, tag=None) -> "Replay":
@@ -245,6 +249,6 @@ class Replay:
             device = _device()
             if kept.launch(args, kwargs, device):
                 return
-        kernel = fn[self.grid](*args, **kwargs)
+        kernel = fn[self.grid](*args, **kwargs, **self.bound)
         if ENABLED and isinstance(fn, JITFunction) and isinstance(kernel, CompiledKernel):
-            self.kept = _Kept(fn, kernel, self.grid, args, kwargs, _device())
+            self.kept = _Kept(fn, kernel, self.grid, args, kwargs, self.bound, _device())

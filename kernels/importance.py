@@ -80,13 +80,13 @@ def prepare(call: ImportanceCall):
 
     new_importance = allocator(shape, torch.float32, dev)
     context = launch_context(dev)
-    kernel = Replay(globals(), "_importance_kernel", (1,))
+    kernel = Replay(globals(), "_importance_kernel", (1,), BLOCK=IMPORTANCE_BLOCK)
 
     def launch(call: ImportanceCall):
         sum_buf = call.sum_buf
         imp = new_importance()
         with context():
-            kernel(sum_buf, call.count_buf, imp, call.status, H, stride, BLOCK=IMPORTANCE_BLOCK)
+            kernel(sum_buf, call.count_buf, imp, call.status, H, stride)
         return imp
 
     return launch

@@ -469,10 +469,11 @@ def prepare(call: MinMaxCall, qparams: bool = False, widen: bool = True):
         # with a caller's tickets: one launch, its last programs finishing
         one_launch = dict(first, **epilogue, FINISH=True, BLOCK_S=finish_lanes(first))
 
-    # a launch site each (kernels/_replay.py: the calls of one site differ in their tensors)
-    main_k, ticketed_k = (Replay(globals(), "_min_max_kernel", grid) for _ in range(2))
+    # a launch site each, its constexprs and options bound (kernels/_replay.py)
+    main_k = Replay(globals(), "_min_max_kernel", grid, **first)
     if split > 1:
-        finish_k = Replay(globals(), "_min_max_finish_kernel", finish_grid)
+        ticketed_k = Replay(globals(), "_min_max_kernel", grid, **one_launch)
+        finish_k = Replay(globals(), "_min_max_finish_kernel", finish_grid, **finish)
 
     def launch(call: MinMaxCall, tickets=None):
         if config_token() is not token:  # a launch_config block changed the policy
@@ -497,19 +498,16 @@ def prepare(call: MinMaxCall, qparams: bool = False, widen: bool = True):
                 ticketed_k(
                     value, perm if perm is not None else value, pmin, pmax, *layout_args,
                     held_min, held_max, status if status is not None else pmin, avg_a, avg_c,
-                    call.observation, **one_launch, fin_min_ptr=mins, fin_max_ptr=maxs,
-                    tickets_ptr=tickets,
+                    call.observation, fin_min_ptr=mins, fin_max_ptr=maxs, tickets_ptr=tickets,
                 )
                 return mins, maxs
             main_k(
                 value, perm if perm is not None else value,  # perm: unread unless GATHER
                 pmin, pmax, *layout_args, held_min, held_max,
-                status if status is not None else pmin, avg_a, avg_c, call.observation, **first,
+                status if status is not None else pmin, avg_a, avg_c, call.observation,
             )
             if split > 1:
-                finish_k(
-                    pmin, pmax, mins, maxs, Q, split, held_min, held_max, avg_a, avg_c, **finish,
-                )
+                finish_k(pmin, pmax, mins, maxs, Q, split, held_min, held_max, avg_a, avg_c)
         return mins, maxs
 
     # a caller that repeats this call in place (ops.Repeat) keeps this many
@@ -604,7 +602,7 @@ def _qparams_launch(flat, layout, main, launch_args, new_stats, new_parts, conte
     if split > 1:  # the tickets after the flags
         first = dict(first, FINISH=True, BLOCK_S=finish_lanes(first), ticket0=N_STATUS + grid[0])
 
-    kernel = Replay(globals(), "_min_max_kernel", grid)
+    kernel = Replay(globals(), "_min_max_kernel", grid, **first)
 
     def launch(call: MinMaxQParamsCall):
         if config_token() is not token:  # a launch_config block changed the policy
@@ -616,12 +614,12 @@ def _qparams_launch(flat, layout, main, launch_args, new_stats, new_parts, conte
             if split == 1:
                 kernel(
                     value, perm if perm is not None else value, mins, maxs, *layout_args, mins,
-                    maxs, status, avg_a, avg_c, 0, **first, qp=qp,
+                    maxs, status, avg_a, avg_c, 0, qp=qp,
                 )
             else:  # the partials, finished in this launch into mins / maxs
                 kernel(
                     value, perm if perm is not None else value, new_parts(), new_parts(),
-                    *layout_args, mins, maxs, status, avg_a, avg_c, 0, **first, qp=qp,
+                    *layout_args, mins, maxs, status, avg_a, avg_c, 0, qp=qp,
                     fin_min_ptr=mins, fin_max_ptr=maxs, tickets_ptr=status,
                 )
         return mins, maxs, qp.scale_ptr, qp.zp_ptr, None, status
@@ -650,7 +648,7 @@ def _parts_qparams_launch(flat, layout, main, launch_args, new_stats, new_parts,
     if split > 1:
         first.update(FINISH=True, BLOCK_S=finish_lanes(first), ticket0=N_STATUS + plan.programs)
 
-    kernel = Replay(globals(), "_min_max_kernel", grid)
+    kernel = Replay(globals(), "_min_max_kernel", grid, **first)
 
     def launch(call: MinMaxQParamsCall):
         if config_token() is not token:  # a launch_config block changed the policy
@@ -661,12 +659,12 @@ def _parts_qparams_launch(flat, layout, main, launch_args, new_stats, new_parts,
             if split == 1:
                 kernel(
                     value, perm if perm is not None else value, mins, maxs, *layout_args, mins,
-                    maxs, status, avg_a, avg_c, 0, **first, absmax_ptr=parts,
+                    maxs, status, avg_a, avg_c, 0, absmax_ptr=parts,
                 )
             else:  # the partials, finished in this launch into mins / maxs
                 kernel(
                     value, perm if perm is not None else value, new_parts(), new_parts(),
-                    *layout_args, mins, maxs, status, avg_a, avg_c, 0, **first,
+                    *layout_args, mins, maxs, status, avg_a, avg_c, 0,
                     absmax_ptr=parts, fin_min_ptr=mins, fin_max_ptr=maxs, tickets_ptr=status,
                 )
             scale, zero_point, gs = plan.launch(mins, maxs, parts, status)

@@ -414,8 +414,10 @@ def _register_path(s: _Search, config: LaunchConfig):
         # one word per (program, 32 steps), each stored by its program: no clearing
         new_flags = allocator((programs, n_words), torch.int32, dev)
 
-    search_k = Replay(globals(), "_search_kernel", (programs,))
-    choose_k, choose_qp_k = (Replay(globals(), "_choose_kernel", choose_grid) for _ in range(2))
+    # a launch site each, its constexprs and options bound (kernels/_replay.py)
+    search_k = Replay(globals(), "_search_kernel", (programs,), **search_switches)
+    choose_k, choose_qp_k = (Replay(globals(), "_choose_kernel", choose_grid, **choose_switches)
+                             for _ in range(2))
 
     def run(s: _Search, qparams=None) -> None:
         """``qparams``: (``QParamsOut``, its QP switches) for the choice's
@@ -427,17 +429,12 @@ def _register_path(s: _Search, config: LaunchConfig):
         search_k(
             s.value, *s.weights, s.tab, *s.steps, bits, flags, s.out_min, s.out_max,
             s.status if s.record else flags, *layout_args, *search_tail, s.observation,
-            **search_switches,
         )
         if qparams is not None:
-            choose_qp_k(
-                bits, flags, *s.steps, s.out_min, s.out_max, *choose_tail, **choose_switches,
-                status_ptr=s.status, qp=qparams[0], QP=qparams[1],
-            )
+            choose_qp_k(bits, flags, *s.steps, s.out_min, s.out_max, *choose_tail,
+                        status_ptr=s.status, qp=qparams[0], QP=qparams[1])
         elif not track:
-            choose_k(
-                bits, flags, *s.steps, s.out_min, s.out_max, *choose_tail, **choose_switches,
-            )
+            choose_k(bits, flags, *s.steps, s.out_min, s.out_max, *choose_tail)
 
     # the choice's programs, where it computes the qparams (None: no choose launch)
     run.choose_programs = None if track else choose_grid[0]

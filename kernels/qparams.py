@@ -488,10 +488,8 @@ class PartsQParams(NamedTuple):
     def launch(self, min_vals, max_vals, parts, status):
         """(scale, zero_point, global_scale) into new outputs; status: ``status()``'s."""
         scale, zero_point, gs = self.new_scale(), self.new_zero_point(), self.new_gs()
-        self.kernel(
-            min_vals, max_vals, scale, zero_point, status, parts, gs, status, status,
-            *self.constants, **self.switches,
-        )
+        self.kernel(min_vals, max_vals, scale, zero_point, status, parts, gs, status, status,
+                    *self.constants)
         return scale, zero_point, gs
 
 
@@ -512,7 +510,7 @@ def prepare_from_parts(args, stats_like: torch.Tensor, n_parts: int, record: boo
                         allocator((n_parts,), torch.float32, dev),
                         allocator((1,), torch.float32, dev), template,
                         allocator(template.shape, torch.int64, dev), record or tickets > 0,
-                        Replay(globals(), "_qparams_kernel", (programs,)))
+                        Replay(globals(), "_qparams_kernel", (programs,), **switches))
 
 
 def calculate_qparams(call: QParamsCall):
@@ -564,7 +562,7 @@ def prepare(call: QParamsCall):
         new_parts, new_gs = allocator((n_parts,), torch.float32, dev), allocator((1,), torch.float32, dev)
     # the statistics' strides are the signature's
     stats_contiguous = min_vals.is_contiguous() and call.max_vals.is_contiguous()
-    kernel = Replay(globals(), "_qparams_kernel", (programs,))
+    kernel = Replay(globals(), "_qparams_kernel", (programs,), **switches)
     absmax_k = [Replay(globals(), "_absmax_kernel", (p,)) for p in counts]  # per fused pair
 
     def launch(call: QParamsCall):
@@ -592,7 +590,7 @@ def prepare(call: QParamsCall):
                 kernel(
                     min_vals, max_vals, scale, zero_point,
                     global_scale if gs_mode == GS_GIVEN.value else status, parts, gs_out,
-                    carry if carry is not None else status, status, *constants, **switches,
+                    carry if carry is not None else status, status, *constants,
                 )
             else:  # no groups: nothing to launch, only the record to move
                 fresh = torch.tensor(STATUS_INIT, device=dev)

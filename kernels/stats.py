@@ -210,7 +210,7 @@ def prepare(call: CombineCall):
     contiguous = all(t.is_contiguous() for t in inputs)
     new_stats = allocator(shape, dtype, dev)
     context = launch_context(dev)
-    kernel = Replay(globals(), "_combine_kernel", grid)
+    kernel = Replay(globals(), "_combine_kernel", grid, **switches)
 
     def v(t):
         return t if contiguous else t.contiguous()
@@ -236,8 +236,7 @@ def prepare(call: CombineCall):
         with context():
             kernel(
                 value, nmin, nmax, hmin, hmax, omin, omax,
-                status if status is not None else out_min, a, c, call.observation,
-                *layout_args, **switches,
+                status if status is not None else out_min, a, c, call.observation, *layout_args,
             )
         return out_min, out_max
 

@@ -122,6 +122,15 @@ def probe_cases(recorder, runs) -> list:
     _, ref = _launch_of(recorder, runs, lambda: _probe[(1,)](*args, **kw))
     out.append(dict(case="aligned after a misaligned kept call", path=path, **_same(rec, ref)))
 
+    # the site's own keywords (its constexprs, options), bound once
+    replay = _replay.Replay(globals(), "_probe", (1,), B=64, num_warps=2)
+    args, _ = base()
+    replay(*args)
+    args[0] = torch.zeros(64)
+    path, rec = _launch_of(recorder, runs, lambda: replay(*args))
+    _, ref = _launch_of(recorder, runs, lambda: _probe[(1,)](*args, B=64, num_warps=2))
+    out.append(dict(case="the site's own keywords", path=path, **_same(rec, ref)))
+
     def set_device(d):
         recorder.device = d
 
@@ -155,7 +164,7 @@ def observer_cases(recorder, runs, calls: int = 4) -> list:
         original(self, *args, **kwargs)
         if runs[0] == before_runs and len(recorder.sink) == before + 1:  # replayed
             rec = recorder.sink[-1]
-            self.scope[self.name][self.grid](*args, **kwargs)
+            self.scope[self.name][self.grid](*args, **kwargs, **self.bound)
             checked.append(dict(kernel=self.name, **_same(rec, recorder.sink[-1])))
             recorder.sink.pop()
             runs[0] -= 1  # the check's own launch
