@@ -6,7 +6,7 @@ every argument (a tensor's dtype and 16-byte alignment, an integer's
 divisibility by 16 or being 1, every constexpr), builds the compiled-kernel
 cache key from that and looks it up, and checks the kernel's globals. Our
 kernels take ~40 arguments: on the development CPU Triton's path costs
-12-16 us per launch more than a replay below under triton 3.6, 20-25 us
+14-19 us per launch more than a replay below under triton 3.6, 26-31 us
 under 3.9 (``python -m obskernels.bench.launch``), more than the rest of an
 activation observer's forward.
 

@@ -32,6 +32,8 @@ import time
 import zlib
 from typing import Dict, List, Optional
 
+from obskernels.bench.host import zero_integers
+
 __all__ = ["RecordingDriver", "recording_driver", "measure", "main"]
 
 
@@ -47,8 +49,6 @@ class _Launcher:
 
     def __call__(self, gx, gy, gz, stream, function, packed_metadata, launch_metadata,
                  enter_hook, exit_hook, *args):
-        from obskernels.bench.host import zero_integers
-
         t0 = time.perf_counter()
         self.driver.sink.append((self.name, (gx, gy, gz), stream, function, args))
         zero_integers(args)
