@@ -12,19 +12,21 @@ activation observer's forward.
 
 A launcher's prepared launch (one call signature: shapes, strides, dtypes,
 its block sizes) makes the same call every time but for its tensors: the
-value, the outputs it allocates. ``Replay`` is such a launch site's kernel:
-its first call goes through Triton (compiling if needed) and keeps the
-compiled kernel with what its specialisation was built from; a later call
-whose every non-tensor argument and option is equal (value and type, but
-for the runtime scalars Triton does not specialise on), whose tensors have
-the same dtypes and are 16-byte aligned exactly where the kept ones were,
-on the same device with the same Triton knobs and kernel globals, launches the compiled
-kernel directly (``CompiledKernel[grid]``, Triton's own launcher for it:
-the stream, the launch hooks and the C launcher as ``kernel[grid]`` uses
-them). Any other call takes Triton's path and is kept in its place. So a
-replayed launch runs the kernel Triton would have chosen, with the same
-arguments; ``tests/kernels/test_replay.py`` checks that against Triton's
-own launch with a recording driver.
+value, the outputs it allocates. ``Replay`` is such a launch site's kernel,
+holding the site's own constexprs and launch options (the same at every
+call): its first call goes through Triton (compiling if needed) and keeps
+the compiled kernel with what its specialisation was built from; a later
+call written the same way (as many positional arguments, the same keyword
+names) whose other non-tensor arguments are equal (value and type, but for
+the runtime scalars Triton does not specialise on), whose tensors have the
+same dtypes and are 16-byte aligned exactly where the kept ones were, on
+the same device with the same Triton knobs and kernel globals, launches
+the compiled kernel directly (``CompiledKernel[grid]``, Triton's own
+launcher for it: the stream, the launch hooks and the C launcher as
+``kernel[grid]`` uses them). Any other call takes Triton's path and is
+kept in its place. So a replayed launch runs the kernel Triton would have
+chosen, with the same arguments; ``tests/kernels/test_replay.py`` checks
+that against Triton's own launch with a recording driver.
 
 Under the interpreter (``TRITON_INTERPRET=1``), or where the kernel is
 replaced (the host proxy's stubs, the compile report's recorders: the

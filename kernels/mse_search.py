@@ -475,26 +475,27 @@ def _split_path(s: _Search, config: LaunchConfig):
     new_bits, new_flags = allocator((n_words, G), torch.int32, dev), allocator((n_words,), torch.int32, dev)
     new_part = allocator((G, K, max(s.n_steps, 1)), torch.float32, dev)
 
-    minmax_k = Replay(globals(), "_minmax_part_kernel", (G, K))
-    search_k = Replay(globals(), "_search_part_kernel", (row_programs, K))
+    # a launch site each, its constexprs and options bound (kernels/_replay.py;
+    # a call's search has the prepared one's switches, steps and record)
+    minmax_k = Replay(globals(), "_minmax_part_kernel", (G, K),
+                      PAD=s.switches["PAD"], BLOCK_E=chunk, BLOCK_W=_next_pow2(n_words),
+                      DTYPE=s.switches["DTYPE"], RECORD=s.record,
+                      num_warps=minmax_part_warps(chunk), **_NO_FMA)
+    search_k = Replay(globals(), "_search_part_kernel", (row_programs, K),
+                      **s.switches, FAST=s.fast, ROWS=rows, BLOCK_E=chunk // rows, BLOCK_K=block_k,
+                      BLOCK_KF=min(64, block_k), BLOCK_S=_next_pow2(max(s.n_steps, 1)),
+                      BLOCK_SB=s.steps_block, BLOCK_C=pow2_at_most(G, CHOOSE_BLOCK),
+                      num_warps=warps, **_NO_FMA)
 
     def run(s: _Search) -> None:
         mm, tickets, bits, flags = new_mm(), new_tickets(), new_bits(), new_flags()
-        minmax_k(s.value, mm, tickets, flags,
-                 s.status if s.record else flags, *layout_args, K, cps,
-                 s.n_words, s.expand, s.observation,
-                 PAD=s.switches["PAD"], BLOCK_E=chunk,
-                 BLOCK_W=_next_pow2(n_words), DTYPE=s.switches["DTYPE"],
-                 RECORD=s.record, num_warps=minmax_part_warps(chunk),
-                 **_NO_FMA)
+        minmax_k(s.value, mm, tickets, flags, s.status if s.record else flags, *layout_args, K,
+                 cps, s.n_words, s.expand, s.observation)
         part = new_part()
         search_k(
             s.value, *s.weights, s.tab, *s.steps, mm, part, tickets, bits, flags,
             s.out_min, s.out_max, *layout_args, K, cps * rows, s.n_steps, s.n_words, s.patience,
-            s.expand, s.best_init, s.consts, **s.switches, FAST=s.fast, ROWS=rows,
-            BLOCK_E=chunk // rows, BLOCK_K=block_k, BLOCK_KF=min(64, block_k),
-            BLOCK_S=_next_pow2(max(s.n_steps, 1)), BLOCK_SB=s.steps_block,
-            BLOCK_C=pow2_at_most(G, CHOOSE_BLOCK), num_warps=warps, **_NO_FMA,
+            s.expand, s.best_init, s.consts,
         )
 
     return run

@@ -176,7 +176,9 @@ def observer_cases(recorder, runs, calls: int = 4) -> list:
         total, count = torch.zeros(256), torch.zeros((), dtype=torch.int64)
         return lambda: ops.accumulate_sq(x, total, count)
 
-    def forward(name):  # an activation observer's repeated forward, its observation index counting
+    # an activation observer's repeated forward, its observation index counting
+    # (mse's: a whole tensor is one group, the search's split path)
+    def forward(name):
         from obskernels import Observer
 
         obs = Observer.load_from_registry(name, base_name="input", args=host._qargs(host._FP8_TENSOR))
