@@ -302,16 +302,27 @@ def rerun(module: str, argv: Optional[List[str]], interpret: bool) -> int:
     return subprocess.call(cmd, env=env)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def proxy_command(module: str, doc: str, argv: Optional[List[str]], reps: int, interpret: bool):
+    """The front of a proxy's command (``python -m module``): ``--json`` and
+    ``--reps`` parsed. Returns (the arguments, None) to measure in this
+    process, or (None, exit status) where the command ran afresh with
+    triton's interpreter on (``interpret``) or off, as it must be before
+    triton is imported."""
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m obskernels.bench.host",
-                                 description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog=f"python -m {module}", description=doc.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="one JSON object per line")
-    ap.add_argument("--reps", type=int, default=300)
+    ap.add_argument("--reps", type=int, default=reps)
     ns = ap.parse_args(argv)
-    if not interpreting():  # the interpreter must be on before triton is imported
-        return rerun("obskernels.bench.host", argv, interpret=True)
+    if interpreting() != interpret:
+        return None, rerun(module, argv, interpret)
+    return ns, None
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ns, status = proxy_command("obskernels.bench.host", __doc__, argv, reps=300, interpret=True)
+    if ns is None:
+        return status
     rows = measure(reps=ns.reps)
     if ns.json:
         for r in rows:

@@ -206,17 +206,12 @@ def measure(scenarios=None, reps: int = 200) -> List[Dict]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    import argparse
+    from obskernels.bench.host import proxy_command
 
-    ap = argparse.ArgumentParser(prog="python -m obskernels.bench.launch",
-                                 description=__doc__.split("\n\n")[0])
-    ap.add_argument("--json", action="store_true", help="one JSON object per line")
-    ap.add_argument("--reps", type=int, default=200)
-    ns = ap.parse_args(argv)
-    from obskernels.bench.host import interpreting, rerun
-
-    if interpreting():  # the kernels must compile: run afresh without the interpreter
-        return rerun("obskernels.bench.launch", argv, interpret=False)
+    # the kernels must compile: no interpreter
+    ns, status = proxy_command("obskernels.bench.launch", __doc__, argv, reps=200, interpret=False)
+    if ns is None:
+        return status
     import triton
 
     rows = measure(reps=ns.reps)
