@@ -394,6 +394,12 @@ class EpilogueQParams(NamedTuple):
                 self.template.clone())
 
 
+def _status_template(programs: int, tickets: int, device) -> torch.Tensor:
+    """A fresh status: the record, a scale flag per program, then ``tickets``
+    zeroed tickets (a split finished by its last programs)."""
+    return torch.tensor(STATUS_INIT + (0,) * (programs + tickets), dtype=torch.int64, device=device)
+
+
 def epilogue_plan(args, value: torch.Tensor, qshape, programs: int, fast: bool,
                   widen: bool = True, tickets: int = 0) -> EpilogueQParams:
     """The ``EpilogueQParams`` of ``calculate_qparams(min_vals, max_vals,
@@ -411,7 +417,7 @@ def epilogue_plan(args, value: torch.Tensor, qshape, programs: int, fast: bool,
          bool(fast)),
         constants, switches["WIDEN"], allocator(shape, dtype, dev),
         allocator(shape, fmt.zp_dtype, dev),
-        torch.tensor(STATUS_INIT + (0,) * (programs + tickets), dtype=torch.int64, device=dev),
+        _status_template(programs, tickets, dev),
     )
 
 
@@ -504,8 +510,7 @@ def prepare_from_parts(args, stats_like: torch.Tensor, n_parts: int, record: boo
         raise KernelUnsupportedError(f"calculate_qparams: statistics of dtype {dtype}")
     _, programs, constants, switches, new_scale, new_zero_point = _kernel_plan(
         args, stats_like, dtype, GS_FUSED.value, widen, n_parts, record)
-    template = torch.tensor(STATUS_INIT + (0,) * (programs + tickets), dtype=torch.int64,
-                            device=dev)
+    template = _status_template(programs, tickets, dev)
     return PartsQParams(programs, constants, switches, new_scale, new_zero_point,
                         allocator((n_parts,), torch.float32, dev),
                         allocator((1,), torch.float32, dev), template,

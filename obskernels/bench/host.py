@@ -103,8 +103,8 @@ SCENARIOS = (
 class _Stub:
     """Stands in for one kernel: ``kernel[grid](*args)`` runs nothing (see
     the module docstring); ``spent`` accumulates the stub's own time.
-    ``replay`` stands in for a whole ``kernels._replay.Replay`` call (a
-    launch site's launch: its own matching is launch work, which
+    ``_launch`` also stands in for a whole ``kernels._replay.Replay`` call
+    (a launch site's launch: its own matching is launch work, which
     ``obskernels.bench.launch`` measures)."""
 
     spent = 0.0
@@ -114,12 +114,6 @@ class _Stub:
 
     @staticmethod
     def _launch(*args, **kwargs):
-        t0 = time.perf_counter()
-        zero_integers(args)
-        _Stub.spent += time.perf_counter() - t0
-
-    @staticmethod
-    def replay(site, *args, **kwargs):
         t0 = time.perf_counter()
         zero_integers(args)
         _Stub.spent += time.perf_counter() - t0
@@ -139,12 +133,12 @@ def zero_integers(args) -> None:
 @contextlib.contextmanager
 def stubbed_launches():
     """Every kernel of obskernels.kernels is a ``_Stub``, and every launch
-    through a ``Replay`` is ``_Stub.replay``, within the block."""
+    through a ``Replay`` is ``_Stub._launch``, within the block."""
     from obskernels.kernels._replay import Replay
     from obskernels.tools.kernel_report.launches import discover_kernels
 
     saved = [(Replay, "__call__", Replay.__call__)]
-    Replay.__call__ = _Stub.replay
+    Replay.__call__ = staticmethod(_Stub._launch)  # called without the site
     for module, attr in discover_kernels().values():
         saved.append((module, attr, getattr(module, attr)))
         setattr(module, attr, _Stub())
@@ -223,7 +217,7 @@ def _call_of(sc: Scenario, device: str = "cpu") -> Callable[[], object]:
 def _python_calls(fn: Callable[[], object]) -> int:
     """Python function calls made by one ``fn()`` (the stub's excluded)."""
     count = 0
-    stub_codes = (_Stub._launch.__code__, _Stub.replay.__code__, zero_integers.__code__)
+    stub_codes = (_Stub._launch.__code__, zero_integers.__code__)
 
     def profile(frame, event, arg):
         nonlocal count

@@ -94,17 +94,24 @@ def probe_cases(recorder, runs) -> list:
     }
     out = []
 
-    def run_case(name, change=None, setup=None, teardown=None):
-        replay = _replay.Replay(globals(), "_probe", (1,))
+    def run_case(name, change=None, setup=None, teardown=None, kept=None, bound=None):
+        """The base call (``kept`` applied) kept by a new Replay holding the
+        keywords ``bound`` (its calls leave them out), then ``change``d and
+        launched through the Replay and through Triton (``setup`` first)."""
+        bound = bound or {}
+        replay = _replay.Replay(globals(), "_probe", (1,), **bound)
         args, kw = base()
-        replay(*args, **kw)  # kept
+        kw = {k: v for k, v in kw.items() if k not in bound}
+        if kept is not None:
+            kept(args, kw)
+        replay(*args, **kw)
         if change is not None:
             change(args, kw)
         if setup is not None:
             setup()
         try:
             path, rec = _launch_of(recorder, runs, lambda: replay(*args, **kw))
-            _, ref = _launch_of(recorder, runs, lambda: _probe[(1,)](*args, **kw))
+            _, ref = _launch_of(recorder, runs, lambda: _probe[(1,)](*args, **kw, **bound))
         finally:
             if teardown is not None:
                 teardown()
@@ -113,23 +120,11 @@ def probe_cases(recorder, runs) -> list:
     for name, change in cases.items():
         run_case(name, change)
     # a misaligned call kept, then an aligned one: the aligned variant is Triton's choice
-    replay = _replay.Replay(globals(), "_probe", (1,))
-    args, kw = base()
-    args[0] = buf[1:65]
-    replay(*args, **kw)
-    args[0] = torch.zeros(64)
-    path, rec = _launch_of(recorder, runs, lambda: replay(*args, **kw))
-    _, ref = _launch_of(recorder, runs, lambda: _probe[(1,)](*args, **kw))
-    out.append(dict(case="aligned after a misaligned kept call", path=path, **_same(rec, ref)))
-
+    run_case("aligned after a misaligned kept call", with_(0, torch.zeros(64)),
+             kept=with_(0, buf[1:65]))
     # the site's own keywords (its constexprs, options), bound once
-    replay = _replay.Replay(globals(), "_probe", (1,), B=64, num_warps=2)
-    args, _ = base()
-    replay(*args)
-    args[0] = torch.zeros(64)
-    path, rec = _launch_of(recorder, runs, lambda: replay(*args))
-    _, ref = _launch_of(recorder, runs, lambda: _probe[(1,)](*args, B=64, num_warps=2))
-    out.append(dict(case="the site's own keywords", path=path, **_same(rec, ref)))
+    run_case("the site's own keywords", with_(0, torch.zeros(64)),
+             bound={"B": 64, "num_warps": 2})
 
     def set_device(d):
         recorder.device = d
