@@ -34,7 +34,7 @@ from typing import Dict, List, Optional
 
 from obskernels.bench.host import zero_integers
 
-__all__ = ["RecordingDriver", "recording_driver", "measure", "main"]
+__all__ = ["RecordingDriver", "recording_driver", "triton_runs", "compiled_on_cpu", "measure", "main"]
 
 
 class _Launcher:

@@ -20,10 +20,9 @@ import re
 from typing import Dict, List
 
 PACKAGE = "obskernels.kernels"
-# modules and packages of kernels/ that launch no kernel of their own (_replay:
-# how the launchers launch; launch:
-# the launch policy; mse_search_details: the search's jit kernels, launched by
-# mse_search)
+# modules and packages of kernels/ that launch no kernel of their own
+# (_replay: how the launchers launch; launch: the launch policy;
+# mse_search_details: the search's jit kernels, launched by mse_search)
 _NOT_KERNEL_MODULES = {"_layout", "_replay", "launch", "quant", "quant_pow", "mse_search_details"}
 
 
