@@ -9,7 +9,8 @@
 2. the host path on the GPU (`python -m obskernels.bench.cuda_host`): wall
    time per observer call and per activation forward (eager, replayed from a
    CUDA graph, llm-compressor's own and through the drop-in where it
-   imports), the GPU host's unit and a bare Triton launch;
+   imports), the GPU host's unit and a bare Triton launch; and a first call
+   in a fresh process by part (`python -m obskernels.bench.launch --first-use`);
 3. where llm-compressor imports, its own `oneshot` plain and with the drop-in
    (`python -m obskernels.bench.oneshot`, 6 Llama-3-8B-shaped layers);
 4. the full benchmark (`python -m obskernels.bench --full --model`): every row
@@ -158,6 +159,12 @@ def main(argv=None) -> int:
         summary["host"] = {"returncode": rc}
         lines_host = ["## The host path on the GPU (obskernels.bench.cuda_host, MEASURED)", "",
                       f"exit {rc}", "", "```", text.strip()[-6000:], "```", ""]
+        rc, text = _run([sys.executable, "-m", "obskernels.bench.launch", "--first-use"], env,
+                        os.path.join(out, "first_use.log"))
+        rc_all |= rc
+        summary["host"]["first_use_returncode"] = rc
+        lines_host += ["## A first call in a fresh process (obskernels.bench.launch --first-use, MEASURED)", "",
+                       f"exit {rc}", "", "```", text.strip()[-3000:], "```", ""]
 
     if "oneshot" in steps:
         from obskernels.bench.backends import llmc_available

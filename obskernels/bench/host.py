@@ -296,9 +296,10 @@ def rerun(module: str, argv: Optional[List[str]], interpret: bool) -> int:
     return subprocess.call(cmd, env=env)
 
 
-def proxy_command(module: str, doc: str, argv: Optional[List[str]], reps: int, interpret: bool):
-    """The front of a proxy's command (``python -m module``): ``--json`` and
-    ``--reps`` parsed. Returns (the arguments, None) to measure in this
+def proxy_command(module: str, doc: str, argv: Optional[List[str]], reps: int, interpret: bool,
+                  flags: Optional[Dict[str, str]] = None):
+    """The front of a proxy's command (``python -m module``): ``--json``,
+    ``--reps`` and the command's own ``flags`` (option: help) parsed. Returns (the arguments, None) to measure in this
     process, or (None, exit status) where the command ran afresh with
     triton's interpreter on (``interpret``) or off, as it must be before
     triton is imported."""
@@ -307,6 +308,8 @@ def proxy_command(module: str, doc: str, argv: Optional[List[str]], reps: int, i
     ap = argparse.ArgumentParser(prog=f"python -m {module}", description=doc.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="one JSON object per line")
     ap.add_argument("--reps", type=int, default=reps)
+    for flag, text in (flags or {}).items():
+        ap.add_argument(flag, action="store_true", help=text)
     ns = ap.parse_args(argv)
     if interpreting() != interpret:
         return None, rerun(module, argv, interpret)

@@ -1,7 +1,8 @@
 """Triton's launch path on the host, without a GPU: a PROXY.
 
-    python -m obskernels.bench.launch            # a table
-    python -m obskernels.bench.launch --json     # one JSON object per line
+    python -m obskernels.bench.launch              # a table
+    python -m obskernels.bench.launch --json       # one JSON object per line
+    python -m obskernels.bench.launch --first-use  # a first call in a fresh process
 
 ``obskernels.bench.host`` replaces every launch by a stub. This one keeps
 the launch: the kernels compiled for sm_90 (Triton's own compiler and the
@@ -21,6 +22,17 @@ microseconds and in units of a one-element CPU ``add_`` (the host proxy's
 unit); ``triton_runs``: launches per call that went through Triton's path.
 Triton must compile here (no ``TRITON_INTERPRET`` when it was imported):
 under the interpreter the command runs itself afresh without it.
+
+``--first-use``: what a process's first call costs, kernels already in
+Triton's disk cache (a user's second session): for a weight's minmax call,
+an activation's call and a memoryless_mse call, each in fresh processes
+(the median of 3, after one that fills the cache), split into the kernels'
+import, Triton's once-per-process start-up (the hash of its own
+installation that its first compile makes, taken ahead of the call to time
+it apart), the first call and a second one; "first use" is the first three
+less the second call. With CUDA the calls run there (MEASURED); without,
+the kernels compile for sm_90 and the recording driver takes the launches
+(a proxy, without the GPU's module loads and C launchers).
 """
 
 from __future__ import annotations
@@ -205,15 +217,123 @@ def measure(scenarios=None, reps: int = 200) -> List[Dict]:
     return out
 
 
+# the first-use scenarios: a weight's call, an activation's, the search's
+FIRST_USE = ("minmax call", "activation call", "memoryless_mse call")
+
+
+def first_use_child(scenario: str, device: str = "cpu") -> Dict:
+    """In a fresh process (run by ``first_use``): the first call of
+    ``scenario``, in seconds by part -- the kernels' import (a first call's
+    backend choice imports them), Triton's once-per-process start-up (the
+    hash of its own installation, ``triton.runtime.cache.triton_key``, which
+    Triton's first compile makes, a kernel found in its disk cache
+    included; made here ahead of the call to time it apart) and the call
+    itself -- then a second call. On "cpu" the kernels compile for sm_90
+    and their launches are recorded (``compiled_on_cpu``); on "cuda" they
+    run (each call synchronised; CUDA initialised before, as a user's
+    model did)."""
+    import warnings
+
+    import torch
+    import triton  # noqa: F401 - a user's process has it before its first call
+    from triton.runtime.cache import triton_key
+
+    from obskernels.bench import host
+
+    sc = next(s for s in host.SCENARIOS if s.name == scenario)
+    cuda = device == "cuda"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fn = host._call_of(sc, device=device)  # the inputs; the kernels are not imported yet
+
+        def call():
+            fn()
+            if cuda:
+                torch.cuda.synchronize()
+
+        imported_before = "obskernels.kernels" in sys.modules
+        t0 = time.perf_counter()
+        with contextlib.ExitStack() as stack:
+            if cuda:
+                import obskernels.kernels  # noqa: F401
+            else:
+                stack.enter_context(compiled_on_cpu())  # imports the kernels
+            t1 = time.perf_counter()
+            triton_key()
+            t2 = time.perf_counter()
+            with triton_runs() as first_runs:
+                call()
+            t3 = time.perf_counter()
+            with triton_runs() as second_runs:
+                call()
+            t4 = time.perf_counter()
+    return {"scenario": scenario, "device": device, "import_s": t1 - t0, "triton_startup_s": t2 - t1,
+            "first_call_s": t3 - t2, "second_call_s": t4 - t3, "first_use_s": (t3 - t0) - (t4 - t3),
+            # what makes the parts what they say: the kernels not imported before,
+            # Triton's start-up made once, the second call launching past Triton
+            "kernels_imported_before": imported_before, "startup_hashes": triton_key.cache_info().misses,
+            "triton_runs": [first_runs[0], second_runs[0]]}
+
+
+def first_use(scenarios=FIRST_USE, runs: int = 3, device: str = "cpu") -> List[Dict]:
+    """Per scenario: the median of ``runs`` fresh processes'
+    ``first_use_child`` (after one untimed process, which fills Triton's
+    disk cache where it was cold)."""
+    import statistics
+    import subprocess
+
+    def child(scenario):
+        cmd = [sys.executable, "-m", "obskernels.bench.launch", "--first-use-child", scenario, device]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"the first-use child failed:\n{proc.stderr[-3000:]}")
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    out = []
+    for scenario in scenarios:
+        child(scenario)
+        rows = [child(scenario) for _ in range(runs)]
+        out.append(dict({k: statistics.median(r[k] for r in rows) for k in rows[0] if k.endswith("_s")},
+                        scenario=scenario, device=device, runs=runs, triton_runs=rows[-1]["triton_runs"]))
+    return out
+
+
+def _print_first_use(rows, version) -> None:
+    where = ("on CUDA (MEASURED)" if rows[0]["device"] == "cuda"
+             else "Triton's launch path up to its C launcher (a proxy)")
+    print(f"first call in a fresh process, {where}, kernels from Triton's disk cache "
+          f"(triton {version}; median of {rows[0]['runs']} processes; ms)")
+    print(f"{'scenario':22} {'kernels import':>14} {'Triton start-up':>15} {'first call':>10} "
+          f"{'second call':>11} {'first use':>9}")
+    for r in rows:
+        print(f"{r['scenario']:22} {1e3 * r['import_s']:14.1f} {1e3 * r['triton_startup_s']:15.1f} "
+              f"{1e3 * r['first_call_s']:10.1f} {1e3 * r['second_call_s']:11.2f} {1e3 * r['first_use_s']:9.1f}")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     from obskernels.bench.host import proxy_command
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--first-use-child"]:  # one fresh process of --first-use
+        print(json.dumps(first_use_child(*argv[1:3])))
+        return 0
     # the kernels must compile: no interpreter
-    ns, status = proxy_command("obskernels.bench.launch", __doc__, argv, reps=200, interpret=False)
+    ns, status = proxy_command("obskernels.bench.launch", __doc__, argv, reps=200, interpret=False,
+                               flags={"--first-use": "the first call in a fresh process instead"})
     if ns is None:
         return status
     import triton
 
+    if ns.first_use:
+        import torch
+
+        rows = first_use(device="cuda" if torch.cuda.is_available() else "cpu")
+        if ns.json:
+            for r in rows:
+                print(json.dumps(dict(r, triton=triton.__version__)))
+        else:
+            _print_first_use(rows, triton.__version__)
+        return 0
     rows = measure(reps=ns.reps)
     if ns.json:
         for r in rows:

@@ -117,3 +117,24 @@ def test_launch_proxy_cli_json_rows():
     for r in rows:
         assert r["launches"] >= 1 and r["triton_runs"] == 0, r
         assert r["replay_us"] > 0 and r["triton_us"] > 0 and r["unit_us"] > 0, r
+
+
+@pytest.mark.parametrize("scenario", ["minmax call", "memoryless_mse call"])
+def test_first_use_parts_are_what_they_say(python, scenario):
+    """One fresh process of ``python -m obskernels.bench.launch --first-use``
+    under each triton: the kernels are first imported in the timed part, the
+    timed Triton start-up is the only hash of its installation in the
+    process (its first compile did not make it again), and the first call
+    goes through Triton's launch path where the second is replayed past it
+    (the "second call" is the steady call the first use is counted from)."""
+    proc = subprocess.run([python, "-m", "obskernels.bench.launch", "--first-use-child", scenario, "cpu"],
+                          env=compiling_env(), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert row["scenario"] == scenario and row["device"] == "cpu"
+    assert row["kernels_imported_before"] is False, row
+    assert row["startup_hashes"] == 1, row
+    first, second = row["triton_runs"]
+    assert first >= 1 and second == 0, row
+    parts = row["import_s"] + row["triton_startup_s"] + row["first_call_s"] - row["second_call_s"]
+    assert row["first_use_s"] == pytest.approx(parts) and row["first_use_s"] > 0, row
