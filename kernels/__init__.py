@@ -27,6 +27,7 @@ if __name__ == "obskernels.kernels":
     from obskernels.kernels.qparams import calculate_qparams
     from obskernels.kernels.stats import combine_statistics
 
+    from obskernels.kernels.accumulate_sq import prepare as _prepare_accumulate_sq
     from obskernels.kernels.importance import prepare as _prepare_importance
     from obskernels.kernels.min_max import prepare as _prepare_min_max
     from obskernels.kernels.min_max import prepare_qparams as _prepare_min_max_qparams
@@ -45,6 +46,7 @@ if __name__ == "obskernels.kernels":
         "calculate_qparams": _prepare_qparams,
         "combine_statistics": _prepare_combine,
         "importance": _prepare_importance,
+        "accumulate_sq": _prepare_accumulate_sq,
     }
 
     __all__ = ["flatten_for_calibration", "min_max", "mse_search", "accumulate_sq", "calculate_qparams", "combine_statistics",

@@ -214,10 +214,6 @@ def _stream(device):
     return triton.runtime.driver.active.get_current_stream(device)
 
 
-_SITES: dict = {}
-_MAX_SITES = 256
-
-
 class Replay:
     """``Replay(scope, name, grid, **bound)(*args, **kwargs)``:
     ``scope[name][grid](*args, **kwargs, **bound)`` (``scope``: the launcher
@@ -230,19 +226,6 @@ class Replay:
 
     def __init__(self, scope, name, grid, **bound):
         self.scope, self.name, self.grid, self.bound, self.kept = scope, name, tuple(grid), bound, None
-
-    @classmethod
-    def site(cls, scope, name, grid, tag=None) -> "Replay":
-        """The Replay of a launch site that a launcher plans at every call
-        (no prepared launch to hold it): one per (module, kernel, grid,
-        ``tag``: the site), kept for the process (at most ``_MAX_SITES``)."""
-        key = (id(scope), name, tuple(grid), tag)
-        replay = _SITES.get(key)
-        if replay is None:
-            if len(_SITES) >= _MAX_SITES:
-                _SITES.clear()
-            replay = _SITES[key] = cls(scope, name, grid)
-        return replay
 
     def __call__(self, *args, **kwargs):
         fn = self.scope[self.name]

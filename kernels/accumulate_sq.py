@@ -19,17 +19,26 @@ import torch
 import triton
 import triton.language as tl
 
-from obskernels.kernels._layout import check_launchable, coalesce, on_device, row_offsets, widen
+from obskernels.kernels._layout import (
+    allocator,
+    check_launchable,
+    coalesce,
+    launch_context,
+    row_offsets,
+    widen,
+)
 from obskernels.kernels._replay import Replay
 from obskernels.kernels.launch import (
     ACCUMULATE_ROUND,
     accumulate_tile,
+    cdiv,
+    config_token,
     current_config,
     finish_blocks,
 )
 from obskernels.spec.calls import AccumulateCall
 
-__all__ = ["accumulate_sq"]
+__all__ = ["accumulate_sq", "prepare"]
 
 
 @triton.jit
@@ -126,46 +135,60 @@ def accumulate_sq(call: AccumulateCall):
 
     The reference's result for the same call, to fp32 rounding.
     """
-    x, sum_buf, count_buf = call.x, call.sum_buf, call.count_buf
+    return prepare(call)(call)
+
+
+def prepare(call: AccumulateCall):
+    """The launch of every call of ``call``'s signature (x, sum_buf and
+    count_buf of the same shapes, strides, dtypes and devices): x's token
+    levels, the tile, the split and the launch sites are chosen here once
+    (an imatrix observer's forward hook repeats its call at every batch);
+    the returned function reads only that call's tensors."""
+    x, sum_buf = call.x, call.sum_buf
     check_launchable(x, "accumulate_sq")
-    H, sh = x.shape[-1], x.stride(-1)
+    token = config_token()
+    H = x.shape[-1]
     token_dims = coalesce(list(zip(x.shape[:-1], x.stride()[:-1])))
-    if len(token_dims) > 3:
-        # More leading dims than the kernel's three row levels, none mergeable:
-        # gather the tokens once, still in x's own dtype.
+    # More leading dims than the kernel's three row levels, none mergeable:
+    # each call gathers its tokens once, still in x's own dtype.
+    gather = len(token_dims) > 3
+    if gather:
         x = x.reshape(-1, H)
-        H, sh = x.shape[-1], x.stride(-1)
         token_dims = coalesce([(x.shape[0], x.stride(0))])
+    sh = x.stride(-1)
     token_dims = [(1, 0)] * (3 - len(token_dims)) + token_dims
     (_, sr0), (R1, sr1), (R2, sr2) = token_dims
     NT = x.numel() // H
     config = current_config("accumulate_sq")
-
-    tile = accumulate_tile(H, abs(sh), NT, abs(sr2) if R2 > 1 else 1 << 62,
-                           x.element_size(), config)
+    tile = accumulate_tile(H, abs(sh), NT, abs(sr2) if R2 > 1 else 1 << 62, x.element_size(), config)
     levels = 1 if R1 == 1 and NT == R2 else 3  # one token level: no division
     rows = (H, sh, NT, R1, R2, sr0, sr1, sr2, tile.tokens_per_split)
-    with on_device(x):
-        _launch(x, sum_buf, count_buf, rows, tile, levels, config)
-    return None
-
-
-def _launch(x, sum_buf, count_buf, rows, tile, levels, config):
-    H, NT = rows[0], rows[2]
     blocks = dict(BLOCK_T=tile.t, BLOCK_H=tile.h, ROUND=ACCUMULATE_ROUND, ROW_LEVELS=levels,
                   **tile.launch())
-    if tile.split == 1:
-        Replay.site(globals(), "_sum_sq_kernel", (tile.programs, 1), "add")(
-            x, sum_buf, count_buf, *rows, 0, sum_buf.stride(0), ADD=True, **blocks,
-        )
+    s_sum, split = sum_buf.stride(0), tile.split
+    context = launch_context(x.device)
+    # a launch site each, its constexprs and options bound (kernels/_replay.py)
+    if split == 1:
+        add_k = Replay(globals(), "_sum_sq_kernel", (tile.programs, 1), ADD=True, **blocks)
+    else:
+        FH, FS = finish_blocks(H, split, config)
+        new_part = allocator((split, H), torch.float32, x.device)
+        part_k = Replay(globals(), "_sum_sq_kernel", (tile.programs, split), ADD=False, **blocks)
+        finish_k = Replay(globals(), "_sum_sq_finish_kernel", (cdiv(H, FH),), BLOCK_S=FS, BLOCK_H=FH)
+
+    def launch(call: AccumulateCall):
+        if config_token() is not token:  # a launch_config block changed the policy
+            return accumulate_sq(call)
+        x, sum_buf, count_buf = call.x, call.sum_buf, call.count_buf
+        if gather:
+            x = x.reshape(-1, H)
+        with context():
+            if split == 1:
+                add_k(x, sum_buf, count_buf, *rows, 0, s_sum)
+            else:
+                part = new_part()
+                part_k(x, part, count_buf, *rows, H, 1)
+                finish_k(part, sum_buf, count_buf, H, s_sum, split, NT)
         return None
-    part = torch.empty((tile.split, H), dtype=torch.float32, device=x.device)
-    Replay.site(globals(), "_sum_sq_kernel", (tile.programs, tile.split), "split")(
-        x, part, count_buf, *rows, H, 1, ADD=False, **blocks,
-    )
-    FH, FS = finish_blocks(H, tile.split, config)
-    Replay.site(globals(), "_sum_sq_finish_kernel", (triton.cdiv(H, FH),))(
-        part, sum_buf, count_buf, H, sum_buf.stride(0), tile.split, NT,
-        BLOCK_S=FS, BLOCK_H=FH,
-    )
-    return None
+
+    return launch

@@ -35,7 +35,8 @@ Scenarios (``SCENARIOS``): a minmax observer call (new observer, observe a
 weight, get_qparams), an activation observer's repeated forward (the same
 observer, the same shape each time, as in a calibration loop), a
 memoryless_mse call, an activation observer's call (new, observe, get_qparams),
-one call of every registered observer, and, where llm-compressor is
+an imatrix observer's forward hook (E[x**2] of a Linear's input, at every
+batch), one call of every registered observer, and, where llm-compressor is
 installed (``.venv-llmcompressor/bin/python -m obskernels.bench.host``), its
 static_minmax activation forward and memoryless_minmax weight call through
 the drop-in.
@@ -63,7 +64,8 @@ class Scenario:
     observer in a calibration loop); otherwise new + forward + get_qparams.
     ``drop_in``: llm-compressor's observer of that name, computing through
     obskernels (``integrations.llmcompressor``); measured only where
-    llm-compressor imports."""
+    llm-compressor imports. ``hook``: the observer's forward hook, called as
+    a module's forward calls it (the Linear's own work left out)."""
 
     name: str
     observer: str
@@ -72,6 +74,9 @@ class Scenario:
     shape: tuple
     repeat: bool = False
     drop_in: bool = False  # llm-compressor's observer with the drop-in enabled
+    # the observer's forward pre-hook on a Linear as wide as the value (an
+    # imatrix observer's E[x**2] at every batch), the value its input
+    hook: bool = False
 
 
 _INT4_G128 = dict(num_bits=4, strategy="group", group_size=128, symmetric=True)
@@ -91,6 +96,8 @@ SCENARIOS = (
              repeat=True, drop_in=True),
     Scenario("drop-in minmax call", "memoryless_minmax", "weight", _INT4_G128, (256, 256),
              drop_in=True),
+    Scenario("imatrix forward hook", "imatrix_mse", "weight", _INT4_G128, (2, 16, 256), repeat=True,
+             hook=True),
     Scenario("static_minmax call", "static_minmax", "weight", _INT4_G128, (256, 256)),
     Scenario("minmax (moving average) call", "minmax", "weight", _INT4_G128, (256, 256)),
     Scenario("mse call", "mse", "weight", _INT4_G128, (256, 256)),
@@ -198,6 +205,12 @@ def _call_of(sc: Scenario, device: str = "cpu") -> Callable[[], object]:
             return new.get_qparams()
 
         return drop_in_call
+    if sc.hook:
+        obs = Observer.load_from_registry(sc.observer, base_name=sc.base_name, args=args)
+        module = torch.nn.Linear(value.shape[-1], value.shape[-1], bias=False, device=device)
+        obs.attach(module)
+        (hook,) = module._forward_pre_hooks.values()
+        return lambda: hook(module, (value,))
     if sc.repeat:
         obs = Observer.load_from_registry(sc.observer, base_name=sc.base_name, args=args)
         return lambda: obs(value)

@@ -164,7 +164,7 @@ def observer_cases(recorder, runs, calls: int = 4) -> list:
             recorder.sink.pop()
             runs[0] -= 1  # the check's own launch
 
-    def accumulate():  # an imatrix observer's forward hook: launches planned at each call
+    def accumulate():  # what an imatrix observer's forward hook calls, at another shape
         from obskernels import ops
 
         x = torch.randn(4, 64, 256, dtype=torch.bfloat16)

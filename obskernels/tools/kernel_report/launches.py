@@ -35,7 +35,7 @@ def _kernel_modules() -> Dict[str, object]:
 def discover_kernels(modules=None) -> Dict[str, tuple]:
     """Every launched @triton.jit kernel of kernels/: a JIT function of a
     module that the module's source launches as ``name[grid](...)`` or
-    through a ``Replay(globals(), "name", grid)`` (or ``Replay.site``).
+    through a ``Replay(globals(), "name", grid)``.
     Returns {"module.name": (module, attribute)}."""
     import inspect
 
@@ -49,9 +49,9 @@ def discover_kernels(modules=None) -> Dict[str, tuple]:
         src = inspect.getsource(module)
         for attr, fn in vars(module).items():
             # launched as name[grid](...) or through kernels/_replay.py's
-            # Replay(globals(), "name", ...) / Replay.site(globals(), "name", ...)
+            # Replay(globals(), "name", ...)
             launched = (rf"\b{re.escape(attr)}\s*\[|"
-                        rf"\bReplay(?:\.site)?\(\s*globals\(\),\s*\"{re.escape(attr)}\"")
+                        rf"\bReplay\(\s*globals\(\),\s*\"{re.escape(attr)}\"")
             if isinstance(fn, kinds) and re.search(launched, src):
                 found[f"{mname}.{attr}"] = (module, attr)
     return found

@@ -137,6 +137,37 @@ def test_accumulates_over_calls_and_strided_sum_buf(device):
     assert count_buf.item() == 21
 
 
+def _layout_of(path, seed, device):
+    torch.manual_seed(seed)
+    if path == "five leading dims":  # gathered at every call: no three row levels hold them
+        return torch.randn(3, 4, 5, 2, 16).to(device).permute(3, 2, 1, 0, 4).to(torch.bfloat16)
+    return make_x((2, 13, 40), torch.bfloat16, "sliced", device=device)
+
+
+@pytest.mark.parametrize("path", ("one launch", "split", "five leading dims"))
+def test_a_kept_plan_serves_new_values_of_its_signature(path, pin_launch, device, monkeypatch):
+    # An imatrix hook repeats its call at every batch: the signature is planned
+    # once (ops keeps the plan), later calls bring new values and accumulate.
+    if path == "split":
+        pin_launch("accumulate_sq", tile=64, split=5)
+    kernels = importlib.import_module("obskernels.kernels")
+    planned = []
+    monkeypatch.setattr(ops, "_PLANS", {})
+    monkeypatch.setitem(kernels.PREPARE, "accumulate_sq",
+                        lambda call: planned.append(call) or accumulate_module.prepare(call))
+    xs = [_layout_of(path, seed, device) for seed in range(3)]
+    hidden = xs[0].shape[-1]
+    sum0, count0 = fresh_buffers(hidden, device)
+    sum_buf, count_buf = sum0.clone(), count0.clone()
+    with use_backend("triton"):
+        for x in xs:
+            ops.accumulate_sq(x, sum_buf, count_buf)
+    assert len(planned) == 1, f"planned {len(planned)} times for one signature"
+    everything = torch.cat([x.reshape(-1, hidden) for x in xs])
+    assert_close_fp64(sum_buf, sum0, everything, f"{path}, three calls")
+    assert count_buf.item() == 7 + everything.shape[0]
+
+
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy under the interpreter: inf - inf, x*x past fp32
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_inf_and_nan_channels_like_reference(dtype, device):
