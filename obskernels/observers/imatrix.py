@@ -87,16 +87,19 @@ class IMatrixMSEObserver(SearchKwargsMixin, Observer):
         strict = self.args.observer_kwargs.get("strict", False)
         if not isinstance(strict, bool):
             raise TypeError(f"observer kwarg 'strict' must be a bool, got {strict!r}")
-        self.strict = strict
-        self._imatrix_features: Optional[int] = None
-        self._imatrix_sum: Optional[torch.Tensor] = None
-        self._imatrix_count = torch.zeros((), dtype=torch.int64)
-        self._imatrix_hook = None
-        self._imatrix_module: Optional[weakref.ref] = None
-        # the fallback to report once get_qparams has read the verdict of the
-        # observed importance; (None, None) when only a failing verdict makes
-        # one (None: nothing pending)
-        self._importance_pending: Optional[tuple] = None
+        # plain attributes, set in one go (nn.Module.__setattr__ costs a call each)
+        self.__dict__.update(
+            strict=strict,
+            _imatrix_features=None,  # Optional[int]
+            _imatrix_sum=None,  # Optional[torch.Tensor]
+            _imatrix_count=torch.zeros((), dtype=torch.int64),
+            _imatrix_hook=None,
+            _imatrix_module=None,  # Optional[weakref.ref]
+            # the fallback to report once get_qparams has read the verdict of
+            # the observed importance; (None, None) when only a failing verdict
+            # makes one (None: nothing pending)
+            _importance_pending=None,
+        )
 
     # ---------------------------------------------------------------- hooks
     #
