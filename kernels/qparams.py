@@ -568,7 +568,10 @@ def prepare(call: QParamsCall):
     # the statistics' strides are the signature's
     stats_contiguous = min_vals.is_contiguous() and call.max_vals.is_contiguous()
     kernel = Replay(globals(), "_qparams_kernel", (programs,), **switches)
-    absmax_k = [Replay(globals(), "_absmax_kernel", (p,)) for p in counts]  # per fused pair
+    # per fused pair (its dtypes are the signature's: read as bits where bf16)
+    absmax_k = [Replay(globals(), "_absmax_kernel", (p,), BLOCK=QPARAMS_BLOCK,
+                       BITS16=(mn.dtype if mn.dtype == mx.dtype else a_dtype) == torch.bfloat16)
+                for (mn, mx), p in zip(pairs, counts)]
 
     def launch(call: QParamsCall):
         if config_token() is not token:  # a launch_config block changed the policy
@@ -587,8 +590,7 @@ def prepare(call: QParamsCall):
                     n = mn.numel()
                     if mn.dtype != mx.dtype:
                         mn, mx = mn.to(a_dtype), mx.to(a_dtype)
-                    absmax(_flat(mn), _flat(mx), parts, n, cdiv(n, p), part0,
-                           BITS16=mn.dtype == torch.bfloat16, BLOCK=QPARAMS_BLOCK)
+                    absmax(_flat(mn), _flat(mx), parts, n, cdiv(n, p), part0)
                     part0 += p
                 global_scale = gs_out
             if N:

@@ -171,6 +171,17 @@ def observer_cases(recorder, runs, calls: int = 4) -> list:
         total, count = torch.zeros(256), torch.zeros((), dtype=torch.int64)
         return lambda: ops.accumulate_sq(x, total, count)
 
+    def fused_qparams():  # a global scale from fused statistics: one absmax launch per pair
+        from obskernels import ops
+
+        def pair(n, dtype):
+            return -torch.rand(n, 16).to(dtype), torch.rand(n, 16).to(dtype)
+
+        a, b, c = pair(256, torch.bfloat16), pair(128, torch.float32), pair(64, torch.bfloat16)
+        mixed = (c[0], c[1].float())  # widened to the pairs' common dtype first
+        args = host._qargs(host._NVFP4)
+        return lambda: ops.calculate_qparams(a[0], a[1], args, fused=(a, b, mixed))
+
     # an activation observer's repeated forward, its observation index counting
     # (mse's: a whole tensor is one group, the search's split path)
     def forward(name):
@@ -186,7 +197,7 @@ def observer_cases(recorder, runs, calls: int = 4) -> list:
     out = []
     _replay.Replay.__call__ = checking
     try:
-        for name, make in makers + [("accumulate_sq", accumulate)]:
+        for name, make in makers + [("accumulate_sq", accumulate), ("fused calculate_qparams", fused_qparams)]:
             fn = make()
             for _ in range(3):  # a repeated forward's third call is its first ticketed launch
                 fn()

@@ -84,12 +84,15 @@ def test_every_repeated_observer_launch_is_replayed_as_triton_launches_it(python
     """The host proxy's scenarios (every observer family, first observations
     with their qparams, repeated forwards, TENSOR_GROUP's global scale), the
     moving-average observers' repeated forwards (their observation index
-    counting) and an imatrix forward's accumulate_sq: once every launch site
+    counting), an imatrix forward's accumulate_sq and a global scale from
+    fused statistics of mixed dtypes (calculate_qparams' absmax launch per
+    pair, its constexprs bound by the site): once every launch site
     has launched, no launch takes Triton's path, and each replayed one
     equals Triton's."""
     rows = _worker(python, "observers")
     assert {"minmax call", "activation forward", "memoryless_mse call", "nvfp4_expanded_mse call",
-            "imatrix_mse call", "minmax forward", "mse forward", "accumulate_sq"} <= set(rows)
+            "imatrix_mse call", "minmax forward", "mse forward", "accumulate_sq",
+            "fused calculate_qparams"} <= set(rows)
     for case, row in rows.items():
         assert row["launches"] > 0, case
         assert row["triton_runs"] == 0, f"{case}: {row['triton_runs']} launches took Triton's path"
