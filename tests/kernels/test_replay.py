@@ -141,3 +141,20 @@ def test_first_use_parts_are_what_they_say(python, scenario):
     assert first >= 1 and second == 0, row
     parts = row["import_s"] + row["triton_startup_s"] + row["first_call_s"] - row["second_call_s"]
     assert row["first_use_s"] == pytest.approx(parts) and row["first_use_s"] > 0, row
+
+
+@pytest.mark.gpu
+def test_first_use_parts_on_cuda():
+    """``--first-use``'s CUDA path (``make gpu-check`` runs the command): in a
+    fresh process on the GPU the parts are what they say, as on the CPU."""
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "obskernels.bench.launch", "--first-use-child",
+                           "minmax call", "cuda"], env=compiling_env(), capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert row["device"] == "cuda" and row["kernels_imported_before"] is False, row
+    assert row["startup_hashes"] == 1, row
+    first, second = row["triton_runs"]
+    assert first >= 1 and second == 0, row
