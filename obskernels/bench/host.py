@@ -54,7 +54,8 @@ import sys
 import time
 from typing import Callable, Dict, List, Optional
 
-__all__ = ["Scenario", "SCENARIOS", "stubbed_launches", "zero_integers", "unit_seconds", "measure", "main"]
+__all__ = ["Scenario", "SCENARIOS", "stubbed_launches", "zero_integers", "unit_seconds", "measure",
+           "proxy_command", "emit", "main"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -329,22 +330,31 @@ def proxy_command(module: str, doc: str, argv: Optional[List[str]], reps: int, i
     return ns, None
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    ns, status = proxy_command("obskernels.bench.host", __doc__, argv, reps=300, interpret=True)
-    if ns is None:
-        return status
-    rows = measure(reps=ns.reps)
-    if ns.json:
+def emit(rows: List[Dict], as_json: bool, table: Callable[..., None], **extra) -> int:
+    """A proxy command's output: one JSON object per row (``extra`` added to
+    each), or ``table(rows, **extra)``; its exit status."""
+    if as_json:
         for r in rows:
-            print(json.dumps(r))
-        return 0
+            print(json.dumps(dict(r, **extra)))
+    else:
+        table(rows, **extra)
+    return 0
+
+
+def _print_table(rows: List[Dict]) -> None:
     unit = rows[0]["unit_us"] if rows else 0.0
     print(f"host cost per call, launches stubbed (a proxy; unit = one 1-element add_ = {unit:.2f} us)")
     print(f"{'scenario':32} {'observer':22} {'us':>8} {'units':>7} {'py calls':>9}")
     for r in rows:
         print(f"{r['scenario']:32} {r['observer']:22} {r['host_us']:8.1f} {r['units']:7.1f} "
               f"{r['python_calls']:9d}")
-    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ns, status = proxy_command("obskernels.bench.host", __doc__, argv, reps=300, interpret=True)
+    if ns is None:
+        return status
+    return emit(measure(reps=ns.reps), ns.json, _print_table)
 
 
 if __name__ == "__main__":

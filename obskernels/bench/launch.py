@@ -298,11 +298,22 @@ def first_use(scenarios=FIRST_USE, runs: int = 3, device: str = "cpu") -> List[D
     return out
 
 
-def _print_first_use(rows, version) -> None:
+def _print_measured(rows, triton) -> None:
+    unit = rows[0]["unit_us"] if rows else 0.0
+    print(f"host cost per call with Triton's launch path up to its C launcher (a proxy; triton "
+          f"{triton}; unit = one 1-element add_ = {unit:.2f} us)")
+    print(f"{'scenario':32} {'launches':>8} {'replayed us':>12} {'units':>6} "
+          f"{'Triton us':>10} {'units':>6} {'saved us':>9}")
+    for r in rows:
+        print(f"{r['scenario']:32} {r['launches']:8d} {r['replay_us']:12.1f} {r['replay_units']:6.1f} "
+              f"{r['triton_us']:10.1f} {r['triton_units']:6.1f} {r['triton_us'] - r['replay_us']:9.1f}")
+
+
+def _print_first_use(rows, triton) -> None:
     where = ("on CUDA (MEASURED)" if rows[0]["device"] == "cuda"
              else "Triton's launch path up to its C launcher (a proxy)")
     print(f"first call in a fresh process, {where}, kernels from Triton's disk cache "
-          f"(triton {version}; median of {rows[0]['runs']} processes; ms)")
+          f"(triton {triton}; median of {rows[0]['runs']} processes; ms)")
     print(f"{'scenario':22} {'kernels import':>14} {'Triton start-up':>15} {'first call':>10} "
           f"{'second call':>11} {'first use':>9}")
     for r in rows:
@@ -311,7 +322,7 @@ def _print_first_use(rows, version) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from obskernels.bench.host import proxy_command
+    from obskernels.bench.host import emit, proxy_command
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--first-use-child"]:  # one fresh process of --first-use
@@ -328,26 +339,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         import torch
 
         rows = first_use(device="cuda" if torch.cuda.is_available() else "cpu")
-        if ns.json:
-            for r in rows:
-                print(json.dumps(dict(r, triton=triton.__version__)))
-        else:
-            _print_first_use(rows, triton.__version__)
-        return 0
-    rows = measure(reps=ns.reps)
-    if ns.json:
-        for r in rows:
-            print(json.dumps(dict(r, triton=triton.__version__)))
-        return 0
-    unit = rows[0]["unit_us"] if rows else 0.0
-    print(f"host cost per call with Triton's launch path up to its C launcher (a proxy; triton "
-          f"{triton.__version__}; unit = one 1-element add_ = {unit:.2f} us)")
-    print(f"{'scenario':32} {'launches':>8} {'replayed us':>12} {'units':>6} "
-          f"{'Triton us':>10} {'units':>6} {'saved us':>9}")
-    for r in rows:
-        print(f"{r['scenario']:32} {r['launches']:8d} {r['replay_us']:12.1f} {r['replay_units']:6.1f} "
-              f"{r['triton_us']:10.1f} {r['triton_units']:6.1f} {r['triton_us'] - r['replay_us']:9.1f}")
-    return 0
+        return emit(rows, ns.json, _print_first_use, triton=triton.__version__)
+    return emit(measure(reps=ns.reps), ns.json, _print_measured, triton=triton.__version__)
 
 
 if __name__ == "__main__":
