@@ -441,7 +441,7 @@ def prepare(call: MinMaxCall, qparams: bool = False, widen: bool = True):
     qshape, dtype, dev = layout.qshape, value.dtype, value.device
     perm, layout_args = layout.perm, (*layout.kernel_args(), tile.rows_per_split)
     record = call.status is not None
-    epilogue = dict(MODE=mode, DTYPE=DTYPE_CODE[dtype], BITS16=bits16)
+    epilogue = dict(MODE=mode, DTYPE=DTYPE_CODE[dtype], BITS16=bits16, **ST.mode_options(mode))
     grid = (tile.programs, split)
     first = dict(
         **tile.blocks(), PAD=layout.pad, GATHER=layout.gather, RECORD=record, **tile.launch(),

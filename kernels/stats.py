@@ -49,6 +49,13 @@ _S_BAD: tl.constexpr = tl.constexpr(STATUS_BAD_STATS)
 _S_FIRST: tl.constexpr = tl.constexpr(STATUS_FIRST_BAD)
 
 
+def mode_options(mode) -> dict:
+    """The launch options a combine in ``mode`` needs: a moving average's
+    products and sum rounded one at a time, as torch's three operations are
+    (on a GPU, Triton would contract ``held * a + new * c`` into one FMA)."""
+    return {"enable_fp_fusion": False} if mode == MODE_AVERAGE.value else {}
+
+
 def combine_modes(held, averaging_constant):
     """(MODE, a, c) launch arguments: what to do with ``held`` statistics."""
     if held is None:
@@ -202,7 +209,8 @@ def prepare(call: CombineCall):
     grid = (cdiv(Q, block_q),)
     layout_args = layout.kernel_args()
     switches = dict(MODE=mode, DTYPE=quant.DTYPE_CODE[dtype], BITS16=bits16,
-                    RECORD=call.status is not None, PAD=layout.pad, BLOCK_Q=block_q)
+                    RECORD=call.status is not None, PAD=layout.pad, BLOCK_Q=block_q,
+                    **mode_options(mode))
 
     # read at the groups' flat index: contiguous, whatever the shape (the
     # strides are the signature's); bf16 as its bits by the kernel itself

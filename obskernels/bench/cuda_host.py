@@ -169,8 +169,9 @@ def _activation_rows() -> List[tuple]:
     return rows
 
 
-def measure(n: int = 200, reps: int = 50) -> List[Dict]:
-    """One record per row (see the module docstring)."""
+def measure(n: int = 200, reps: int = 50, progress=None) -> List[Dict]:
+    """One record per row (see the module docstring); each row also written to
+    ``progress`` (a stream) as it is measured, so a run cut short keeps them."""
     import warnings
 
     import torch
@@ -197,6 +198,9 @@ def measure(n: int = 200, reps: int = 50) -> List[Dict]:
                 fn()  # compiled, planned and allocated before timing
             out.append({"row": name, "loop_us": loop_seconds(fn, n) * 1e6,
                         "sync_us": sync_seconds(fn, reps) * 1e6})
+            if progress:
+                progress.write(f"  {name}: loop {out[-1]['loop_us']:.1f} us, sync {out[-1]['sync_us']:.1f} us\n")
+                progress.flush()
     unit = out[0]["loop_us"]
     device = torch.cuda.get_device_name(0)
     for r in out:
@@ -224,7 +228,7 @@ def main(argv: Optional[List[str]] = None) -> int:
               "is False); it measures on a GPU. For the CPU proxy: python -m obskernels.bench.host",
               file=sys.stderr)
         return 2
-    rows = measure(ns.n, ns.reps)
+    rows = measure(ns.n, ns.reps, progress=None if ns.json else sys.stderr)
     if ns.json:
         for r in rows:
             print(json.dumps(r))

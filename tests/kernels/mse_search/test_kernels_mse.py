@@ -15,7 +15,7 @@ import importlib
 
 import pytest
 import torch
-from compressed_tensors.quantization import QuantizationArgs
+from compressed_tensors.quantization import QuantizationArgs, QuantizationStrategy, QuantizationType
 
 from obskernels import ops
 from obskernels.backends import KernelUnsupportedError, use_backend
@@ -610,7 +610,10 @@ def test_rejects_like_reference(call, device):
 
 
 def test_unsupported_raises_before_launch(device):
-    fp6 = QuantizationArgs(num_bits=6, type="float", strategy="channel")
+    # built unvalidated: compressed-tensors 0.19 itself refuses float num_bits=6
+    # (its zp dtype), 0.20 accepts it; the kernels must refuse it either way
+    fp6 = QuantizationArgs.model_construct(num_bits=6, type=QuantizationType.FLOAT,
+                                           strategy=QuantizationStrategy.CHANNEL)
     with pytest.raises(KernelUnsupportedError, match="float num_bits=6"):
         kernel_search(torch.randn(4, 8, device=device), "weight", fp6, **MSE)
     fp4_asym = QuantizationArgs(num_bits=4, type="float", symmetric=False, strategy="channel")

@@ -17,6 +17,7 @@ import torch
 from compressed_tensors.quantization import QuantizationArgs
 
 from obskernels import ops
+from obskernels.backends import use_backend
 from obskernels.spec.checks import HeldStatisticsError
 from obskernels.spec.record import STATUS_INIT
 
@@ -141,3 +142,37 @@ def test_held_statistics_of_another_shape(backend, device):
         ops.min_max(value, "weight", args, averaging_constant=1.5)
     with pytest.raises(TypeError, match="status"):
         ops.min_max(value, "weight", args, status=torch.zeros(5, device=device))
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one-pass", "split"])
+def test_moving_average_launches_round_each_operation(pin_launch, monkeypatch, split):
+    """On a GPU Triton contracts ``held * a + new * c`` into one FMA unless the
+    launch says ``enable_fp_fusion=False`` (an H100 found fp32 averages 1 ulp
+    off torch's three roundings); the interpreter never contracts, so the
+    values cannot show it here: every launch site that averages is checked
+    for the option instead, and the other modes for not paying it."""
+    st_module = importlib.import_module("obskernels.kernels.stats")
+    sites = []
+    for module in (mm_module, st_module):
+        def recording(scope, name, grid, _real=module.Replay, **bound):
+            sites.append((name, bound))
+            return _real(scope, name, grid, **bound)
+        monkeypatch.setattr(module, "Replay", recording)
+    # signatures no other test plans, so that they are prepared here
+    if split:  # a whole tensor's rows split across programs: the finish pass averages
+        pin_launch("min_max", tile=16, split=3)
+        base_name, shape, args = "input", (5, 7, 48), QuantizationArgs(num_bits=8, strategy="tensor")
+    else:
+        base_name, shape, args = "weight", (11, 48), QuantizationArgs(num_bits=8, strategy="group", group_size=16)
+    held = held_for(base_name, shape, args, torch.float32)
+    value = value_for(base_name, shape, torch.float32, seed=5, poison=False)
+    with use_backend("triton"):
+        for c in (0.37, None):  # a moving average, then a running min / max
+            ops.min_max(value, base_name, args, held=held, averaging_constant=c)
+            ops.combine_statistics(value, base_name, args, *held, held=held, averaging_constant=c)
+    average = st_module.MODE_AVERAGE.value
+    averaging = [(n, b) for n, b in sites if b.get("MODE") == average]
+    assert {n for n, _ in averaging} >= {"_combine_kernel", "_min_max_finish_kernel" if split else "_min_max_kernel"}
+    assert all(b.get("enable_fp_fusion") is False for _, b in averaging), averaging
+    others = [(n, b) for n, b in sites if b.get("MODE") not in (None, average)]
+    assert others and not any("enable_fp_fusion" in b for _, b in others), others
