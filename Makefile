@@ -101,9 +101,10 @@ kernel-report: $(STAMP)
 # On a machine with CUDA: the parity suite on CUDA (every test taking the `device`
 # fixture, against torch on the same GPU) and the gpu-marked tests, the host path
 # on the GPU (obskernels.bench.cuda_host), llm-compressor's oneshot plain vs the
-# drop-in (where it is installed), then the full bench; one summary in
+# drop-in (where it is installed), then the bench's lead rows; one summary in
 # gpu-check/summary.md (cases per test file). Fails at once, saying so, without
-# CUDA. GPU_CHECK_STEPS=host,oneshot: some steps only; GPU_CHECK_TESTS_ONLY=1: the tests alone.
+# CUDA. GPU_CHECK_STEPS=host,oneshot: some steps only (model: the full bench, only when named);
+# GPU_CHECK_TESTS_ONLY=1: the tests alone; GPU_CHECK_TIMEOUTS=tests=300,...: each step's limit (s).
 gpu-check: $(STAMP)
 	PYTHONSAFEPATH=1 $(PYTHON) scripts/gpu_check.py
 

@@ -13,16 +13,27 @@
    in a fresh process by part (`python -m obskernels.bench.launch --first-use`);
 3. where llm-compressor imports, its own `oneshot` plain and with the drop-in
    (`python -m obskernels.bench.oneshot`, 6 Llama-3-8B-shaped layers);
-4. the full benchmark (`python -m obskernels.bench --full --model`): every row
-   measured (synchronised wall time, peak memory) next to the model's figures;
-5. one summary file, gpu-check/summary.md (and summary.json): device, test
+4. the benchmark's lead rows (`python -m obskernels.bench --full --ops none
+   --observers all --backends triton,llmc --cases` the 4096x4096 weights and
+   2048x4096 activations in bf16): one observer call of every observer,
+   measured against llm-compressor's default path (about a minute on an H100);
+5. (asked for only: step "model") the full benchmark with the model beside
+   every measured row (`--full --model`: every shape and dtype, tens of minutes);
+6. one summary file, gpu-check/summary.md (and summary.json): device, test
    cases run / passed / failed / skipped per test file, the failures, the
    host path's table, oneshot's table, the benchmark's full-size observer table.
 
 Without CUDA it stops at once with exit status 2 and says so.
 `GPU_CHECK_STEPS`: a comma list of the steps to run, in this order, from
-tests, host, oneshot, bench (default: all four); `GPU_CHECK_TESTS_ONLY=1`
-is `GPU_CHECK_STEPS=tests`.
+tests, host, oneshot, bench, model (default: all but model);
+`GPU_CHECK_TESTS_ONLY=1` is `GPU_CHECK_STEPS=tests`.
+
+Sized for a lent GPU's short session: the tests run on pytest-xdist's
+workers where it is installed (2,410 cases in about 2 minutes on an H100
+with 12), every step has a time limit (`GPU_CHECK_TIMEOUTS`, e.g.
+`tests=300,oneshot=200`, seconds; defaults in TIMEOUTS), and every step
+writes its log as it goes: a step stopped at its limit is interrupted
+(SIGINT: pytest still prints its summary) and keeps what it printed.
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ import datetime
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -38,7 +50,14 @@ from collections import Counter
 
 #: the tests run on the GPU: those that take the `device` fixture, and the gpu-marked ones
 TEST_SELECTION = "on_device or gpu"
-STEPS = ("tests", "host", "oneshot", "bench")
+STEPS = ("tests", "host", "oneshot", "bench", "model")
+#: the steps run when none are named ("model" takes tens of minutes)
+DEFAULT_STEPS = ("tests", "host", "oneshot", "bench")
+#: each step's time limit in seconds (GPU_CHECK_TIMEOUTS overrides); "first_use"
+#: is the host step's second command
+TIMEOUTS = {"tests": 600, "host": 300, "first_use": 240, "oneshot": 600, "bench": 600, "model": 3600}
+#: the bench step's cases: the sizes the lead table compares
+LEAD_CASES = "w4096x4096 bf16,a2048x4096 bf16"
 
 
 def steps_of(environ) -> list:
@@ -47,19 +66,59 @@ def steps_of(environ) -> list:
     if environ.get("GPU_CHECK_TESTS_ONLY") == "1":
         return ["tests"]
     raw = environ.get("GPU_CHECK_STEPS", "")
-    asked = [s.strip() for s in raw.split(",") if s.strip()] if raw else list(STEPS)
+    asked = [s.strip() for s in raw.split(",") if s.strip()] if raw else list(DEFAULT_STEPS)
     unknown = [s for s in asked if s not in STEPS]
     if unknown:
         raise ValueError(f"GPU_CHECK_STEPS: unknown step(s) {unknown}; the steps are {list(STEPS)}")
     return [s for s in STEPS if s in asked]
+
+
+def timeouts_of(environ) -> dict:
+    """TIMEOUTS with GPU_CHECK_TIMEOUTS's ``step=seconds`` pairs applied; an
+    unknown step or a malformed pair is an error naming it."""
+    out = dict(TIMEOUTS)
+    for pair in (p.strip() for p in environ.get("GPU_CHECK_TIMEOUTS", "").split(",")):
+        if not pair:
+            continue
+        step, _, seconds = pair.partition("=")
+        if step.strip() not in out:
+            raise ValueError(f"GPU_CHECK_TIMEOUTS: unknown step {step.strip()!r}; the steps are {list(out)}")
+        try:
+            out[step.strip()] = float(seconds)
+        except ValueError:
+            raise ValueError(f"GPU_CHECK_TIMEOUTS: {pair!r} is not step=seconds") from None
+    return out
+
+
+def pytest_workers(have_xdist: bool, cpus: int) -> list:
+    """pytest-xdist's arguments for the tests step: up to 12 workers where it
+    is installed and the machine has the cores, else none (one process)."""
+    n = min(12, cpus - 1)
+    return ["-n", str(n)] if have_xdist and n >= 2 else []
+
+
 OUTCOMES = ("passed", "failed", "error", "skipped")
 
 
-def _run(cmd, env, log_path):
+def _run(cmd, env, log_path, timeout=None):
+    """Run ``cmd`` with its output written to ``log_path`` as it comes; past
+    ``timeout`` seconds it is interrupted (SIGINT, then killed 30 s later) and
+    the exit status is 124. Returns (status, the log's text)."""
     with open(log_path, "w") as log:
-        proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        log.write(proc.stdout)
-    return proc.returncode, proc.stdout
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            log.write(f"\ngpu-check: stopped after its {timeout:.0f} s limit (GPU_CHECK_TIMEOUTS)\n")
+            rc = 124
+    with open(log_path) as log:
+        return rc, log.read()
 
 
 def _versions() -> dict:
@@ -130,14 +189,20 @@ def main(argv=None) -> int:
                "devices": devices, "versions": _versions()}
 
     steps = steps_of(os.environ)
+    limits = timeouts_of(os.environ)
     summary["steps"] = steps
+    summary["timeouts_s"] = {k: limits[k] for k in limits if k in steps or k == "first_use" and "host" in steps}
     lines_tests, lines_host, lines_oneshot, lines_bench = [], [], [], []
     rc_all = 0
 
     if "tests" in steps:
         junit = os.path.join(out, "tests.xml")
+        import importlib.util
+
+        workers = pytest_workers(importlib.util.find_spec("xdist") is not None, os.cpu_count() or 1)
         rc, text = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", TEST_SELECTION,
-                         "-rfEs", f"--junitxml={junit}", "tests"], env, os.path.join(out, "tests.log"))
+                         *workers, "-rfEs", f"--junitxml={junit}", "tests"], env, os.path.join(out, "tests.log"),
+                        limits["tests"])
         rc_all |= rc
         tail = [line for line in text.splitlines() if re.search(r"\b(passed|failed|error|skipped)\b", line)]
         per_file = case_counts(junit) if os.path.exists(junit) else {}
@@ -154,13 +219,13 @@ def main(argv=None) -> int:
 
     if "host" in steps:
         rc, text = _run([sys.executable, "-m", "obskernels.bench.cuda_host"], env,
-                        os.path.join(out, "cuda_host.log"))
+                        os.path.join(out, "cuda_host.log"), limits["host"])
         rc_all |= rc
         summary["host"] = {"returncode": rc}
         lines_host = ["## The host path on the GPU (obskernels.bench.cuda_host, MEASURED)", "",
                       f"exit {rc}", "", "```", text.strip()[-6000:], "```", ""]
         rc, text = _run([sys.executable, "-m", "obskernels.bench.launch", "--first-use"], env,
-                        os.path.join(out, "first_use.log"))
+                        os.path.join(out, "first_use.log"), limits["first_use"])
         rc_all |= rc
         summary["host"]["first_use_returncode"] = rc
         lines_host += ["## A first call in a fresh process (obskernels.bench.launch --first-use, MEASURED)", "",
@@ -175,19 +240,28 @@ def main(argv=None) -> int:
         else:
             oneshot_out = os.path.join(out, "oneshot")
             rc, text = _run([sys.executable, "-m", "obskernels.bench.oneshot", "--out", oneshot_out],
-                            dict(env, HF_HUB_OFFLINE="1"), os.path.join(out, "oneshot.log"))
+                            dict(env, HF_HUB_OFFLINE="1"), os.path.join(out, "oneshot.log"), limits["oneshot"])
             rc_all |= rc
             summary["oneshot"] = {"returncode": rc, "out": oneshot_out}
             table_lines = [line for line in text.splitlines() if not line.startswith("  ")]
             lines_oneshot = ["## oneshot, plain vs the drop-in (obskernels.bench.oneshot, MEASURED)", "",
                              f"exit {rc}", "", "```", "\n".join(table_lines[-12:]), "```", ""]
 
-    if "bench" in steps:
-        bench_out = os.path.join(out, "bench")
-        rc, text = _run([sys.executable, "-m", "obskernels.bench", "--full", "--model", "--device", "cuda",
-                         "--out", bench_out, "--quiet"], env, os.path.join(out, "bench.log"))
+    for step in ("bench", "model"):
+        if step not in steps:
+            continue
+        from obskernels.bench.backends import llmc_available
+
+        bench_out = os.path.join(out, step)
+        if step == "bench":  # the lead rows: every observer at the lead sizes, against llm-compressor
+            flags = ["--ops", "none", "--observers", "all", "--cases", LEAD_CASES,
+                     "--backends", "triton,llmc" if llmc_available() else "triton"]
+        else:
+            flags = ["--model"]
+        rc, text = _run([sys.executable, "-m", "obskernels.bench", "--full", "--device", "cuda", *flags,
+                         "--out", bench_out], env, os.path.join(out, f"{step}.log"), limits[step])
         rc_all |= rc
-        summary["bench"] = {"returncode": rc, "out": bench_out}
+        summary[step] = {"returncode": rc, "out": bench_out}
         lead = ""
         jsonl = os.path.join(bench_out, "results.jsonl")
         if os.path.exists(jsonl):
@@ -195,12 +269,15 @@ def main(argv=None) -> int:
 
             records = report.read_jsonl(jsonl)
             lead = report.lead_table(records)
-            summary["bench"]["observers_full_size"] = report.lead_speedups(records)
-            summary["bench"]["measured_triton_rows"] = sum(
+            summary[step]["observers_full_size"] = report.lead_speedups(records)
+            summary[step]["measured_triton_rows"] = sum(
                 1 for r in records if r.backend == "triton" and r.timing.measured_s)
-        lines_bench = [f"- full bench: exit {rc}; records and plots in {bench_out}/ (report.md)", "",
-                       "## Observers at the full size (measured rows in the bench report)", "",
-                       "```", lead, "```", ""]
+        else:  # stopped at its limit: the rows it measured are in its log
+            lead = "\n".join(line for line in text.splitlines() if " measured " in line)
+        what = "lead rows" if step == "bench" else "full bench with the model"
+        lines_bench += [f"- {what}: exit {rc}; records and plots in {bench_out}/ (report.md)", "",
+                        f"## Observers at the full size ({what}, MEASURED rows)", "",
+                        "```", lead, "```", ""]
 
     summary["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     with open(os.path.join(out, "summary.json"), "w") as f:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -74,12 +75,47 @@ def test_gpu_check_counts_cases_per_file(tmp_path):
 
 
 def test_gpu_check_steps_follow_the_environment():
-    """All four steps by default, in their order whatever the list's; the
-    tests alone under GPU_CHECK_TESTS_ONLY=1; an unknown step is an error
-    naming it (a typo never silently skips a measurement)."""
+    """Four steps by default (the full bench with the model, "model", only
+    when named), in their order whatever the list's; the tests alone under
+    GPU_CHECK_TESTS_ONLY=1; an unknown step is an error naming it (a typo
+    never silently skips a measurement)."""
     steps_of = _gpu_check().steps_of
     assert steps_of({}) == ["tests", "host", "oneshot", "bench"]
     assert steps_of({"GPU_CHECK_TESTS_ONLY": "1", "GPU_CHECK_STEPS": "host"}) == ["tests"]
     assert steps_of({"GPU_CHECK_STEPS": "oneshot, host"}) == ["host", "oneshot"]
+    assert steps_of({"GPU_CHECK_STEPS": "model,tests"}) == ["tests", "model"]
     with pytest.raises(ValueError, match="'hots'"):
         steps_of({"GPU_CHECK_STEPS": "hots,oneshot"})
+
+
+def test_gpu_check_time_limits_follow_the_environment():
+    gc = _gpu_check()
+    assert gc.timeouts_of({}) == gc.TIMEOUTS
+    got = gc.timeouts_of({"GPU_CHECK_TIMEOUTS": "tests=120, oneshot=90.5"})
+    assert got["tests"] == 120 and got["oneshot"] == 90.5 and got["host"] == gc.TIMEOUTS["host"]
+    with pytest.raises(ValueError, match="'test'"):
+        gc.timeouts_of({"GPU_CHECK_TIMEOUTS": "test=120"})
+    with pytest.raises(ValueError, match="'tests:120'"):
+        gc.timeouts_of({"GPU_CHECK_TIMEOUTS": "tests:120"})
+
+
+def test_gpu_check_runs_the_tests_on_workers_where_it_can():
+    workers = _gpu_check().pytest_workers
+    assert workers(True, 16) == ["-n", "12"]
+    assert workers(True, 4) == ["-n", "3"]
+    assert workers(True, 2) == [] and workers(False, 16) == []
+
+
+def test_a_step_past_its_limit_is_interrupted_and_keeps_its_log(tmp_path):
+    """The command is interrupted as pytest would be (SIGINT: it still writes
+    what it has), its exit status is 124, and its log holds what it printed
+    before the limit and the reason it stopped."""
+    script = ("import sys, time\nprint('row 1', flush=True)\n"
+              "try:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    print('summary so far', flush=True)\n    sys.exit(2)\n")
+    log = tmp_path / "step.log"
+    rc, text = _gpu_check()._run([sys.executable, "-c", script], None, str(log), timeout=3)
+    assert rc == 124
+    assert text.splitlines()[:2] == ["row 1", "summary so far"]
+    assert "stopped after its 3 s limit" in text and log.read_text() == text
+    rc, text = _gpu_check()._run([sys.executable, "-c", "print('done')"], None, str(log), timeout=30)
+    assert (rc, text) == (0, "done\n")

@@ -275,10 +275,11 @@ def first_use_child(scenario: str, device: str = "cpu") -> Dict:
             "triton_runs": [first_runs[0], second_runs[0]]}
 
 
-def first_use(scenarios=FIRST_USE, runs: int = 3, device: str = "cpu") -> List[Dict]:
+def first_use(scenarios=FIRST_USE, runs: int = 3, device: str = "cpu", progress=None) -> List[Dict]:
     """Per scenario: the median of ``runs`` fresh processes'
     ``first_use_child`` (after one untimed process, which fills Triton's
-    disk cache where it was cold)."""
+    disk cache where it was cold); each process's parts also written to
+    ``progress`` (a stream) as it ends, so a run cut short keeps them."""
     import statistics
     import subprocess
 
@@ -287,7 +288,12 @@ def first_use(scenarios=FIRST_USE, runs: int = 3, device: str = "cpu") -> List[D
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"the first-use child failed:\n{proc.stderr[-3000:]}")
-        return json.loads(proc.stdout.strip().splitlines()[-1])
+        row = json.loads(proc.stdout.strip().splitlines()[-1])
+        if progress:
+            progress.write(f"  {scenario}: " + ", ".join(
+                f"{k[:-2]} {1e3 * v:.1f} ms" for k, v in row.items() if k.endswith("_s")) + "\n")
+            progress.flush()
+        return row
 
     out = []
     for scenario in scenarios:
@@ -338,7 +344,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if ns.first_use:
         import torch
 
-        rows = first_use(device="cuda" if torch.cuda.is_available() else "cpu")
+        rows = first_use(device="cuda" if torch.cuda.is_available() else "cpu",
+                         progress=None if ns.json else sys.stderr)
         return emit(rows, ns.json, _print_first_use, triton=triton.__version__)
     return emit(measure(reps=ns.reps), ns.json, _print_measured, triton=triton.__version__)
 

@@ -158,3 +158,30 @@ def test_first_use_parts_on_cuda():
     assert row["startup_hashes"] == 1, row
     first, second = row["triton_runs"]
     assert first >= 1 and second == 0, row
+
+
+def test_first_use_writes_each_process_as_it_ends(monkeypatch):
+    """``--first-use`` reports every fresh process as it ends (a run cut short
+    by a time limit keeps them), and the table's figures are the medians of
+    the timed processes, the first (which may compile) left out."""
+    import io
+
+    from obskernels.bench import launch
+
+    parts = ("import_s", "triton_startup_s", "first_call_s", "second_call_s", "first_use_s")
+    made = iter([[9.0] * 5, [0.1, 0.4, 0.05, 0.001, 0.55], [0.3, 0.2, 0.07, 0.003, 0.45],
+                 [0.2, 0.3, 0.06, 0.002, 0.50]])
+
+    def fake_run(cmd, **kw):
+        assert cmd[-3:] == ["--first-use-child", "minmax call", "cuda"]
+        row = dict(zip(parts, next(made)), triton_runs=[1, 0])
+        return subprocess.CompletedProcess(cmd, 0, stdout=json.dumps(row) + "\n", stderr="")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    progress = io.StringIO()
+    (row,) = launch.first_use(("minmax call",), runs=3, device="cuda", progress=progress)
+    lines = progress.getvalue().splitlines()
+    assert len(lines) == 4 and lines[0].startswith("  minmax call: import 9000.0 ms")
+    assert lines[1] == ("  minmax call: import 100.0 ms, triton_startup 400.0 ms, first_call 50.0 ms, "
+                        "second_call 1.0 ms, first_use 550.0 ms")
+    assert [row[k] for k in parts] == [0.2, 0.3, 0.06, 0.002, 0.5]
