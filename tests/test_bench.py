@@ -512,6 +512,11 @@ def test_h100_table_pairs_the_model_with_the_measurements():
     assert row["llmc_model_ms"] == pytest.approx(2.0) and row["llmc_path"] == "its Triton search"
     text = h100.markdown(h100.rows(records))
     assert "| w4096x4096 int4-group128 | memoryless_mse | 1.762 | 1.500 | 0.85 |" in text
+    # the latest run's figures: the same rows, the model beside this code's measurements
+    latest = next(r for r in h100.rows(records, h100.MEASURED_LATEST) if r["observer"] == "memoryless_mse"
+                  and r["case"].endswith("int4-group128"))
+    assert (latest["measured_ms"], latest["llmc_measured_ms"]) == (0.934, 2.767)
+    assert [r[:2] for r in h100.MEASURED_LATEST] == [r[:2] for r in h100.MEASURED]
 
 
 # --------------------------------------------------------------------------- #
