@@ -122,23 +122,31 @@ def test_launch_proxy_cli_json_rows():
         assert r["replay_us"] > 0 and r["triton_us"] > 0 and r["unit_us"] > 0, r
 
 
-@pytest.mark.parametrize("scenario", ["minmax call", "memoryless_mse call"])
-def test_first_use_parts_are_what_they_say(python, scenario):
-    """One fresh process of ``python -m obskernels.bench.launch --first-use``
-    under each triton: the kernels are first imported in the timed part, the
-    timed Triton start-up is the only hash of its installation in the
-    process (its first compile did not make it again), and the first call
-    goes through Triton's launch path where the second is replayed past it
-    (the "second call" is the steady call the first use is counted from)."""
-    proc = subprocess.run([python, "-m", "obskernels.bench.launch", "--first-use-child", scenario, "cpu"],
+def _first_use_row(python, scenario, device):
+    """One fresh process of ``--first-use``, checked: the kernels are first
+    imported in the timed part, the timed Triton start-up is the only hash of
+    its installation in the process (its first compile did not make it
+    again), and the first call goes through Triton's launch path where the
+    second is replayed past it. Returns the process's row."""
+    proc = subprocess.run([python, "-m", "obskernels.bench.launch", "--first-use-child", scenario, device],
                           env=compiling_env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     row = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert row["scenario"] == scenario and row["device"] == "cpu"
+    assert row["scenario"] == scenario and row["device"] == device, row
     assert row["kernels_imported_before"] is False, row
     assert row["startup_hashes"] == 1, row
     first, second = row["triton_runs"]
     assert first >= 1 and second == 0, row
+    return row
+
+
+@pytest.mark.parametrize("scenario", ["minmax call", "memoryless_mse call"])
+def test_first_use_parts_are_what_they_say(python, scenario):
+    """One fresh process of ``python -m obskernels.bench.launch --first-use``
+    under each triton: the parts are what they say (``_first_use_row``), and
+    they add up (the "second call" is the steady call the first use is
+    counted from)."""
+    row = _first_use_row(python, scenario, "cpu")
     parts = row["import_s"] + row["triton_startup_s"] + row["first_call_s"] - row["second_call_s"]
     assert row["first_use_s"] == pytest.approx(parts) and row["first_use_s"] > 0, row
 
@@ -149,15 +157,7 @@ def test_first_use_parts_on_cuda():
     fresh process on the GPU the parts are what they say, as on the CPU."""
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "obskernels.bench.launch", "--first-use-child",
-                           "minmax call", "cuda"], env=compiling_env(), capture_output=True, text=True,
-                          timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    row = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert row["device"] == "cuda" and row["kernels_imported_before"] is False, row
-    assert row["startup_hashes"] == 1, row
-    first, second = row["triton_runs"]
-    assert first >= 1 and second == 0, row
+    _first_use_row(sys.executable, "minmax call", "cuda")
 
 
 def test_first_use_writes_each_process_as_it_ends(monkeypatch):
