@@ -18,6 +18,7 @@ imports it only when the triton backend is used.
 # version, and no import of obskernels in the middle of another package's
 # import.
 if __name__ == "obskernels.kernels":
+    from obskernels.kernels import _triton_key
     from obskernels.kernels._layout import INTERPRETED
     from obskernels.kernels.accumulate_sq import accumulate_sq
     from obskernels.kernels.flatten import flatten_for_calibration
@@ -48,6 +49,9 @@ if __name__ == "obskernels.kernels":
         "importance": _prepare_importance,
         "accumulate_sq": _prepare_accumulate_sq,
     }
+
+    # Triton's hash of its installation, made once per installation (not per process)
+    _triton_key.install()
 
     __all__ = ["flatten_for_calibration", "min_max", "mse_search", "accumulate_sq", "calculate_qparams", "combine_statistics",
                "importance", "min_max_qparams", "mse_search_qparams", "PREPARE", "INTERPRETED"]

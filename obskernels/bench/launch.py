@@ -26,10 +26,12 @@ under the interpreter the command runs itself afresh without it.
 ``--first-use``: what a process's first call costs, kernels already in
 Triton's disk cache (a user's second session): for a weight's minmax call,
 an activation's call and a memoryless_mse call, each in fresh processes
-(the median of 3, after one that fills the cache), split into the kernels'
-import, Triton's once-per-process start-up (the hash of its own
+(the median of 3, after one that fills the cache and writes any bytecode
+missing, as an installed package has it), split into the kernels'
+import, Triton's once-per-process start-up (the key of its own
 installation that its first compile makes, taken ahead of the call to time
-it apart), the first call and a second one; "first use" is the first three
+it apart: kept from an earlier process, or hashed where
+``OBSKERNELS_TRITON_KEY_CACHE=0``), the first call and a second one; "first use" is the first three
 less the second call. With CUDA the calls run there (MEASURED); without,
 the kernels compile for sm_90 and the recording driver takes the launches
 (a proxy, without the GPU's module loads and C launchers).
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 import time
 import zlib
@@ -225,10 +228,12 @@ def first_use_child(scenario: str, device: str = "cpu") -> Dict:
     """In a fresh process (run by ``first_use``): the first call of
     ``scenario``, in seconds by part -- the kernels' import (a first call's
     backend choice imports them), Triton's once-per-process start-up (the
-    hash of its own installation, ``triton.runtime.cache.triton_key``, which
+    key of its installation, ``triton.runtime.cache.triton_key``, which
     Triton's first compile makes, a kernel found in its disk cache
-    included; made here ahead of the call to time it apart) and the call
-    itself -- then a second call. On "cpu" the kernels compile for sm_90
+    included; made here ahead of the call to time it apart: Triton's hash
+    of its installation, or the key kept from an earlier process,
+    obskernels.kernels._triton_key) and the call itself -- then a second
+    call. On "cpu" the kernels compile for sm_90
     and their launches are recorded (``compiled_on_cpu``); on "cuda" they
     run (each call synchronised; CUDA initialised before, as a user's
     model did)."""
@@ -236,7 +241,7 @@ def first_use_child(scenario: str, device: str = "cpu") -> Dict:
 
     import torch
     import triton  # noqa: F401 - a user's process has it before its first call
-    from triton.runtime.cache import triton_key
+    import triton.runtime.cache as triton_cache
 
     from obskernels.bench import host
 
@@ -258,9 +263,12 @@ def first_use_child(scenario: str, device: str = "cpu") -> Dict:
                 import obskernels.kernels  # noqa: F401
             else:
                 stack.enter_context(compiled_on_cpu())  # imports the kernels
+            triton_key = triton_cache.triton_key  # as the kernels' import left it
+            own = getattr(triton_key, "obskernels_own", triton_key)  # Triton's hash
             t1 = time.perf_counter()
             triton_key()
             t2 = time.perf_counter()
+            hashed = own.cache_info().misses
             with triton_runs() as first_runs:
                 call()
             t3 = time.perf_counter()
@@ -270,8 +278,10 @@ def first_use_child(scenario: str, device: str = "cpu") -> Dict:
     return {"scenario": scenario, "device": device, "import_s": t1 - t0, "triton_startup_s": t2 - t1,
             "first_call_s": t3 - t2, "second_call_s": t4 - t3, "first_use_s": (t3 - t0) - (t4 - t3),
             # what makes the parts what they say: the kernels not imported before,
-            # Triton's start-up made once, the second call launching past Triton
-            "kernels_imported_before": imported_before, "startup_hashes": triton_key.cache_info().misses,
+            # Triton's key made once, in the start-up part, the second call launching past Triton
+            "kernels_imported_before": imported_before, "startup_keys": triton_key.cache_info().misses,
+            "hashes_in_calls": own.cache_info().misses - hashed,
+            "triton_key_kept": triton_key is not own and hashed == 0,
             "triton_runs": [first_runs[0], second_runs[0]]}
 
 
@@ -283,9 +293,13 @@ def first_use(scenarios=FIRST_USE, runs: int = 3, device: str = "cpu", progress=
     import statistics
     import subprocess
 
+    # a user's process reads its modules' bytecode (pip writes it at install): the
+    # untimed first process writes what is missing (PYTHONDONTWRITEBYTECODE dropped)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
     def child(scenario):
         cmd = [sys.executable, "-m", "obskernels.bench.launch", "--first-use-child", scenario, device]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             raise RuntimeError(f"the first-use child failed:\n{proc.stderr[-3000:]}")
         row = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -299,8 +313,11 @@ def first_use(scenarios=FIRST_USE, runs: int = 3, device: str = "cpu", progress=
     for scenario in scenarios:
         child(scenario)
         rows = [child(scenario) for _ in range(runs)]
+        kept = {r["triton_key_kept"] for r in rows}
         out.append(dict({k: statistics.median(r[k] for r in rows) for k in rows[0] if k.endswith("_s")},
-                        scenario=scenario, device=device, runs=runs, triton_runs=rows[-1]["triton_runs"]))
+                        scenario=scenario, device=device, runs=runs, triton_runs=rows[-1]["triton_runs"],
+                        triton_key={frozenset({True}): "kept", frozenset({False}): "hashed"}.get(
+                            frozenset(kept), "mixed")))
     return out
 
 
@@ -320,11 +337,14 @@ def _print_first_use(rows, triton) -> None:
              else "Triton's launch path up to its C launcher (a proxy)")
     print(f"first call in a fresh process, {where}, kernels from Triton's disk cache "
           f"(triton {triton}; median of {rows[0]['runs']} processes; ms)")
-    print(f"{'scenario':22} {'kernels import':>14} {'Triton start-up':>15} {'first call':>10} "
+    print(f"{'scenario':22} {'kernels import':>14} {'Triton start-up':>15} {'key':>6} {'first call':>10} "
           f"{'second call':>11} {'first use':>9}")
     for r in rows:
         print(f"{r['scenario']:22} {1e3 * r['import_s']:14.1f} {1e3 * r['triton_startup_s']:15.1f} "
-              f"{1e3 * r['first_call_s']:10.1f} {1e3 * r['second_call_s']:11.2f} {1e3 * r['first_use_s']:9.1f}")
+              f"{r['triton_key']:>6} {1e3 * r['first_call_s']:10.1f} {1e3 * r['second_call_s']:11.2f} "
+              f"{1e3 * r['first_use_s']:9.1f}")
+    print("key: Triton's key of its installation kept from an earlier process (obskernels.kernels._triton_key) "
+          "or hashed afresh (OBSKERNELS_TRITON_KEY_CACHE=0, or the installation changed)")
 
 
 def main(argv: Optional[List[str]] = None) -> int:

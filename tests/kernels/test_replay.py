@@ -124,17 +124,18 @@ def test_launch_proxy_cli_json_rows():
 
 def _first_use_row(python, scenario, device):
     """One fresh process of ``--first-use``, checked: the kernels are first
-    imported in the timed part, the timed Triton start-up is the only hash of
-    its installation in the process (its first compile did not make it
-    again), and the first call goes through Triton's launch path where the
-    second is replayed past it. Returns the process's row."""
+    imported in the timed part, Triton's key of its installation is made
+    once, in the timed start-up (the calls' compiles neither make it again
+    nor hash the installation), and the first call goes through Triton's
+    launch path where the second is replayed past it. Returns the process's
+    row."""
     proc = subprocess.run([python, "-m", "obskernels.bench.launch", "--first-use-child", scenario, device],
                           env=compiling_env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     row = json.loads(proc.stdout.strip().splitlines()[-1])
     assert row["scenario"] == scenario and row["device"] == device, row
     assert row["kernels_imported_before"] is False, row
-    assert row["startup_hashes"] == 1, row
+    assert row["startup_keys"] == 1 and row["hashes_in_calls"] == 0, row
     first, second = row["triton_runs"]
     assert first >= 1 and second == 0, row
     return row
@@ -163,7 +164,8 @@ def test_first_use_parts_on_cuda():
 def test_first_use_writes_each_process_as_it_ends(monkeypatch):
     """``--first-use`` reports every fresh process as it ends (a run cut short
     by a time limit keeps them), and the table's figures are the medians of
-    the timed processes, the first (which may compile) left out."""
+    the timed processes, the first (which may compile) left out; the key of
+    Triton's installation is "kept" where every timed process read it."""
     import io
 
     from obskernels.bench import launch
@@ -174,7 +176,9 @@ def test_first_use_writes_each_process_as_it_ends(monkeypatch):
 
     def fake_run(cmd, **kw):
         assert cmd[-3:] == ["--first-use-child", "minmax call", "cuda"]
-        row = dict(zip(parts, next(made)), triton_runs=[1, 0])
+        values = next(made)
+        # the first process hashes Triton's installation and keeps the key for the others
+        row = dict(zip(parts, values), triton_runs=[1, 0], triton_key_kept=values[0] != 9.0)
         return subprocess.CompletedProcess(cmd, 0, stdout=json.dumps(row) + "\n", stderr="")
 
     monkeypatch.setattr(subprocess, "run", fake_run)
@@ -185,3 +189,4 @@ def test_first_use_writes_each_process_as_it_ends(monkeypatch):
     assert lines[1] == ("  minmax call: import 100.0 ms, triton_startup 400.0 ms, first_call 50.0 ms, "
                         "second_call 1.0 ms, first_use 550.0 ms")
     assert [row[k] for k in parts] == [0.2, 0.3, 0.06, 0.002, 0.5]
+    assert row["triton_key"] == "kept", row
