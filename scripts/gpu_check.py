@@ -12,7 +12,8 @@
    imports), the GPU host's unit and a bare Triton launch; and a first call
    in a fresh process by part (`python -m obskernels.bench.launch --first-use`);
 3. where llm-compressor imports, its own `oneshot` plain and with the drop-in
-   (`python -m obskernels.bench.oneshot`, 6 Llama-3-8B-shaped layers);
+   (`python -m obskernels.bench.oneshot --profile-fresh`, 6 Llama-3-8B-shaped
+   layers; a fresh process's call also profiled, by part);
 4. the benchmark's lead rows (`python -m obskernels.bench --full --ops none
    --observers all --backends triton,llmc --cases` the 4096x4096 weights and
    2048x4096 activations in bf16): one observer call of every observer,
@@ -238,13 +239,22 @@ def main(argv=None) -> int:
             lines_oneshot = ["## oneshot: skipped (llm-compressor is not installed)", ""]
         else:
             oneshot_out = os.path.join(out, "oneshot")
-            rc, text = _run([sys.executable, "-m", "obskernels.bench.oneshot", "--out", oneshot_out],
+            rc, text = _run([sys.executable, "-m", "obskernels.bench.oneshot", "--profile-fresh",
+                             "--out", oneshot_out],
                             dict(env, HF_HUB_OFFLINE="1"), os.path.join(out, "oneshot.log"), limits["oneshot"])
             rc_all |= rc
             summary["oneshot"] = {"returncode": rc, "out": oneshot_out}
             table_lines = [line for line in text.splitlines() if not line.startswith("  ")]
             lines_oneshot = ["## oneshot, plain vs the drop-in (obskernels.bench.oneshot, MEASURED)", "",
-                             f"exit {rc}", "", "```", "\n".join(table_lines[-12:]), "```", ""]
+                             f"exit {rc}", "", "```", "\n".join(table_lines[-12:]), "```", "",
+                             "A fresh process's call by part (one more process per row, profiled):", ""]
+            from obskernels.bench.oneshot import profile_parts
+
+            profiles = os.path.join(oneshot_out, "profiles")
+            for name in sorted(os.listdir(profiles)) if os.path.isdir(profiles) else ():
+                if name.endswith(".txt"):
+                    lines_oneshot += [f"- {name[:-4]}:", "```", *profile_parts(os.path.join(profiles, name)), "```"]
+            lines_oneshot.append("")
 
     for step in ("bench", "model"):
         if step not in steps:

@@ -42,3 +42,24 @@ def test_oneshot_comparison_times_both_modes_and_compares_their_qparams(monkeypa
         assert r["qparam_tensors"] == len(plain["qparams"]) and r["qparams_identical"] == r["qparam_tensors"]
     text = oneshot.table(rows, oneshot._provenance("cpu", TINY, "auto", "basic"))
     assert "MEASURED on the CPU" in text and "llmcompressor" in text
+
+
+def test_a_profiled_fresh_process_is_summarised_by_part(tmp_path):
+    """``--profile-fresh``: one more fresh process per row, its ``oneshot``
+    call profiled; the summary has every part of ``FIRST_USE_PARTS`` and
+    the functions by cumulative time, llm-compressor's ``oneshot`` and the
+    drop-in's observer calls among them."""
+    rows = oneshot.compare(["FP8"], TINY, "cpu", reps=0, fresh=False, profile_dir=str(tmp_path))
+    paths = [r["fresh_profile"] for r in rows]
+    assert paths == [str(tmp_path / "FP8-plain.txt"), str(tmp_path / "FP8-drop-in.txt")]
+    plain, ours = (open(p).read() for p in paths)
+    for text in (plain, ours):
+        for part in oneshot.FIRST_USE_PARTS:
+            assert f"  {part}: " in text, text[:2000]
+        assert "(oneshot)" in text
+    # the drop-in's process called obskernels' ops; plain never did
+    assert "obskernels/ops.py" in ours and "obskernels/ops.py" not in plain
+    # what `make gpu-check` puts in its summary: the by-part lines
+    parts = oneshot.profile_parts(paths[1])
+    assert parts[0] == "part: cumulative s (calls)" and len(parts) == 1 + len(oneshot.FIRST_USE_PARTS)
+    assert [line.split(": ")[0].strip() for line in parts[1:]] == list(oneshot.FIRST_USE_PARTS)

@@ -21,12 +21,17 @@ median of the next ``--reps`` calls, and the first call in a fresh process
 (a child running one call: what a user's next session pays, kernels from
 triton's disk cache). Also: how many of the qparam tensors (scales, zero
 points, global scales) the two modes produce bit-identically.
+``--profile-fresh``: one more fresh process per (scheme, mode), its call
+profiled (cProfile), summarised by part -- Triton's key, its compiles and
+launch front end, the GPU module loads, the kernels' import -- and by
+function in ``OUT/profiles/SCHEME-MODE.txt``.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
 import json
 import os
 import platform
@@ -107,9 +112,11 @@ def _data(shape: Shape):
 
 
 def run_once(scheme: str, mode: str, shape: Shape, device: str, backend: str = "auto",
-             pipeline: str = "basic") -> Dict:
+             pipeline: str = "basic", profile: Optional[str] = None) -> Dict:
     """One ``oneshot`` of ``scheme`` in ``mode``: {"seconds", "qparams"} (the
-    qparam tensors of the quantized model, on the CPU)."""
+    qparam tensors of the quantized model, on the CPU). ``profile``: a path
+    the timed call's cProfile statistics are written to (its seconds then
+    include the profiler's cost)."""
     import warnings
 
     from llmcompressor import oneshot
@@ -125,27 +132,84 @@ def run_once(scheme: str, mode: str, shape: Shape, device: str, backend: str = "
         recipe = QuantizationModifier(targets="Linear", scheme=name, ignore=["lm_head"], **kwargs)
         data, processor = _data(shape), _tokenizer(shape.vocab)
         scope = enabled(backend) if mode == "drop-in" else contextlib.nullcontext()
+        profiler = cProfile.Profile() if profile else None
         _sync(device)
         t0 = time.perf_counter()
-        with scope:
+        with scope, (profiler or contextlib.nullcontext()):
             oneshot(model=model, processor=processor, dataset=data, recipe=recipe,
                     num_calibration_samples=shape.samples, pipeline=pipeline)
             _sync(device)
         seconds = time.perf_counter() - t0
+        if profiler:
+            profiler.dump_stats(profile)
     qparams = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()
                if k.endswith(("_scale", "_zero_point", "global_scale"))}
     return {"seconds": seconds, "qparams": qparams}
 
 
-def _fresh_process(scheme: str, mode: str, shape: Shape, device: str, backend: str, pipeline: str) -> float:
+def _child(scheme: str, mode: str, shape: Shape, device: str, backend: str, pipeline: str,
+           extra=()) -> float:
     """Seconds of one ``oneshot`` call in a new interpreter (the first call there)."""
     cmd = [sys.executable, "-m", "obskernels.bench.oneshot", "--child", "--schemes", scheme,
            "--modes", mode, "--device", device, "--backend", backend, "--pipeline", pipeline,
-           "--shape-json", json.dumps(asdict(shape))]
+           "--shape-json", json.dumps(asdict(shape)), *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONSAFEPATH="1"))
     if proc.returncode != 0:
         raise RuntimeError(f"the fresh-process run failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])["seconds"]
+
+
+
+# what a fresh process's first call spends its time in, beyond oneshot's own work
+FIRST_USE_PARTS = {
+    "Triton's hash of its installation": ("triton/runtime/cache.py", "triton_key"),
+    "the key kept by obskernels": ("kernels/_triton_key.py", "triton_key"),
+    "Triton compile (a disk-cache hit included)": ("triton/compiler/compiler.py", "compile"),
+    "Triton's launch front end (JITFunction.run)": ("triton/runtime/jit.py", "run"),
+    "compiled kernels' GPU module loads": ("triton/compiler/compiler.py", "_init_handles"),
+    "obskernels.kernels import": ("kernels/__init__.py", "<module>"),
+}
+
+
+def profile_summary(path: str, top: int = 40) -> str:
+    """A profile of ``run_once(profile=...)`` as text: the parts of
+    ``FIRST_USE_PARTS`` (cumulative seconds, calls), then the ``top``
+    functions by cumulative time."""
+    import io
+    import pstats
+
+    stats = pstats.Stats(path)
+    lines = ["part: cumulative s (calls)"]
+    for part, (file_end, name) in FIRST_USE_PARTS.items():
+        hits = [(v[3], v[1]) for (file, _, fn), v in stats.stats.items()
+                if fn == name and file.replace(os.sep, "/").endswith(file_end)]
+        lines.append(f"  {part}: {sum(h[0] for h in hits):.4f} s ({sum(h[1] for h in hits)})")
+    out = io.StringIO()
+    stats.stream = out
+    stats.sort_stats("cumulative").print_stats(top)
+    return "\n".join(lines) + "\n\n" + out.getvalue()
+
+
+def _profile_fresh(scheme: str, mode: str, shape: Shape, device: str, backend: str, pipeline: str,
+                   out_dir: str) -> str:
+    """One more fresh-process ``oneshot`` (not the timed one), profiled: its
+    summary (``profile_summary``) written to ``out_dir`` and returned as
+    the path."""
+    os.makedirs(out_dir, exist_ok=True)
+    stem = os.path.join(out_dir, f"{scheme.replace(':', '-')}-{mode}")
+    _child(scheme, mode, shape, device, backend, pipeline, ["--profile", stem + ".prof"])
+    with open(stem + ".txt", "w") as f:
+        f.write(f"# a fresh process's oneshot, {scheme} {mode}, profiled (cProfile inflates the time)\n\n")
+        f.write(profile_summary(stem + ".prof"))
+    return stem + ".txt"
+
+
+def profile_parts(path: str) -> List[str]:
+    """The by-part lines of a summary ``_profile_fresh`` wrote."""
+    with open(path) as f:
+        lines = f.read().splitlines()
+    start = lines.index("part: cumulative s (calls)")
+    return lines[start:start + 1 + len(FIRST_USE_PARTS)]
 
 
 def _same(a, b) -> bool:
@@ -155,10 +219,13 @@ def _same(a, b) -> bool:
 
 
 def compare(schemes=DEFAULT_SCHEMES, shape: Shape = LLAMA3_8B, device: str = "cpu", backend: str = "auto",
-            pipeline: str = "basic", reps: int = 2, fresh: bool = True, progress=None) -> List[Dict]:
+            pipeline: str = "basic", reps: int = 2, fresh: bool = True, progress=None,
+            profile_dir: Optional[str] = None) -> List[Dict]:
     """One MEASURED row per (scheme, mode): first call in this process, the
     median of ``reps`` more, the first call in a fresh process; and per
-    scheme, the qparam tensors identical between the modes."""
+    scheme, the qparam tensors identical between the modes. ``profile_dir``:
+    also one profiled fresh process per row (``_profile_fresh``; its path in
+    the row's ``fresh_profile``)."""
     rows = []
     for scheme in schemes:
         last = {}
@@ -170,7 +237,9 @@ def compare(schemes=DEFAULT_SCHEMES, shape: Shape = LLAMA3_8B, device: str = "cp
                    "repeat_s": statistics.median(r["seconds"] for r in again) if again else None,
                    "reps": reps, "fresh_process_s": None}
             if fresh:
-                row["fresh_process_s"] = _fresh_process(scheme, mode, shape, device, backend, pipeline)
+                row["fresh_process_s"] = _child(scheme, mode, shape, device, backend, pipeline)
+            if profile_dir:
+                row["fresh_profile"] = _profile_fresh(scheme, mode, shape, device, backend, pipeline, profile_dir)
             rows.append(row)
             if progress:
                 progress.write(f"  {scheme} {mode}: {json.dumps({k: row[k] for k in row if k.endswith('_s')})}\n")
@@ -230,11 +299,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--pipeline", default="basic", help="oneshot's pipeline (basic, sequential, datafree...)")
     ap.add_argument("--reps", type=int, default=2, help="calls after the first, per (scheme, mode)")
     ap.add_argument("--no-fresh", action="store_true", help="skip the fresh-process first call")
+    ap.add_argument("--profile-fresh", action="store_true",
+                    help="one more fresh process per row, profiled: OUT/profiles/SCHEME-MODE.txt")
     for field, default in asdict(LLAMA3_8B).items():
         ap.add_argument(f"--{field}", type=int, default=default)
     ap.add_argument("--out", default="bench-out", help="writes oneshot.jsonl and oneshot.md there")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--shape-json", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--profile", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     import torch
 
@@ -243,11 +315,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         **{k: getattr(a, k) for k in asdict(LLAMA3_8B)})
     schemes = [s for s in a.schemes.split(",") if s]
     if a.child:  # one call, the first in this process
-        r = run_once(schemes[0], a.modes.split(",")[0], shape, device, a.backend, a.pipeline)
+        r = run_once(schemes[0], a.modes.split(",")[0], shape, device, a.backend, a.pipeline, a.profile)
         print(json.dumps({"seconds": r["seconds"]}))
         return 0
     prov = _provenance(device, shape, a.backend, a.pipeline)
-    rows = compare(schemes, shape, device, a.backend, a.pipeline, a.reps, not a.no_fresh, sys.stderr)
+    rows = compare(schemes, shape, device, a.backend, a.pipeline, a.reps, not a.no_fresh, sys.stderr,
+                   os.path.join(a.out, "profiles") if a.profile_fresh else None)
     text = table(rows, prov)
     print(text)
     os.makedirs(a.out, exist_ok=True)

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
+import sys
 
 import pytest
 from helpers import compile_pythons, compiling_env, python_id, triton_version
@@ -105,8 +107,6 @@ def test_launch_proxy_cli_json_rows():
     """``python -m obskernels.bench.launch --json`` (run from this
     interpreted process: it re-runs itself without the interpreter): one row
     per host scenario, every launch replayed, both times measured."""
-    import sys
-
     from obskernels.bench import host
     from obskernels.bench.backends import llmc_available
 
@@ -156,8 +156,6 @@ def test_first_use_parts_are_what_they_say(python, scenario):
 def test_first_use_parts_on_cuda():
     """``--first-use``'s CUDA path (``make gpu-check`` runs the command): in a
     fresh process on the GPU the parts are what they say, as on the CPU."""
-    import sys
-
     _first_use_row(sys.executable, "minmax call", "cuda")
 
 
@@ -190,3 +188,36 @@ def test_first_use_writes_each_process_as_it_ends(monkeypatch):
                         "second_call 1.0 ms, first_use 550.0 ms")
     assert [row[k] for k in parts] == [0.2, 0.3, 0.06, 0.002, 0.5]
     assert row["triton_key"] == "kept", row
+
+
+PROFILED_FIRST_USE = """
+import cProfile, sys
+from obskernels.bench import launch, oneshot
+profiler = cProfile.Profile()
+with profiler:
+    launch.first_use_child("minmax call", "cpu")
+profiler.dump_stats(sys.argv[1])
+print(oneshot.profile_summary(sys.argv[1]))
+"""
+
+
+def test_a_profiled_first_use_is_split_into_its_parts(tmp_path):
+    """``obskernels.bench.oneshot``'s profile summary (``--profile-fresh``)
+    finds the parts of a first use in a real one: a fresh process's first
+    minmax call, the kernels compiled for sm_90 (Triton's compile from its
+    disk cache, its launch front end, the compiled kernel's module load by
+    the recording driver, the kernels' import, Triton's key of its
+    installation, here kept or hashed) each found and timed (a module load
+    by the recording driver is only counted: it loads nothing)."""
+    proc = subprocess.run([sys.executable, "-c", PROFILED_FIRST_USE, str(tmp_path / "first.prof")],
+                          env=compiling_env(), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    parts = {k: (float(t), int(n)) for k, t, n in re.findall(r"^  (.+): ([0-9.]+) s \((\d+)\)$",
+                                                                proc.stdout, re.M)}
+    from obskernels.bench import oneshot
+
+    assert set(parts) == set(oneshot.FIRST_USE_PARTS), proc.stdout[:3000]
+    hashed, kept = parts.pop("Triton's hash of its installation"), parts.pop("the key kept by obskernels")
+    assert kept[1] == 1 and hashed[1] <= 1 and kept[0] >= hashed[0], proc.stdout[:3000]
+    loads = parts.pop("compiled kernels' GPU module loads")  # the recording driver loads nothing
+    assert loads[1] >= 1 and all(t > 0 and n >= 1 for t, n in parts.values()), proc.stdout[:3000]
