@@ -11,8 +11,8 @@ of its inputs), so they equal the reference bit for bit.
 Launches: one, or two when the rows of a group tile are split across
 programs to fill a GPU (a whole-tensor reduction): the first writes one
 partial min/max per (split, group), the second reduces the partials. A
-caller that repeats a split call in place and keeps zeroed tickets for it
-(``ops.Repeat``: an observer's forward) makes one: the last program of each
+caller that repeats a split call in place and keeps scratch for it, zeroed
+tickets and the partials (``ops.Repeat``: an observer's forward), makes one: the last program of each
 block to arrive reduces the block's partials (``_finish_tile``).
 ``min_max_qparams`` makes one launch, split or not: its qparams come from the
 streaming kernel's epilogue, and with a split the last program of each block
@@ -475,7 +475,7 @@ def prepare(call: MinMaxCall, qparams: bool = False, widen: bool = True):
         ticketed_k = Replay(globals(), "_min_max_kernel", grid, **one_launch)
         finish_k = Replay(globals(), "_min_max_finish_kernel", finish_grid, **finish)
 
-    def launch(call: MinMaxCall, tickets=None):
+    def launch(call: MinMaxCall, scratch=None):
         if config_token() is not token:  # a launch_config block changed the policy
             return min_max(call)
         value, held, status, out = call.flat.value, call.held, call.status, call.out
@@ -491,10 +491,12 @@ def prepare(call: MinMaxCall, qparams: bool = False, widen: bool = True):
                 held_min, held_max = held_min.contiguous(), held_max.contiguous()
         if split == 1:
             pmin, pmax = mins, maxs
-        else:
+        elif scratch is None:
             pmin, pmax = new_parts(), new_parts()
+        else:
+            tickets, pmin, pmax = scratch
         with context():
-            if tickets is not None and split > 1:
+            if scratch is not None and split > 1:
                 ticketed_k(
                     value, perm if perm is not None else value, pmin, pmax, *layout_args,
                     held_min, held_max, status if status is not None else pmin, avg_a, avg_c,
@@ -510,9 +512,15 @@ def prepare(call: MinMaxCall, qparams: bool = False, widen: bool = True):
                 finish_k(pmin, pmax, mins, maxs, Q, split, held_min, held_max, avg_a, avg_c)
         return mins, maxs
 
-    # a caller that repeats this call in place (ops.Repeat) keeps this many
-    # zeroed tickets for it: the launch then finishes a split itself
-    launch.tickets = grid[0] if split > 1 else 0
+    # a caller that repeats this call in place (ops.Repeat) keeps scratch for
+    # a split: a zeroed ticket per block (the launch then finishes the split
+    # itself, putting them back to zero) and the partials, which every call
+    # writes before its last programs read them (calls in stream order)
+    if split > 1:
+        launch.new_scratch = lambda: (torch.zeros(grid[0], dtype=torch.int64, device=dev),
+                                      new_parts(), new_parts())
+    else:
+        launch.new_scratch = None
     return launch
 
 

@@ -88,10 +88,10 @@ class _Plan:
         except KernelUnsupportedError as exc:
             return _fall_back(self.op, exc, call)
 
-    def run_with(self, call, tickets):
-        """``run`` with the tickets a caller keeps for a split (``Repeat``)."""
+    def run_with(self, call, scratch):
+        """``run`` with the scratch a caller keeps for a split (``Repeat``)."""
         try:
-            return self.launch(call, tickets)
+            return self.launch(call, scratch)
         except KernelUnsupportedError as exc:
             return _fall_back(self.op, exc, call)
 
@@ -340,17 +340,19 @@ class Repeat:
     it remembers (an observer's own); ``forget()`` lets them go.
 
     ``run``: the plan's run for a call. A triton reduction split across
-    programs (a whole tensor) takes ``tickets``, one zeroed counter per
-    block kept here, and is then ONE launch whose last program of each
-    block finishes it (two without). They are the caller's own, as its
-    statistics are: no other call of the signature meets them (calls on two
-    streams at once would race on the statistics first).
+    programs (a whole tensor) takes ``scratch`` kept here for its launch
+    (``launch.new_scratch()``): one zeroed counter per block, with which it
+    is ONE launch whose last program of each block finishes it (two
+    without), and the blocks' partials, allocated once rather than at every
+    forward. They are the caller's own, as its statistics are: no other call
+    of the signature meets them (calls on two streams at once would race on
+    the statistics first).
     """
 
-    __slots__ = ("plan", "sig", "tensors", "marks", "tickets", "run")
+    __slots__ = ("plan", "sig", "tensors", "marks", "scratch", "scratch_for", "run")
 
     def __init__(self):
-        self.tickets = None
+        self.scratch = self.scratch_for = None
         self.forget()
 
     def forget(self) -> None:
@@ -374,16 +376,16 @@ class Repeat:
         self.plan, self.tensors = plan, (held[0], held[1], status)
         self.sig = self._signature(value, base_name, args, averaging_constant)
         self.marks = self.marks_now()
-        # a triton launch of a split reduction takes tickets to finish it in
-        # one launch: zeroed once here, put back to zero by every launch
-        n = getattr(plan.launch, "tickets", 0)
-        if not n:
+        # a triton launch of a split reduction takes scratch to finish it in
+        # one launch: made once per launch (its tickets zeroed, put back to
+        # zero by every launch)
+        new_scratch = getattr(plan.launch, "new_scratch", None)
+        if new_scratch is None:
             self.run = plan.run
             return
-        tickets = self.tickets
-        if tickets is None or tickets.numel() != n or tickets.device != held[0].device:
-            tickets = self.tickets = torch.zeros(n, dtype=torch.int64, device=held[0].device)
-        self.run = functools.partial(plan.run_with, tickets=tickets)
+        if self.scratch_for is not plan.launch:
+            self.scratch, self.scratch_for = new_scratch(), plan.launch
+        self.run = functools.partial(plan.run_with, scratch=self.scratch)
 
     def again(self, value, base_name, args, held, averaging_constant=None, status=None,
               observation=0):

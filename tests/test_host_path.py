@@ -624,8 +624,10 @@ def test_a_repeated_whole_tensor_forward_is_one_launch_its_last_programs_finishi
         if i >= 2:
             assert names == ["_min_max_kernel"] and sink[0][3]["FINISH"], (i, names)
             assert sink[0][1][1] > 1, "the rows were not split"
-            tickets = obs.__dict__["_repeat"].tickets
+            tickets, pmin, pmax = obs.__dict__["_repeat"].scratch
             assert tickets.tolist() == [0] * tickets.numel()
+            # the partials: the observer's scratch, not allocated per forward
+            assert sink[0][2][2] is pmin and sink[0][2][3] is pmax
         elif i == 1:
             assert names == ["_min_max_kernel", "_min_max_finish_kernel"], names
         assert_same(obs.min_vals, ref.min_vals, f"{name} forward {i}: min_vals")
@@ -672,7 +674,8 @@ def test_a_second_observer_of_a_signature_combines_in_one_launch_from_its_first_
             if backend == "triton" and i >= 1:
                 assert [launch[0] for launch in sink] == ["_min_max_kernel"], (i, sink)
                 assert sink[0][3]["FINISH"] and sink[0][1][1] > 1, "the rows were not split"
-                tickets = obs.__dict__["_repeat"].tickets
+                tickets, pmin, pmax = obs.__dict__["_repeat"].scratch
                 assert tickets.tolist() == [0] * tickets.numel()
+                assert sink[0][2][2] is pmin and sink[0][2][3] is pmax  # kept, not allocated
             assert_same(obs.min_vals, ref.min_vals, f"{name} {backend} forward {i}: min_vals")
             assert_same(obs.max_vals, ref.max_vals, f"{name} {backend} forward {i}: max_vals")

@@ -124,9 +124,9 @@ def cases() -> List[Case]:
         mm("weight nvfp4 g16 bf16 14336x4096 running, record", lambda: w(14336, 4096), "weight", QA(strategy="tensor_group", group_size=16, **nvfp4), held=held_stats((14336, 256), bf), status=torch.tensor(STATUS_INIT, dtype=torch.int64), observation=4),
     ]
 
-    def repeated(m, value, base, args, **kw):  # a forward repeated in place (ops.Repeat): its tickets
+    def repeated(m, value, base, args, **kw):  # a forward repeated in place (ops.Repeat): its scratch
         launch = m.prepare(calls.min_max(value, base, args, **kw))
-        return launch(calls.min_max(value, base, args, **kw), torch.zeros(max(launch.tickets, 1), dtype=torch.int64))
+        return launch(calls.min_max(value, base, args, **kw), launch.new_scratch())
 
     act_tensor = QA(num_bits=8, type="float", strategy="tensor")
     out += [
