@@ -28,6 +28,7 @@ function already (Triton's own compile workers do) it is left alone.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -75,14 +76,15 @@ def kept_key(own, root: str, version: str, cache_dir: str) -> str:
     except (OSError, UnicodeDecodeError):
         pass
     key = own()
+    tmp = f"{path}.tmp.{os.getpid()}"
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.tmp.{os.getpid()}"
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(key)
         os.replace(tmp, path)  # whole or not at all, for another process reading it
     except OSError:
-        pass
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
     return key
 
 
@@ -91,8 +93,10 @@ def install() -> None:
     (once; not where ``ENABLED`` is off or the function was replaced
     before)."""
     own = _cache.triton_key
-    if not ENABLED or not hasattr(getattr(triton, "knobs", None), "cache") or getattr(own, "obskernels_own", None) is not None or not hasattr(own, "cache_info"):
+    if not ENABLED or not hasattr(getattr(triton, "knobs", None), "cache"):
         return
+    if getattr(own, "obskernels_own", None) is not None or not hasattr(own, "cache_info"):
+        return  # installed already, or not Triton's own cached function
 
     @functools.lru_cache(maxsize=None)
     def triton_key() -> str:
