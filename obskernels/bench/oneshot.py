@@ -159,15 +159,14 @@ def _child(scheme: str, mode: str, shape: Shape, device: str, backend: str, pipe
     return json.loads(proc.stdout.strip().splitlines()[-1])["seconds"]
 
 
-
 # what a fresh process's first call spends its time in, beyond oneshot's own work
 FIRST_USE_PARTS = {
-    "Triton's hash of its installation": ("triton/runtime/cache.py", "triton_key"),
-    "the key kept by obskernels": ("kernels/_triton_key.py", "triton_key"),
-    "Triton compile (a disk-cache hit included)": ("triton/compiler/compiler.py", "compile"),
-    "Triton's launch front end (JITFunction.run)": ("triton/runtime/jit.py", "run"),
-    "compiled kernels' GPU module loads": ("triton/compiler/compiler.py", "_init_handles"),
-    "obskernels.kernels import": ("kernels/__init__.py", "<module>"),
+    "Triton's hash of its installation": ("/triton/runtime/cache.py", "triton_key"),
+    "the key kept by obskernels": ("/kernels/_triton_key.py", "triton_key"),
+    "Triton compile (a disk-cache hit included)": ("/triton/compiler/compiler.py", "compile"),
+    "Triton's launch front end (JITFunction.run)": ("/triton/runtime/jit.py", "run"),
+    "compiled kernels' GPU module loads": ("/triton/compiler/compiler.py", "_init_handles"),
+    "obskernels.kernels import": ("/kernels/__init__.py", "<module>"),
 }
 
 
