@@ -18,13 +18,18 @@ imports it only when the triton backend is used.
 # version, and no import of obskernels in the middle of another package's
 # import.
 if __name__ == "obskernels.kernels":
+    import importlib
+    import sys
+    import types
+
+    import triton
+
     from obskernels.kernels import _triton_key
     from obskernels.kernels._layout import INTERPRETED
     from obskernels.kernels.accumulate_sq import accumulate_sq
     from obskernels.kernels.flatten import flatten_for_calibration
     from obskernels.kernels.importance import importance
     from obskernels.kernels.min_max import min_max, min_max_qparams
-    from obskernels.kernels.mse_search import mse_search, mse_search_qparams
     from obskernels.kernels.qparams import calculate_qparams
     from obskernels.kernels.stats import combine_statistics
 
@@ -32,10 +37,49 @@ if __name__ == "obskernels.kernels":
     from obskernels.kernels.importance import prepare as _prepare_importance
     from obskernels.kernels.min_max import prepare as _prepare_min_max
     from obskernels.kernels.min_max import prepare_qparams as _prepare_min_max_qparams
-    from obskernels.kernels.mse_search import prepare as _prepare_mse_search
-    from obskernels.kernels.mse_search import prepare_qparams as _prepare_mse_search_qparams
     from obskernels.kernels.qparams import prepare as _prepare_qparams
     from obskernels.kernels.stats import prepare as _prepare_combine
+
+    # The search's kernels (kernels/mse_search.py and mse_search_details/:
+    # about a third of this package's import, Triton reading each jit
+    # function's source) are imported at their first use: a process that
+    # only reduces min / max (an FP8 calibration) never pays for them. The
+    # launchers stay attributes of this package: ``mse_search`` is a
+    # property of its module class, which also ignores the import system
+    # binding the submodule of the same name here at the search's first
+    # import (the launcher, as before, is what the name gives). Triton builds
+    # a kernel for its interpreter or its compiler by TRITON_INTERPRET when
+    # decorating it: the search's are built as the rest of the package was
+    # (INTERPRETED), whatever the variable says at their first use (the
+    # compile report's tools switch it on around calls compiled for a GPU).
+    def _search():
+        module = sys.modules.get("obskernels.kernels.mse_search")
+        if module is None:
+            with triton.knobs.runtime.scope():
+                triton.knobs.runtime.interpret = INTERPRETED
+                module = importlib.import_module("obskernels.kernels.mse_search")
+        return module
+
+    def _prepare_mse_search(call):
+        return _search().prepare(call)
+
+    def _prepare_mse_search_qparams(call):
+        return _search().prepare_qparams(call)
+
+    class _Kernels(types.ModuleType):
+        @property
+        def mse_search(self):
+            return _search().mse_search
+
+        @mse_search.setter
+        def mse_search(self, submodule):
+            pass  # the import system's binding of kernels/mse_search.py
+
+        @property
+        def mse_search_qparams(self):
+            return _search().mse_search_qparams
+
+    sys.modules[__name__].__class__ = _Kernels
 
     #: operation -> ``prepare(call)``: the launch of the call's signature,
     #: made once and kept by obskernels.ops for later calls of that signature

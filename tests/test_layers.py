@@ -164,6 +164,35 @@ def test_importing_the_kernels_loads_no_front():
     assert not leaked, f"import obskernels.kernels loaded {leaked}"
 
 
+SEARCH_MODULES = ("obskernels.kernels.mse_search", "obskernels.kernels.mse_search_details")
+
+
+def test_the_search_kernels_are_imported_at_their_first_use():
+    """Importing the kernels, and a min / max observation through them,
+    leaves the search's modules unimported (a third of the kernels' import);
+    ``obskernels.kernels.mse_search`` is the launcher whichever way the
+    search is first imported: through the attribute, or as its submodule of
+    the same name (the import system then binds the module to that name)."""
+    pytest.importorskip("triton")
+    after_min_max = _loaded_after(
+        "import os; os.environ['TRITON_INTERPRET'] = '1'\n"
+        "import torch, obskernels.kernels\n"
+        "from compressed_tensors.quantization import QuantizationArgs\n"
+        "from obskernels import ops\n"
+        "from obskernels.backends import use_backend\n"
+        "with use_backend('triton'):\n"
+        "    ops.min_max_qparams(torch.randn(8, 32), 'weight', QuantizationArgs(num_bits=8, strategy='channel'))")
+    assert "obskernels.kernels.min_max" in after_min_max, after_min_max
+    assert not [m for m in after_min_max if m.startswith(SEARCH_MODULES)], after_min_max
+    for first in ("import obskernels.kernels as k; k.mse_search",
+                  "import importlib; importlib.import_module('obskernels.kernels.mse_search')"):
+        loaded = _loaded_after(
+            f"{first}\nimport obskernels.kernels as k, obskernels.kernels.mse_search\n"
+            "m = sys.modules['obskernels.kernels.mse_search']\n"
+            "assert k.mse_search is m.mse_search and k.mse_search_qparams is m.mse_search_qparams")
+        assert "obskernels.kernels.mse_search" in loaded, (first, loaded)
+
+
 # The front's own rule: observers, calibration and the llm-compressor drop-in
 # hold state and call obskernels.ops; they neither choose a backend nor reach
 # a backend's code (one path for an observation: front -> ops -> backend).
