@@ -22,8 +22,6 @@ if __name__ == "obskernels.kernels":
     import sys
     import types
 
-    import triton
-
     from obskernels.kernels import _triton_key
     from obskernels.kernels._layout import INTERPRETED
     from obskernels.kernels.accumulate_sq import accumulate_sq
@@ -47,18 +45,10 @@ if __name__ == "obskernels.kernels":
     # launchers stay attributes of this package: ``mse_search`` is a
     # property of its module class, which also ignores the import system
     # binding the submodule of the same name here at the search's first
-    # import (the launcher, as before, is what the name gives). Triton builds
-    # a kernel for its interpreter or its compiler by TRITON_INTERPRET when
-    # decorating it: the search's are built as the rest of the package was
-    # (INTERPRETED), whatever the variable says at their first use (the
-    # compile report's tools switch it on around calls compiled for a GPU).
+    # import (the launcher, as before, is what the name gives); it builds
+    # its kernels as the rest of the package was built, see there.
     def _search():
-        module = sys.modules.get("obskernels.kernels.mse_search")
-        if module is None:
-            with triton.knobs.runtime.scope():
-                triton.knobs.runtime.interpret = INTERPRETED
-                module = importlib.import_module("obskernels.kernels.mse_search")
-        return module
+        return importlib.import_module("obskernels.kernels.mse_search")
 
     def _prepare_mse_search(call):
         return _search().prepare(call)

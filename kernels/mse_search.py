@@ -87,9 +87,11 @@ import struct
 from typing import NamedTuple
 
 import torch
+import triton
 
-from obskernels.kernels import quant, quant_pow
+from obskernels.kernels import quant
 from obskernels.kernels._layout import (
+    INTERPRETED,
     GroupLayout,
     allocator,
     check_kernel_dtype,
@@ -113,17 +115,26 @@ from obskernels.kernels.launch import (
     search_warps,
     split_blocks,
 )
-from obskernels.kernels.mse_search_details._choose import _choose_kernel
-from obskernels.kernels.mse_search_details._register import _search_kernel
-from obskernels.kernels.mse_search_details._split import _minmax_part_kernel, _search_part_kernel
-from obskernels.kernels.mse_search_details._step import StepConstants
-from obskernels.kernels.mse_search_details._step import _shrink  # noqa: F401 - the step rule, tested
 from obskernels.kernels.qparams import epilogue_plan, prepare_with_qparams
 from obskernels.spec.calls import SearchCall, SearchQParamsCall
 from obskernels.spec.layout import Strategy
 from obskernels.spec.record import STATUS_IMPORTANCE
 from obskernels.spec.errors import KernelUnsupportedError
 from obskernels.spec.search import search_args
+
+# obskernels.kernels imports this module at the search's first use. Triton
+# builds a kernel for its interpreter or its compiler by TRITON_INTERPRET
+# when decorating it: the search's are built as the rest of the package was
+# (INTERPRETED), whatever the variable says by then (the compile report's
+# tools switch it on around calls compiled for a GPU).
+with triton.knobs.runtime.scope():
+    triton.knobs.runtime.interpret = INTERPRETED
+    from obskernels.kernels import quant_pow
+    from obskernels.kernels.mse_search_details._choose import _choose_kernel
+    from obskernels.kernels.mse_search_details._register import _search_kernel
+    from obskernels.kernels.mse_search_details._split import _minmax_part_kernel, _search_part_kernel
+    from obskernels.kernels.mse_search_details._step import StepConstants
+    from obskernels.kernels.mse_search_details._step import _shrink  # noqa: F401 - the step rule, tested
 
 __all__ = ["mse_search", "prepare", "mse_search_qparams", "prepare_qparams"]
 

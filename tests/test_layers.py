@@ -11,6 +11,7 @@ compressed-tensors and the standard library.
 from __future__ import annotations
 
 import ast
+import os
 import re
 import subprocess
 import sys
@@ -191,6 +192,32 @@ def test_the_search_kernels_are_imported_at_their_first_use():
             "m = sys.modules['obskernels.kernels.mse_search']\n"
             "assert k.mse_search is m.mse_search and k.mse_search_qparams is m.mse_search_qparams")
         assert "obskernels.kernels.mse_search" in loaded, (first, loaded)
+
+
+@pytest.mark.parametrize("built, then", [("0", "1"), ("1", "0")])
+def test_the_search_kernels_are_built_as_the_package_was(built, then):
+    """Triton builds a kernel for its interpreter or its compiler by
+    TRITON_INTERPRET at decoration: the search's kernels, imported at their
+    first use, are built as the rest of the package was even where the
+    variable changed in between (the compile report's tools switch it)."""
+    pytest.importorskip("triton")
+    code = (
+        "import os, sys\n"
+        f"os.environ['TRITON_INTERPRET'] = '{built}'\n"
+        "import obskernels.kernels as k\n"
+        f"os.environ['TRITON_INTERPRET'] = '{then}'\n"
+        "from obskernels.kernels.mse_search import _search_kernel, _choose_kernel\n"
+        "from obskernels.kernels.quant_pow import abs_pow\n"
+        "from obskernels.kernels.min_max import _min_max_kernel\n"
+        "kinds = {type(f).__name__ for f in (_search_kernel, _choose_kernel, abs_pow, _min_max_kernel)}\n"
+        "assert kinds == {type(_min_max_kernel).__name__}, kinds\n"
+        "assert os.environ['TRITON_INTERPRET'] == '" + then + "'\n"
+        "print(type(_min_max_kernel).__name__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tempfile.gettempdir(),
+                         env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == ("InterpretedFunction" if built == "1" else "JITFunction")
 
 
 # The front's own rule: observers, calibration and the llm-compressor drop-in
