@@ -285,6 +285,16 @@ def first_use_child(scenario: str, device: str = "cpu") -> Dict:
             "triton_runs": [first_runs[0], second_runs[0]]}
 
 
+def fresh_process_env(**extra) -> Dict[str, str]:
+    """The environment of a timed fresh process, as a user's: this one's,
+    but writing bytecode, which a user's installed packages have (pip writes
+    it at install): PYTHONDONTWRITEBYTECODE dropped, so the first such
+    process writes what is missing for the next."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.update(extra)
+    return env
+
+
 def first_use(scenarios=FIRST_USE, runs: int = 3, device: str = "cpu", progress=None) -> List[Dict]:
     """Per scenario: the median of ``runs`` fresh processes'
     ``first_use_child`` (after one untimed process, which fills Triton's
@@ -293,9 +303,7 @@ def first_use(scenarios=FIRST_USE, runs: int = 3, device: str = "cpu", progress=
     import statistics
     import subprocess
 
-    # a user's process reads its modules' bytecode (pip writes it at install): the
-    # untimed first process writes what is missing (PYTHONDONTWRITEBYTECODE dropped)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env = fresh_process_env()
 
     def child(scenario):
         cmd = [sys.executable, "-m", "obskernels.bench.launch", "--first-use-child", scenario, device]

@@ -153,7 +153,9 @@ def _child(scheme: str, mode: str, shape: Shape, device: str, backend: str, pipe
     cmd = [sys.executable, "-m", "obskernels.bench.oneshot", "--child", "--schemes", scheme,
            "--modes", mode, "--device", device, "--backend", backend, "--pipeline", pipeline,
            "--shape-json", json.dumps(asdict(shape)), *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONSAFEPATH="1"))
+    from obskernels.bench.launch import fresh_process_env
+
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=fresh_process_env(PYTHONSAFEPATH="1"))
     if proc.returncode != 0:
         raise RuntimeError(f"the fresh-process run failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])["seconds"]
