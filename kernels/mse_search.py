@@ -37,9 +37,9 @@ Two layouts of the work:
   their min/max itself, evaluates every step, writes the bits and stores its
   per-step "any of my groups improved" words (every word, so nothing is
   cleared beforehand); ``_choose_kernel`` ORs the programs' words, derives S
-  and writes each group's range (at most block_g / 4 choose programs, each
-  reading every search program's words). When the search cannot stop early
-  the search kernel writes the ranges itself.
+  and writes each group's range (a block of groups per choose program, at
+  most ``CHOOSE_PROGRAMS``, each reading every search program's words).
+  When the search cannot stop early the search kernel writes the ranges itself.
   Launches: 2 (1 when the search cannot stop early); the input is read once.
 - large groups (TENSOR over a big weight, wide channels, activations with
   many observations): ``_minmax_part_kernel`` takes each split's min/max
@@ -103,6 +103,7 @@ from obskernels.kernels._layout import (
 from obskernels.kernels._replay import Replay
 from obskernels.kernels.launch import (
     CHOOSE_BLOCK,
+    CHOOSE_PROGRAMS,
     MAX_SPLIT_STEPS,
     SPLIT_W_ROWS,
     LaunchConfig,
@@ -409,10 +410,10 @@ def _register_path(s: _Search, config: LaunchConfig):
         **s.switches, FAST=s.fast, TRACK=track, BLOCK_G=block_g, BLOCK_E=block_e,
         BLOCK_S=s.steps_block, BLOCK_J=block_j, RECORD=s.record, num_warps=warps, **_NO_FMA,
     )
-    # every choose program ORs all search programs' words: at most
-    # block_g / 4 programs keep those reads within a quarter of the bits'
+    # a block of groups per choose program, up to CHOOSE_PROGRAMS of them
+    # (each ORs every search program's words first, from L2)
     choose_g = pow2_at_most(G, CHOOSE_BLOCK)
-    n_choose = max(1, min(cdiv(G, choose_g), block_g // 4))
+    n_choose = min(cdiv(G, choose_g), CHOOSE_PROGRAMS)
     per_program = cdiv(cdiv(G, n_choose), choose_g) * choose_g
     choose_grid = (cdiv(G, per_program),)
     choose_tail = (G, programs, per_program, s.n_steps, s.n_words, s.patience)

@@ -60,6 +60,7 @@ __all__ = [
     "minmax_part_warps",
     "MAX_SPLIT_STEPS",
     "CHOOSE_BLOCK",
+    "CHOOSE_PROGRAMS",
     "QPARAMS_BLOCK",
     "QPARAMS_MAX_PARTS",
     "IMPORTANCE_BLOCK",
@@ -250,6 +251,7 @@ IMPORTANCE_BLOCK = 1024
 # their own; they build on the definitions above, so they are imported last.
 from obskernels.kernels.launch.search import (  # noqa: E402
     CHOOSE_BLOCK,
+    CHOOSE_PROGRAMS,
     MAX_SPLIT_STEPS,
     SPLIT_W_ROWS,
     minmax_part_warps,

@@ -41,6 +41,8 @@ CASES = {
     "int4 g16 sym bf16": (dict(num_bits=4, strategy="group", group_size=16), MSE, (8, 64), torch.bfloat16, None, True),
     "int4 g16 asym fp16": (dict(num_bits=4, strategy="group", group_size=16, symmetric=False), MSE, (8, 64), torch.float16, None, True),
     "int8 channel fp32": (dict(num_bits=8, strategy="channel"), dict(MSE, norm=2.0), (8, 64), torch.float32, None, True),
+    # 1,536 groups: three choose programs, each its block of 512 groups and its scale flag
+    "int4 g16 sym bf16, three choose programs": (dict(num_bits=4, strategy="group", group_size=16), MSE, (48, 512), torch.bfloat16, None, True),
     "int4 g16 sym bf16, fp8 scale": (dict(num_bits=4, strategy="group", group_size=16, scale_dtype=torch.float8_e4m3fn), MSE, (8, 64), torch.bfloat16, None, True),
     "mxfp4 g32 bf16": (dict(num_bits=4, type="float", strategy="group", group_size=32, scale_dtype=torch.uint8), MSE, (8, 64), torch.bfloat16, None, True),
     "int4 g16 sym bf16, cannot stop early": (dict(num_bits=4, strategy="group", group_size=16), dict(MSE, patience=1000), (8, 64), torch.bfloat16, None, False),
@@ -118,6 +120,36 @@ def test_the_choice_computes_the_qparams_where_the_search_makes_one(name, pin_la
                                     QuantizationArgs(**fields), record=True, **kw)
     launch = kernel_module.prepare(call.measuring(new_record("cpu")), qparams=True)
     assert (launch is not None) == fused
+
+
+class _Grids:
+    """Stands in for a kernel: records each launch's grid, runs nothing."""
+
+    def __init__(self, sink, name):
+        self.sink, self.name = sink, name
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.sink.append((self.name, tuple(grid)))
+
+
+@pytest.mark.parametrize("shape,group_size", [((4096, 4096), 128), ((4096, 4096), 32), ((48, 512), 16)])
+def test_the_choice_spreads_its_groups(shape, group_size, monkeypatch):
+    """The choose launch takes a block of groups per program, up to
+    CHOOSE_PROGRAMS programs: a 4096x4096 weight's 131,072 groups of 128 are
+    128 programs of 1,024 (4 of 32,768 took a fifth of the search on an H200)."""
+    from obskernels.kernels.launch import CHOOSE_BLOCK, CHOOSE_PROGRAMS
+
+    sink = []
+    for name in ("_search_kernel", "_choose_kernel"):
+        monkeypatch.setattr(kernel_module, name, _Grids(sink, name))
+    args = QuantizationArgs(num_bits=4, strategy="group", group_size=group_size)
+    call = calls.mse_search_qparams(torch.zeros(shape, dtype=torch.bfloat16), "weight", args,
+                                    record=True, **MSE)
+    kernel_module.mse_search_qparams(call)
+    groups = shape[0] * shape[1] // group_size
+    want = min(-(-groups // CHOOSE_BLOCK), CHOOSE_PROGRAMS)
+    assert [n for n, _ in sink] == ["_search_kernel", "_choose_kernel"], sink
+    assert sink[1][1][0] == want, f"{groups} groups: {sink[1][1]} choose programs, expected {want}"
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
