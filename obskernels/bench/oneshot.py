@@ -17,7 +17,8 @@ with nvfp4_expanded_mse) runs in each mode: "plain" (llm-compressor as
 installed) and "drop-in" (inside ``obskernels.integrations.llmcompressor.enabled(backend)``).
 MEASURED, per (scheme, mode), in seconds of ``oneshot(...)`` (synchronised;
 building the model is not timed): the first call in this process, the
-median of the next ``--reps`` calls, and the first call in a fresh process
+median of the next ``--reps`` calls (after both modes' first calls, the
+modes alternating), and the first call in a fresh process
 (a child running one call: what a user's next session pays, kernels from
 triton's disk cache). Also: how many of the qparam tensors (scales, zero
 points, global scales) the two modes produce bit-identically.
@@ -220,22 +221,28 @@ def _same(a, b) -> bool:
 
 
 def compare(schemes=DEFAULT_SCHEMES, shape: Shape = LLAMA3_8B, device: str = "cpu", backend: str = "auto",
-            pipeline: str = "basic", reps: int = 2, fresh: bool = True, progress=None,
+            pipeline: str = "basic", reps: int = 3, fresh: bool = True, progress=None,
             profile_dir: Optional[str] = None) -> List[Dict]:
     """One MEASURED row per (scheme, mode): first call in this process, the
     median of ``reps`` more, the first call in a fresh process; and per
-    scheme, the qparam tensors identical between the modes. ``profile_dir``:
-    also one profiled fresh process per row (``_profile_fresh``; its path in
-    the row's ``fresh_profile``)."""
+    scheme, the qparam tensors identical between the modes. The repeated
+    calls alternate between the modes (plain, drop-in, plain, ...), each mode's
+    first call made before: a process's calls keep getting faster for a while
+    after its first (an H200 ran FP8 plain in 0.93, 0.29, 0.24 s), which a
+    mode's calls made in one run would count against the mode run first.
+    ``profile_dir``: also one profiled fresh process per row
+    (``_profile_fresh``; its path in the row's ``fresh_profile``)."""
     rows = []
     for scheme in schemes:
-        last = {}
+        first = {mode: run_once(scheme, mode, shape, device, backend, pipeline) for mode in MODES}
+        again = {mode: [] for mode in MODES}
+        for _ in range(reps):
+            for mode in MODES:
+                again[mode].append(run_once(scheme, mode, shape, device, backend, pipeline))
         for mode in MODES:
-            first = run_once(scheme, mode, shape, device, backend, pipeline)
-            again = [run_once(scheme, mode, shape, device, backend, pipeline) for _ in range(reps)]
-            last[mode] = (again or [first])[-1]["qparams"]
-            row = {"scheme": scheme, "mode": mode, "first_in_process_s": first["seconds"],
-                   "repeat_s": statistics.median(r["seconds"] for r in again) if again else None,
+            times = [r["seconds"] for r in again[mode]]
+            row = {"scheme": scheme, "mode": mode, "first_in_process_s": first[mode]["seconds"],
+                   "repeat_s": statistics.median(times) if times else None,
                    "reps": reps, "fresh_process_s": None}
             if fresh:
                 row["fresh_process_s"] = _child(scheme, mode, shape, device, backend, pipeline)
@@ -244,7 +251,7 @@ def compare(schemes=DEFAULT_SCHEMES, shape: Shape = LLAMA3_8B, device: str = "cp
             rows.append(row)
             if progress:
                 progress.write(f"  {scheme} {mode}: {json.dumps({k: row[k] for k in row if k.endswith('_s')})}\n")
-        plain, ours = last["plain"], last["drop-in"]
+        plain, ours = ((again[m] or [first[m]])[-1]["qparams"] for m in MODES)
         same = sum(1 for k in plain if k in ours and _same(plain[k], ours[k]))
         for row in rows[-len(MODES):]:
             row.update(qparam_tensors=len(plain), qparams_identical=same,
@@ -298,7 +305,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     ap.add_argument("--backend", default="auto", help="the drop-in's obskernels backend (default auto)")
     ap.add_argument("--pipeline", default="basic", help="oneshot's pipeline (basic, sequential, datafree...)")
-    ap.add_argument("--reps", type=int, default=2, help="calls after the first, per (scheme, mode)")
+    ap.add_argument("--reps", type=int, default=3,
+                    help="calls after the first, per (scheme, mode), alternating between the modes")
     ap.add_argument("--no-fresh", action="store_true", help="skip the fresh-process first call")
     ap.add_argument("--profile-fresh", action="store_true",
                     help="one more fresh process per row, profiled: OUT/profiles/SCHEME-MODE.txt")
