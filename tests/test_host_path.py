@@ -45,6 +45,7 @@ CALL_BUDGETS = {
     "activation call": 52,  # measured 43 (the qparams by the split reduction's last program)
     "imatrix forward hook": 20,  # measured 15 (accumulate_sq's plan kept; 30 when planned per call)
     "imatrix_mse call": 110,  # measured 97 (125 with its state set attribute by attribute)
+    "minmax call 4096x4096 g32": 48,  # measured 41 (the minmax call's, its status read through numpy)
 }
 
 
@@ -67,6 +68,46 @@ def test_python_calls_per_call(name, default_backend):
             call()  # warm: the plans of its signatures are kept
         calls = bench_host._python_calls(call)
     assert calls <= CALL_BUDGETS[name], f"{name}: {calls} Python calls per call"
+
+
+def test_a_long_status_is_read_without_a_python_list(default_backend, monkeypatch):
+    """A 4096x4096 weight's call in groups of 32 reads back a status of the
+    record and 4,096 scale flags (one per program): judged through numpy,
+    never made into a Python list word by word (~48 us of host on the
+    development CPU against ~3)."""
+    from obskernels.observers.report import LIST_READ_MAX
+
+    scenario = next(s for s in bench_host.SCENARIOS if s.name == "minmax call 4096x4096 g32")
+    listed = []
+    tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: listed.append(t.numel()) or tolist(t))
+    read = []
+    numpy = torch.Tensor.numpy
+    monkeypatch.setattr(torch.Tensor, "numpy", lambda t, **k: read.append(t.numel()) or numpy(t, **k))
+    with bench_host.stubbed_launches():
+        call = bench_host._call_of(scenario)
+        call()
+    assert read and max(read) > 4096, f"the status was not read through numpy: {read}"
+    assert all(n <= LIST_READ_MAX for n in listed), f"lists made of {listed} words"
+
+
+@pytest.mark.parametrize("size", [7, 10, 128, 129, 518, 4102])
+@pytest.mark.parametrize("flag", [None, "first", "last"])
+def test_read_status_is_the_record_and_any_flag(size, flag):
+    """``read_status`` against the whole status read as a list (the oracle),
+    short (a list) and long (numpy), the flag after the record or at the end."""
+    from obskernels.observers.report import read_status
+    from obskernels.spec.record import STATUS_INIT
+
+    n = len(STATUS_INIT)
+    status = torch.arange(size, dtype=torch.int64) * 0
+    status[:n] = torch.tensor(STATUS_INIT) + torch.arange(n)
+    if flag is not None and size > n:
+        status[n if flag == "first" else size - 1] = 1
+    words = status.tolist()
+    record, bad = read_status(status)
+    assert record == words[:n] and all(type(v) is int for v in record)
+    assert bad is any(words[n:])
 
 
 # --------------------------------------------------------------------------- #

@@ -36,7 +36,10 @@ weight, get_qparams), an activation observer's repeated forward (the same
 observer, the same shape each time, as in a calibration loop), a
 memoryless_mse call, an activation observer's call (new, observe, get_qparams),
 an imatrix observer's forward hook (E[x**2] of a Linear's input, at every
-batch), one call of every registered observer, and, where llm-compressor is
+batch), one call of every registered observer, a minmax call at the full
+size of a 4096x4096 weight in asymmetric groups of 32 (its status carries a
+scale flag per program, 4,096 of them, which the call reads back), and,
+where llm-compressor is
 installed (``.venv-llmcompressor/bin/python -m obskernels.bench.host``), its
 static_minmax activation forward and memoryless_minmax weight call through
 the drop-in.
@@ -81,6 +84,7 @@ class Scenario:
 
 
 _INT4_G128 = dict(num_bits=4, strategy="group", group_size=128, symmetric=True)
+_INT4_G32_ASYM = dict(num_bits=4, strategy="group", group_size=32, symmetric=False)
 _FP8_TENSOR = dict(num_bits=8, type="float", strategy="tensor", symmetric=True)
 _NVFP4 = dict(num_bits=4, type="float", strategy="tensor_group", group_size=16, symmetric=True,
               scale_dtype="float8_e4m3fn", zp_dtype="float8_e4m3fn")
@@ -105,6 +109,7 @@ SCENARIOS = (
     Scenario("nvfp4 memoryless_minmax call", "memoryless_minmax", "weight", _NVFP4, (256, 256)),
     Scenario("nvfp4_expanded_mse call", "nvfp4_expanded_mse", "weight", _NVFP4, (256, 256)),
     Scenario("imatrix_mse call", "imatrix_mse", "weight", _INT4_G128, (256, 256)),
+    Scenario("minmax call 4096x4096 g32", "memoryless_minmax", "weight", _INT4_G32_ASYM, (4096, 4096)),
 )
 
 
