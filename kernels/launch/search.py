@@ -56,9 +56,11 @@ MAX_SPLIT_STEPS = 1024
 #: the search's choose kernel: groups per iteration of its 4 warps (sm_90a:
 #: 1024 took 93-98 registers, 512 keeps it near 60)
 CHOOSE_BLOCK = 512
-#: ... and at most this many programs. Each ORs every search program's words
-#: (P x n_words int32, from L2: 96 KB for a 4096x4096 int4 group-128 weight)
-#: before its share of the groups: more programs read those words more
-#: often, fewer serialise the groups (4 programs, 64 blocks of that weight's
-#: 131,072 groups each, took 118 us on an H200, a fifth of the search)
-CHOOSE_PROGRAMS = 128
+#: ... and at most this many programs, a block of groups each where there
+#: are that few blocks. Each program ORs every search program's words first
+#: (P x n_words int32 from L2: 32 KB for a 4096x4096 weight in groups of 128
+#: and 20 steps, 16 MB for all 512 programs), then walks its blocks one after
+#: another: 4 programs walking 64 blocks each of that weight's 131,072 groups
+#: took 118 us on an H200, a fifth of the search. 512 programs of 4 warps at
+#: ~60 registers are resident at once on 132 SMs (8 per SM).
+CHOOSE_PROGRAMS = 512

@@ -136,7 +136,8 @@ class _Grids:
 def test_the_choice_spreads_its_groups(shape, group_size, monkeypatch):
     """The choose launch takes a block of groups per program, up to
     CHOOSE_PROGRAMS programs: a 4096x4096 weight's 131,072 groups of 128 are
-    128 programs of 1,024 (4 of 32,768 took a fifth of the search on an H200)."""
+    256 programs of 512 (4 of 32,768 took a fifth of the search on an H200),
+    its 524,288 groups of 32 512 programs of 1,024."""
     from obskernels.kernels.launch import CHOOSE_BLOCK, CHOOSE_PROGRAMS
 
     sink = []
