@@ -100,7 +100,7 @@ def test_read_status_is_the_record_and_any_flag(size, flag):
     from obskernels.spec.record import STATUS_INIT
 
     n = len(STATUS_INIT)
-    status = torch.arange(size, dtype=torch.int64) * 0
+    status = torch.zeros(size, dtype=torch.int64)
     status[:n] = torch.tensor(STATUS_INIT) + torch.arange(n)
     if flag is not None and size > n:
         status[n if flag == "first" else size - 1] = 1
