@@ -16,8 +16,10 @@
    layers; a fresh process's call also profiled, by part);
 4. the benchmark's lead rows (`python -m obskernels.bench --full --ops none
    --observers all --backends triton,llmc --cases` the 4096x4096 weights and
-   2048x4096 activations in bf16): one observer call of every observer,
-   measured against llm-compressor's default path (about a minute on an H100);
+   2048x4096 activations in bf16 --split): one observer call of every
+   observer, measured against llm-compressor's default path, and the device
+   work of each call beside it (the torch profiler: its kernels and copies);
+   about a minute on an H100;
 5. (asked for only: step "model") the full benchmark with the model beside
    every measured row (`--full --model`: every shape and dtype, tens of minutes);
 6. one summary file, gpu-check/summary.md (and summary.json): device, test
@@ -263,7 +265,7 @@ def main(argv=None) -> int:
 
         bench_out = os.path.join(out, step)
         if step == "bench":  # the lead rows: every observer at the lead sizes, against llm-compressor
-            flags = ["--ops", "none", "--observers", "all", "--cases", LEAD_CASES,
+            flags = ["--ops", "none", "--observers", "all", "--cases", LEAD_CASES, "--split",
                      "--backends", "triton,llmc" if llmc_available() else "triton"]
         else:
             flags = ["--model"]

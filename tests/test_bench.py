@@ -6,6 +6,7 @@ Triton kernel and a known sequence of aten ops, not against themselves.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -401,7 +402,8 @@ DOCUMENTED_KEYS = (
 DOCUMENTED_OPTIONAL = (
     "aten_ops triton_launches syncs triton_unique_bytes atomics op_names "
     "triton_programs_at_counted_shape sass_kernel issue_efficiency model_gpu_s model_host_s model_before_s "
-    "model_sync_s host_units host_method search_steps flops_per_element_step"
+    "model_sync_s host_units host_method search_steps flops_per_element_step device_s device_ops "
+    "device_method"
 ).split()
 
 
@@ -600,3 +602,76 @@ def test_oneshot_comparison_alternates_the_modes_repeated_calls(monkeypatch):
     assert [(r["mode"], r["first_in_process_s"], r["repeat_s"]) for r in rows] == [
         ("plain", 9.0, 3.0), ("drop-in", 8.0, 4.0)]
     assert all(r["qparams_identical"] == 1 for r in rows)
+
+
+# --------------------------------------------------------------------------- #
+# --split: the device work of a call, beside its wall time
+# --------------------------------------------------------------------------- #
+def _known_work(device):
+    """A Prepared making two matrix products and one add per call; its setup
+    makes a tensor of its own (not the call's work)."""
+    from obskernels.bench.backends import Prepared
+
+    a = torch.randn(256, 256, device=device)
+    made = []
+
+    def setup():
+        made.append(torch.ones(4, device=device))
+
+    def fn():
+        torch.mm(a, a)
+        torch.mm(a, a)
+        return a.add(1)
+
+    return Prepared(fn, setup=setup), made
+
+
+def test_split_profiles_the_call_and_not_its_setup():
+    from obskernels.bench.runner import SPLIT_CALLS, device_split
+
+    prepared, made = _known_work("cpu")
+    seconds, ops = device_split(prepared, "cpu")
+    assert len(made) == SPLIT_CALLS  # one setup per profiled call
+    # the call's own aten ops, per call; setup's aten::ones is outside the window
+    assert set(ops) == {"aten::mm", "aten::add"}, ops
+    assert ops["aten::mm"] > 0 and ops["aten::add"] > 0
+    assert seconds == pytest.approx(sum(ops.values()) * 1e-6, rel=1e-3)
+
+
+def test_split_goes_into_the_record_and_the_lead_table():
+    from obskernels.bench import report
+    from obskernels.bench.records import CaseInfo, Provenance, Record, Timing
+    from obskernels.bench.runner import Options, _measured
+
+    prepared, _ = _known_work("cpu")
+    quiet = Options(min_reps=1, max_reps=1, min_time_s=0.0, progress=None)
+    assert _measured(prepared, "cpu", quiet).device_s is None  # asked for only
+    timing = _measured(prepared, "cpu", dataclasses.replace(quiet, split=True))
+    assert timing.device_s > 0 and set(timing.device_ops) == {"aten::mm", "aten::add"}
+    assert "aten ops" in timing.device_method
+    case = CaseInfo("w4096x4096 bf16 int8-channel", "weight", "weight", (4096, 4096), (4096, 4096),
+                    False, "bf16", "channel", "int8 sym channel", "int8-channel")
+    prov = Provenance("full", machine={"gpu": "a GPU"})
+
+    def rec(backend, ms, dev_us):
+        return Record("obs:memoryless_minmax", "observer", backend, case, prov, status="measured",
+                      timing=Timing(measured_s=ms * 1e-3, device_s=dev_us * 1e-6))
+
+    text = report.lead_table([rec("triton", 0.13, 9.8), rec("llmc", 0.34, 61.5)])
+    head, _, row = text.splitlines()[:3]
+    assert "DEV tri us" in head and "DEV llmc us" in head
+    assert row.split()[-5:-3] == ["9.8", "61.5"], row
+    assert "DEV: the device work of one call" in text
+    # without a split the columns are not shown
+    assert "DEV" not in report.lead_table([rec("triton", 0.13, 9.8).replace(timing=Timing(measured_s=1e-4))])
+
+
+@pytest.mark.gpu
+def test_split_counts_the_calls_kernels_on_cuda():
+    from obskernels.bench.runner import device_split
+
+    prepared, _ = _known_work("cuda")
+    seconds, ops = device_split(prepared, "cuda")
+    # three kernels of a few us per call; the 256 MB wipe (~100 us) before
+    # the profiler starts is not among them
+    assert 0 < seconds < 50e-6 and 1 <= len(ops) <= 3, ops

@@ -66,6 +66,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help="model: compile the kernels with this interpreter's triton (e.g. "
                         ".venv-triton36/bin/python for the triton an H100 run used)")
     p.add_argument("--gpu-name", default="H100 SXM", help="model: name printed with the parameters")
+    p.add_argument("--split", action="store_true",
+                   help="also profile each measured row (torch profiler, 5 more calls): the device "
+                        "work of one call beside its wall time (on CUDA its kernels and copies; on a "
+                        "CPU its aten ops)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--cases", default=None,
                    help="comma list of substrings of the full-size case labels to keep, "
@@ -155,6 +159,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         sass=not args.no_sass,
         sass_python=args.sass_python,
         host=not args.no_host,
+        split=args.split,
         progress=None if args.quiet else sys.stderr,
     )
     if args.cases:

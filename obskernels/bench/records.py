@@ -60,6 +60,11 @@ class Timing:
     peak_bytes: Optional[int] = None
     peak_pct: Optional[float] = None  # peak_bytes / the value's bytes, in %
     peak_method: Optional[str] = None
+    # the work one call gives the device (``runner.device_split``, asked for by
+    # ``--split``): seconds per call, and us per call by kernel or copy name
+    device_s: Optional[float] = None
+    device_ops: Optional[Dict[str, float]] = None
+    device_method: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -230,6 +235,9 @@ JSON_KEYS: Tuple[Tuple[str, str, str, bool], ...] = (
     ("model_sync_s", "model", "sync_s", False),
     ("search_steps", "traffic", "search_steps", False),
     ("flops_per_element_step", "traffic", "flops_per_element_step", False),
+    ("device_s", "timing", "device_s", False),
+    ("device_ops", "timing", "device_ops", False),
+    ("device_method", "timing", "device_method", False),
 )
 ALWAYS: Tuple[str, ...] = tuple(k for k, _, _, always in JSON_KEYS if always)
 OPTIONAL: Tuple[str, ...] = tuple(k for k, _, _, always in JSON_KEYS if not always)

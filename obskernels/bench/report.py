@@ -112,6 +112,10 @@ def _measured_s(r: Optional[Record]) -> Optional[float]:
     return None if r is None else r.timing.measured_s
 
 
+def _device_s(r: Optional[Record]) -> Optional[float]:
+    return None if r is None else r.timing.device_s
+
+
 def _modelled_s(r: Optional[Record]) -> Optional[float]:
     return None if r is None else r.model.modelled_s
 
@@ -226,6 +230,7 @@ def lead_speedups(records: Sequence[Record]) -> List[Dict]:
 
         ts, ls, rs = _modelled_s(t), _modelled_s(ld), _modelled_s(ref)
         tm, lm, em = _measured_s(t), _measured_s(g.get("llmc")), _measured_s(g.get("llmc-eager"))
+        td, ldev = _device_s(t), _device_s(g.get("llmc"))
         out.append(dict(
             case=case, op=op, triton_us=ts and ts * 1e6, llmc_us=ls and ls * 1e6,
             llmc_path=ld and ld.backend, reference_us=rs and rs * 1e6,
@@ -237,6 +242,7 @@ def lead_speedups(records: Sequence[Record]) -> List[Dict]:
             triton_measured_ms=tm and tm * 1e3, llmc_measured_ms=lm and lm * 1e3,
             eager_measured_ms=em and em * 1e3,
             measured_speedup=(lm / tm) if lm and tm else None,
+            triton_device_us=td and td * 1e6, llmc_device_us=ldev and ldev * 1e6,
             triton_peak_pct=peak("triton"), eager_peak_pct=peak("llmc-eager"),
             llmc_peak_pct=peak("llmc") if peak("llmc") is not None else (ld and peak(ld.backend)),
         ))
@@ -257,9 +263,12 @@ def lead_table(records: Sequence[Record]) -> str:
 
     measured = any(r["triton_measured_ms"] or r["llmc_measured_ms"] for r in rows)
     modelled = any(r["triton_us"] for r in rows)
+    split = any(r["triton_device_us"] is not None or r["llmc_device_us"] is not None for r in rows)
     head = ["case (full size)", "observer"]
     if measured:
         head += ["MEAS tri ms", "MEAS llmc ms", "MEAS eager ms", "llmc/tri"]
+    if split:
+        head += ["DEV tri us", "DEV llmc us"]
     if modelled:
         head += ["MODEL tri us", "host us", "bound", "MODEL llmc us", "llmc path", "llmc/tri",
                  "SASS/el/step", "regs"]
@@ -270,6 +279,8 @@ def lead_table(records: Sequence[Record]) -> str:
         if measured:
             line += [f(r["triton_measured_ms"], "{:.3f}"), f(r["llmc_measured_ms"], "{:.3f}"),
                      f(r["eager_measured_ms"], "{:.3f}"), f(r["measured_speedup"], "{:.2f}x")]
+        if split:
+            line += [f(r["triton_device_us"], "{:.1f}"), f(r["llmc_device_us"], "{:.1f}")]
         if modelled:
             line += [f(r["triton_us"]), f(r["triton_host_us"]), r["triton_bound"] or "-", f(r["llmc_us"]),
                      {"llmc-triton": "triton", "llmc-eager": "eager"}.get(r["llmc_path"], "-"),
@@ -287,6 +298,10 @@ def lead_table(records: Sequence[Record]) -> str:
     if measured:
         out.append(f"MEAS: measured on {where}: wall time of one call (new observer + observer(value) + "
                    "get_qparams(), synchronised), median after warm-up; llmc = llm-compressor as installed")
+    if split:
+        out.append("DEV: the device work of one call (torch profiler over 5 calls, timed as MEAS: on "
+                   "CUDA the device time of its kernels and copies; on a CPU its aten ops); MEAS minus "
+                   "DEV is the host, or the device waiting for it")
     if modelled:
         out.append("MODEL: modelled on " + (records[0].model.gpu or "the model GPU") + "; host us = the "
                    f"host term (host path measured on {where} with launches stubbed, in units of a "

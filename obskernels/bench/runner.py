@@ -98,6 +98,7 @@ class Options:
     sass: bool = True  # compile the Triton calls for sm_90a: the model's compute term
     sass_python: Optional[str] = None  # compile with this interpreter's triton (default: this one's)
     host: bool = True  # measure each call's host path (the model's host term)
+    split: bool = False  # also profile each measured row's device work (``device_split``)
     cases: Optional[List[Case]] = None  # overrides the sweep (tests)
     progress: Optional[TextIO] = field(default_factory=lambda: sys.stderr)
 
@@ -183,6 +184,53 @@ def time_calls(prepared, device: str, opts: Options) -> Tuple[float, int, float]
     return statistics.median(times), len(times), min(times)
 
 
+#: calls ``device_split`` profiles per row
+SPLIT_CALLS = 5
+#: the most kernel (or op) names a split keeps, the longest first
+SPLIT_NAMES = 8
+
+
+def device_split(prepared, device: str, calls: int = SPLIT_CALLS) -> Tuple[float, Dict[str, float]]:
+    """The work one call gives the device: (seconds per call, {kernel or copy
+    name: us per call}, at most ``SPLIT_NAMES`` of them, the longest first),
+    by the torch profiler around ``calls`` calls made as the timed ones are
+    (``_one_call``: setup, the L2 wiped, synchronised before and after); the
+    profiler starts after the wipe, so its kernel is not counted. On CUDA:
+    the device time of the call's kernels, copies and fills, whatever issued
+    them (Triton, aten, the driver). Beside a call's wall time it says how
+    much of the call the GPU was working: the rest is the host, or the GPU
+    waiting for it. On a CPU: the call's top-level aten ops (the work of a
+    torch path there)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda") if cuda else None
+    spent: Dict[str, float] = {}
+    for _ in range(calls):
+        prepared.setup()
+        if flush is not None:
+            flush.zero_()
+        _sync(device)
+        with profile(activities=activities) as prof:
+            prepared.call()
+            _sync(device)
+        for e in prof.events():
+            if cuda:
+                if e.device_type != DeviceType.CUDA:
+                    continue
+                us = e.device_time if hasattr(e, "device_time") else e.cuda_time
+            elif e.cpu_parent is None and e.name.startswith("aten::"):
+                us = e.cpu_time_total
+            else:
+                continue
+            spent[e.name[:60]] = spent.get(e.name[:60], 0.0) + us / calls
+    total = sum(spent.values())
+    top = sorted(spent.items(), key=lambda kv: -kv[1])[:SPLIT_NAMES]
+    return total * 1e-6, {name: round(us, 2) for name, us in top}
+
+
 def cuda_peak(prepared) -> int:
     """Peak bytes allocated during one call above what was allocated before."""
     prepared.setup()
@@ -241,6 +289,8 @@ class _Progress:
             return
         if rec.timing.measured_s is not None:
             what = f"measured {rec.timing.measured_s * 1e3:9.3f} ms"
+            if rec.timing.device_s is not None:
+                what += f" (device {rec.timing.device_s * 1e6:.1f} us)"
         elif rec.model.modelled_s is not None:
             what = f"modelled {rec.model.modelled_s * 1e6:9.1f} us on GPU"
         else:
@@ -257,9 +307,15 @@ def _measured(prepared, device: str, opts: Options, peak_bytes: Optional[int] = 
     median, reps, fastest = time_calls(prepared, device, opts)
     if device == "cuda":
         peak_bytes, peak_method = cuda_peak(prepared), "torch.cuda.max_memory_allocated above the memory held before"
+    split = dict(device_s=None, device_ops=None, device_method=None)
+    if opts.split:
+        split["device_s"], split["device_ops"] = device_split(prepared, device)
+        split["device_method"] = (
+            f"torch profiler over {SPLIT_CALLS} calls: " + ("device time of the call's kernels and copies"
+                                                           if device == "cuda" else "its top-level aten ops"))
     return Timing(measured_s=median, measured_reps=reps, measured_min_s=fastest,
                   timer=f"wall, synchronised, median ({device})",
-                  peak_bytes=peak_bytes, peak_method=peak_method)
+                  peak_bytes=peak_bytes, peak_method=peak_method, **split)
 
 def _torch_path(case, target, backend, value, device, opts, rec: Record, host=None) -> Tuple[Record, List]:
     """A path whose every launch is an aten op: count exactly (when modelling),
