@@ -675,3 +675,26 @@ def test_split_counts_the_calls_kernels_on_cuda():
     # three kernels of a few us per call; the 256 MB wipe (~100 us) before
     # the profiler starts is not among them
     assert 0 < seconds < 50e-6 and 1 <= len(ops) <= 3, ops
+
+
+def test_rows_are_timed_after_a_warm_up_of_their_own_calls(monkeypatch):
+    """Calls of 10 ms on the clock: 25 ms of warm-up is three untimed calls,
+    then the timed ones (min_reps of them, min_time_s 0)."""
+    from obskernels.bench import runner
+    from obskernels.bench.backends import Prepared
+
+    clock = _FakeClock(step=0.010, sync=0.0)
+    calls = []
+
+    def fn():
+        calls.append(clock.now)
+        clock.call()
+
+    monkeypatch.setattr(runner.time, "perf_counter", clock)
+    opts = Options(min_reps=4, max_reps=4, min_time_s=0.0, warmup_s=0.025, progress=None)
+    median, reps, fastest = runner.time_calls(Prepared(fn), "cpu", opts)
+    assert (len(calls), reps) == (3 + 4, 4)
+    assert median == pytest.approx(0.010) and fastest == pytest.approx(0.010)
+    calls.clear()
+    runner.time_calls(Prepared(fn), "cpu", dataclasses.replace(opts, warmup_s=0.0))
+    assert len(calls) == 4

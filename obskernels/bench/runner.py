@@ -99,6 +99,7 @@ class Options:
     sass_python: Optional[str] = None  # compile with this interpreter's triton (default: this one's)
     host: bool = True  # measure each call's host path (the model's host term)
     split: bool = False  # also profile each measured row's device work (``device_split``)
+    warmup_s: float = 0.025  # untimed calls before the timed ones, for at least this long
     cases: Optional[List[Case]] = None  # overrides the sweep (tests)
     progress: Optional[TextIO] = field(default_factory=lambda: sys.stderr)
 
@@ -167,12 +168,20 @@ def _one_call(prepared, device: str, flush=None) -> float:
 
 def time_calls(prepared, device: str, opts: Options) -> Tuple[float, int, float]:
     """Median seconds of one call, how many calls were timed (after the warm-up),
-    and the fastest call (a guide when other work shares the machine)."""
+    and the fastest call (a guide when other work shares the machine).
+
+    The warm-up: calls made as the timed ones, untimed, for ``opts.warmup_s``
+    (as triton.testing.do_bench's 25 ms), so that a row is not timed while
+    the GPU's clocks still climb from the previous row's lighter work (a
+    row of host-bound calls leaves a GPU mostly idle)."""
     times: List[float] = []
-    start = time.perf_counter()
     flush = None
     if device == "cuda":
         flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+    start = time.perf_counter()
+    while time.perf_counter() - start < opts.warmup_s:
+        _one_call(prepared, device, flush)
+    start = time.perf_counter()
     while True:
         times.append(_one_call(prepared, device, flush))
         n = len(times)
