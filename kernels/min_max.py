@@ -72,7 +72,7 @@ from obskernels.kernels.qparams import (
     epilogue_qparams,
     prepare_from_parts,
     prepare_with_qparams,
-    store_scale_flag,
+    flag_scale,
 )
 from obskernels.kernels.quant import DTYPE_CODE
 from obskernels.spec.calls import MinMaxCall, MinMaxQParamsCall
@@ -215,7 +215,7 @@ def _finish_tile(pmin_ptr, pmax_ptr, min_ptr, max_ptr, held_min_ptr, held_max_pt
     ``ticket_ptr + block``, zero at launch -- reduces the block's partials
     over every split (as ``_min_max_finish_kernel``), stores the groups'
     (min, max) through the MODE epilogue (combined with the held statistics)
-    and, with QP, their qparams and its non-finite-scale flag (ABSMAX: the
+    and, with QP, their qparams and the status's non-finite-scale flag (ABSMAX: the
     block's absolute maximum to absmax_ptr[block]), and puts the ticket back
     to zero (ready for the next launch; a status holding it then
     reads as one the finish pass would give). The partials' stores come
@@ -245,7 +245,7 @@ def _finish_tile(pmin_ptr, pmax_ptr, min_ptr, max_ptr, held_min_ptr, held_max_pt
                   avg_a, avg_c, MODE, DTYPE, BITS16)
         if QP is not None:
             bad_scale = epilogue_qparams(lo_q, hi_q, qq, q_ok, qp, DTYPE, QP)
-            store_scale_flag(status_ptr, block, _any(bad_scale))
+            flag_scale(status_ptr, _any(bad_scale))
         if ABSMAX:
             _store_absmax(absmax_ptr, block, _group_absmax(lo_q, hi_q, has_nan, q_ok))
         one = tl.arange(0, 1)
@@ -284,8 +284,8 @@ def _min_max_kernel(
     results with the held statistics before they are stored (BITS16: bf16
     statistics addressed as their bits); RECORD adds this slice's NaN / +-inf
     counts to the observer's non-finite record. QP (nothing held, no split):
-    the groups' qparams too (``qp``: ``QParamsOut``), and one non-finite-scale
-    flag per program at status_ptr[len(STATUS_INIT) + program]. ABSMAX: the
+    the groups' qparams too (``qp``: ``QParamsOut``), a non-finite scale
+    flagged in the status's one flag word (``flag_scale``). ABSMAX: the
     max over the program's groups of max(max, -min), NaN propagating, to
     absmax_ptr[program] in fp32 (a global scale's partial,
     ``qparams.PartsQParams``). FINISH (a split; never with GROUP_LOOP,
@@ -293,7 +293,7 @@ def _min_max_kernel(
     max_ptr, and the last program of each block to arrive finishes it in
     this launch (``_finish_tile``, its ticket at tickets_ptr[ticket0 +
     block], zero at launch): results through the MODE epilogue to
-    fin_min_ptr / fin_max_ptr, with QP their qparams and one flag per block,
+    fin_min_ptr / fin_max_ptr, with QP their qparams and the flag,
     with ABSMAX the block's absolute maximum to absmax_ptr[block].
     """
     pid_s = tl.program_id(1)
@@ -371,7 +371,7 @@ def _min_max_kernel(
                          avg_a, avg_c, tickets_ptr + ticket0, status_ptr, absmax_ptr, qa, qb, q_ok,
                          geo, Q, qp, MODE, DTYPE, BITS16, QP, ABSMAX, BLOCK_A, BLOCK_B, BLOCK_S)
     if QP is not None and not FINISH:
-        store_scale_flag(status_ptr, tl.program_id(0), _any(bad_scale))
+        flag_scale(status_ptr, _any(bad_scale))
     if ABSMAX and not FINISH:
         _store_absmax(absmax_ptr, tl.program_id(0), absmax)
 
@@ -588,9 +588,9 @@ def _qparams_launch(flat, layout, main, launch_args, new_stats, new_parts, conte
         # a global scale needs every group first: the qparams in one launch more
         return _parts_qparams_launch(flat, layout, main, launch_args, new_stats, new_parts,
                                      context, token, widen)
-    # the status: the record, then a scale flag per program (with a split,
-    # per block, and after the flags a ticket per block, see _finish_tile)
-    plan = epilogue_plan(flat.args, value, layout.qshape, grid[0],
+    # the status: the record, then one scale flag word (with a split, after
+    # it a ticket per block, see _finish_tile)
+    plan = epilogue_plan(flat.args, value, layout.qshape,
                          gpu_arith(current_config("min_max"), value, "min_max"), widen,
                          tickets=grid[0] if split > 1 else 0)
     # a streaming thread computes its group's qparams once, after streaming
@@ -607,8 +607,8 @@ def _qparams_launch(flat, layout, main, launch_args, new_stats, new_parts, conte
     # with a split the last program of each block finishes it (a split is
     # never a GROUP_LOOP: its groups have one row)
     first = dict(first, enable_fp_fusion=False, QP=plan.switches)
-    if split > 1:  # the tickets after the flags
-        first = dict(first, FINISH=True, BLOCK_S=finish_lanes(first), ticket0=N_STATUS + grid[0])
+    if split > 1:  # the tickets after the flag
+        first = dict(first, FINISH=True, BLOCK_S=finish_lanes(first), ticket0=N_STATUS + 1)
 
     kernel = Replay(globals(), "_min_max_kernel", grid, **first)
 

@@ -337,10 +337,11 @@ def prepare(call: SearchCall, qparams: bool = False, widen: bool = True):
                        new_stats(), new_stats(), status, observation)
 
     if qparams:
-        programs = getattr(run, "choose_programs", None)
-        if programs is None or flat.strategy == Strategy.TENSOR_GROUP:  # (a global scale: after)
+        # the choose kernel computes them (a run with one); TENSOR_GROUP's
+        # global scale needs every group first
+        if getattr(run, "choose_programs", None) is None or flat.strategy == Strategy.TENSOR_GROUP:
             return None
-        plan = epilogue_plan(flat.args, value, layout.qshape, programs, fast, widen)
+        plan = epilogue_plan(flat.args, value, layout.qshape, fast, widen)
 
         def launch_qparams(call: SearchQParamsCall):
             if config_token() is not token:  # a launch_config block changed the policy

@@ -25,7 +25,10 @@ float64 and cast back, as the reference does.
 Launches: 1, plus 1 per fused pair for a global scale computed here. No host
 read, no aten op besides the outputs' allocation: the status (the carried
 non-finite record, then one non-finite-scale flag per program) is an output
-the caller reads once.
+the caller reads once. (A kernel computing qparams in its epilogue,
+``epilogue_qparams``, flags them in one word instead: its status starts from
+a template, ``epilogue_plan``, and the caller reads any word after the
+record as the flag.)
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ from obskernels.spec.record import STATUS_FIRST_BAD, STATUS_INIT, new_record
 from obskernels.spec.errors import KernelUnsupportedError
 
 __all__ = ["calculate_qparams", "prepare", "group_qparams", "store_qparams", "store_scale_flag",
-           "qparams_format",
+           "flag_scale", "qparams_format",
            "QParamsConstants", "QParamsOut", "epilogue_qparams", "EpilogueQParams", "epilogue_plan",
            "prepare_with_qparams", "PartsQParams", "prepare_from_parts"]
 
@@ -305,9 +308,23 @@ def _qparams_kernel(
 def store_scale_flag(status_ptr, pid, flag):
     """Program ``pid``'s non-finite-scale flag (a scalar, 0 or 1) at its
     place after the record in ``status``: one word per program, so no
-    program's store meets another's."""
+    program's store meets another's (a status nobody zeroed: every program
+    writes its word)."""
     one = tl.arange(0, 1)
     tl.store(status_ptr + _N_STATUS + pid + one, flag.to(tl.int64) + one * 0)
+
+
+@triton.jit
+def flag_scale(status_ptr, flag):
+    """A non-finite scale (``flag``, a scalar, nonzero) in the ONE flag word
+    after the record of a status made from ``epilogue_plan``'s template
+    (zero at launch): a program that flags stores 1 there, the others store
+    nothing, so the word is 1 when any program flagged, whichever stores
+    first (they store the same value). The status read back stays as short
+    as the record, whatever the launch's program count."""
+    one = tl.arange(0, 1)
+    tl.store(status_ptr + _N_STATUS + one, one.to(tl.int64) * 0 + 1,
+             mask=(one * 0 + flag.to(tl.int32)) != 0)
 
 
 class QParamsOut(NamedTuple):
@@ -377,8 +394,8 @@ class EpilogueQParams(NamedTuple):
     """A call's qparams computed in another kernel's epilogue (the host
     side of ``epilogue_qparams``), prepared once per signature: the
     constexpr switches, the format's constants, the outputs' allocators and
-    the status template (a fresh record, then one zero flag per program of
-    the epilogue's launch, each of which writes its own, then the zeroed
+    the status template (a fresh record, then one zero flag word that any
+    of the epilogue's programs sets, ``flag_scale``, then the zeroed
     tickets of a split finished by its last programs, if any)."""
 
     switches: tuple
@@ -400,14 +417,14 @@ def _status_template(programs: int, tickets: int, device) -> torch.Tensor:
     return torch.tensor(STATUS_INIT + (0,) * (programs + tickets), dtype=torch.int64, device=device)
 
 
-def epilogue_plan(args, value: torch.Tensor, qshape, programs: int, fast: bool,
-                  widen: bool = True, tickets: int = 0) -> EpilogueQParams:
+def epilogue_plan(args, value: torch.Tensor, qshape, fast: bool, widen: bool = True,
+                  tickets: int = 0) -> EpilogueQParams:
     """The ``EpilogueQParams`` of ``calculate_qparams(min_vals, max_vals,
     args, widen=widen)`` for statistics of ``value``'s dtype and device and
-    shape ``qshape``, computed by ``programs`` programs (``fast``: the GPU's
-    conversions), the status ending in ``tickets`` zeroed tickets (a split
-    finished by its last programs); KernelUnsupportedError for a format the
-    kernels do not cover."""
+    shape ``qshape`` (``fast``: the GPU's conversions), the status ending in
+    ``tickets`` zeroed tickets (a split finished by its last programs, at
+    ``N_STATUS + 1``); KernelUnsupportedError for a format the kernels do not
+    cover."""
     dtype, dev = value.dtype, value.device
     fmt, constants, switches = qparams_format(args, dtype, dtype, torch.float32, GS_NONE.value,
                                               widen=widen)
@@ -417,7 +434,7 @@ def epilogue_plan(args, value: torch.Tensor, qshape, programs: int, fast: bool,
          bool(fast)),
         constants, switches["WIDEN"], allocator(shape, dtype, dev),
         allocator(shape, fmt.zp_dtype, dev),
-        _status_template(programs, tickets, dev),
+        _status_template(1, tickets, dev),  # one flag word (flag_scale)
     )
 
 

@@ -20,6 +20,8 @@ oracle), never from the plan under test.
 
 from __future__ import annotations
 
+import dataclasses
+
 import gc
 import weakref
 
@@ -70,24 +72,42 @@ def test_python_calls_per_call(name, default_backend):
     assert calls <= CALL_BUDGETS[name], f"{name}: {calls} Python calls per call"
 
 
-def test_a_long_status_is_read_without_a_python_list(default_backend, monkeypatch):
-    """A 4096x4096 weight's call in groups of 32 reads back a status of the
-    record and 4,096 scale flags (one per program): judged through numpy,
-    never made into a Python list word by word (~48 us of host on the
-    development CPU against ~3)."""
-    from obskernels.observers.report import LIST_READ_MAX
-
-    scenario = next(s for s in bench_host.SCENARIOS if s.name == "minmax call 4096x4096 g32")
-    listed = []
-    tolist = torch.Tensor.tolist
+def _reads_of_a_full_size_call(scenario, monkeypatch):
+    """(words of every list read, words of every numpy read) of one call of
+    ``scenario`` with its launches stubbed."""
+    listed, read = [], []
+    tolist, numpy = torch.Tensor.tolist, torch.Tensor.numpy
     monkeypatch.setattr(torch.Tensor, "tolist", lambda t: listed.append(t.numel()) or tolist(t))
-    read = []
-    numpy = torch.Tensor.numpy
     monkeypatch.setattr(torch.Tensor, "numpy", lambda t, **k: read.append(t.numel()) or numpy(t, **k))
     with bench_host.stubbed_launches():
-        call = bench_host._call_of(scenario)
-        call()
-    assert read and max(read) > 4096, f"the status was not read through numpy: {read}"
+        bench_host._call_of(scenario)()
+    return listed, read
+
+
+def test_a_weights_status_is_its_record_and_one_flag_whatever_its_programs(default_backend,
+                                                                          monkeypatch):
+    """A 4096x4096 weight's call in groups of 32 (4,096 programs computing
+    qparams in their epilogue) reads back the record and ONE scale flag word,
+    which any program sets: 7 words, one short list (it was the record and
+    4,096 flags, one per program)."""
+    from obskernels.spec.record import STATUS_INIT
+
+    scenario = next(s for s in bench_host.SCENARIOS if s.name == "minmax call 4096x4096 g32")
+    listed, read = _reads_of_a_full_size_call(scenario, monkeypatch)
+    assert listed == [len(STATUS_INIT) + 1] and not read, (listed, read)
+
+
+def test_a_long_status_is_read_without_a_python_list(default_backend, monkeypatch):
+    """The qparams kernel's programs flag one word each (its status is not
+    zeroed first): a 4096x4096 nvfp4 weight's call reads back the record and
+    1,024 flags, judged through numpy, never made into a Python list word by
+    word (~13 us per thousand words of host on the development CPU)."""
+    from obskernels.observers.report import LIST_READ_MAX
+
+    nvfp4 = next(s for s in bench_host.SCENARIOS if s.name == "nvfp4 memoryless_minmax call")
+    scenario = dataclasses.replace(nvfp4, shape=(4096, 4096))
+    listed, read = _reads_of_a_full_size_call(scenario, monkeypatch)
+    assert read and max(read) > 1024, f"the status was not read through numpy: {read}"
     assert all(n <= LIST_READ_MAX for n in listed), f"lists made of {listed} words"
 
 

@@ -14,7 +14,7 @@ import triton.language as tl
 from obskernels.kernels import quant
 from obskernels.kernels._layout import store_exact, widen
 from obskernels.kernels.mse_search_details._step import _PER_CALL, _or, _shrink
-from obskernels.kernels.qparams import epilogue_qparams, store_scale_flag
+from obskernels.kernels.qparams import epilogue_qparams, flag_scale
 
 
 @triton.jit
@@ -106,8 +106,8 @@ def _choose_kernel(
     same S), then each group's last improving step <= S:
     out = rd(base * p_step), or base when the group never improved (the
     base read from out). QP (``epilogue_qparams``): the qparams of the
-    chosen ranges too, and this program's non-finite-scale flag at
-    status_ptr[len(STATUS_INIT) + program]."""
+    chosen ranges too, a non-finite scale flagged in the status's one flag
+    word (``flag_scale``)."""
     pid = tl.program_id(0)
     S = _stop_step_parts(flags_ptr, P, n_words, n_steps, patience, BLOCK_P)
     bad = tl.zeros([BLOCK_G], tl.int64)
@@ -121,7 +121,7 @@ def _choose_kernel(
         if QP is not None:
             bad = bad | epilogue_qparams(omin, omax, g, gmask, qp, DTYPE, QP)
     if QP is not None:
-        store_scale_flag(status_ptr, pid, tl.max(bad, axis=0))
+        flag_scale(status_ptr, tl.max(bad, axis=0))
 
 
 @triton.jit

@@ -37,8 +37,9 @@ observer, the same shape each time, as in a calibration loop), a
 memoryless_mse call, an activation observer's call (new, observe, get_qparams),
 an imatrix observer's forward hook (E[x**2] of a Linear's input, at every
 batch), one call of every registered observer, a minmax call at the full
-size of a 4096x4096 weight in asymmetric groups of 32 (its status carries a
-scale flag per program, 4,096 of them, which the call reads back), and,
+size of a 4096x4096 weight in asymmetric groups of 32 (4,096 programs
+compute its qparams; the status the call reads back is the record and one
+flag word, as at any size), and,
 where llm-compressor is
 installed (``.venv-llmcompressor/bin/python -m obskernels.bench.host``), its
 static_minmax activation forward and memoryless_minmax weight call through
