@@ -654,7 +654,7 @@ def _parts_qparams_launch(flat, layout, main, launch_args, new_stats, new_parts,
                               tickets=grid[0] if split > 1 else 0)
     first = dict(first, ABSMAX=True)
     if split > 1:
-        first.update(FINISH=True, BLOCK_S=finish_lanes(first), ticket0=N_STATUS + plan.programs)
+        first.update(FINISH=True, BLOCK_S=finish_lanes(first), ticket0=N_STATUS + plan.flags)
 
     kernel = Replay(globals(), "_min_max_kernel", grid, **first)
 

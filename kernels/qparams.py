@@ -262,11 +262,13 @@ def _qparams_kernel(
     DTYPE: tl.constexpr, SDTYPE: tl.constexpr, ADTYPE: tl.constexpr, SYM: tl.constexpr,
     SCALE: tl.constexpr, ZP: tl.constexpr, GS: tl.constexpr,
     WIDEN: tl.constexpr, CARRY: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
+    ONE_FLAG: tl.constexpr = False,
 ):
     """One program: BLOCK groups -> scale (SDTYPE), zp (zp_dtype), and its
-    non-finite-scale flag -> status[_N_STATUS + pid]. Program 0 also writes the
-    global scale (GS_FUSED) and moves the carried record to status[0:_N_STATUS],
-    resetting it."""
+    non-finite-scale flag -> status[_N_STATUS + pid] (ONE_FLAG: a status
+    from a template, its one flag word set by any program, ``flag_scale``).
+    Program 0 also writes the global scale (GS_FUSED) and moves the carried
+    record to status[0:_N_STATUS], resetting it."""
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
@@ -290,7 +292,10 @@ def _qparams_kernel(
         tl.store(gs_out_ptr + one, g + one * 0.0, mask=(one + pid) == 0)
     scale, zp = group_qparams(mn, mx, g, c, DTYPE, SDTYPE, SYM, SCALE, ZP, GS, WIDEN)
     bad = store_qparams(scale_ptr, zp_ptr, offs, scale, zp, mask, SDTYPE, ZP)
-    store_scale_flag(status_ptr, pid, tl.max(bad, axis=0))
+    if ONE_FLAG:
+        flag_scale(status_ptr, tl.max(bad, axis=0))
+    else:
+        store_scale_flag(status_ptr, pid, tl.max(bad, axis=0))
     one = tl.arange(0, 1)
     first = (one + pid) == 0
     for i in range(_N_STATUS):
@@ -488,12 +493,15 @@ class PartsQParams(NamedTuple):
     program reduces them itself, as it does ``_absmax_kernel``'s.
     ``prepare_from_parts`` makes it once per signature; ``status()`` gives a
     call's status: with ``record`` a fresh record at its head, for the
-    measuring kernel to count into (the launch keeps it there), otherwise
-    written by the launch; then one flag per program, each program's own;
-    then, where the measuring kernel finishes a split by tickets, that many
-    zeroed tickets (zero again after it)."""
+    measuring kernel to count into (the launch keeps it there), then ONE
+    flag word, zero, that any program sets (``flag_scale``), then, where the
+    measuring kernel finishes a split by tickets, that many zeroed tickets
+    (zero again after it); without either, a status the launch writes
+    whole: the record, then one flag per program, each program's own.
+    ``flags``: the words of flags (where the tickets start)."""
 
     programs: int
+    flags: int
     constants: tuple
     switches: dict
     new_scale: object
@@ -527,12 +535,17 @@ def prepare_from_parts(args, stats_like: torch.Tensor, n_parts: int, record: boo
         raise KernelUnsupportedError(f"calculate_qparams: statistics of dtype {dtype}")
     _, programs, constants, switches, new_scale, new_zero_point = _kernel_plan(
         args, stats_like, dtype, GS_FUSED.value, widen, n_parts, record)
-    template = _status_template(programs, tickets, dev)
-    return PartsQParams(programs, constants, switches, new_scale, new_zero_point,
+    # a status from the template (a record to count into, tickets) flags in
+    # one word; one the launch writes whole, a word per program
+    fresh = record or tickets > 0
+    flags = 1 if fresh else programs
+    template = _status_template(flags, tickets, dev)
+    return PartsQParams(programs, flags, constants, switches, new_scale, new_zero_point,
                         allocator((n_parts,), torch.float32, dev),
                         allocator((1,), torch.float32, dev), template,
-                        allocator(template.shape, torch.int64, dev), record or tickets > 0,
-                        Replay(globals(), "_qparams_kernel", (programs,), **switches))
+                        allocator(template.shape, torch.int64, dev), fresh,
+                        Replay(globals(), "_qparams_kernel", (programs,), **switches,
+                               ONE_FLAG=fresh))
 
 
 def calculate_qparams(call: QParamsCall):

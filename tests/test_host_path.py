@@ -72,42 +72,54 @@ def test_python_calls_per_call(name, default_backend):
     assert calls <= CALL_BUDGETS[name], f"{name}: {calls} Python calls per call"
 
 
-def _reads_of_a_full_size_call(scenario, monkeypatch):
-    """(words of every list read, words of every numpy read) of one call of
-    ``scenario`` with its launches stubbed."""
+def _reads_of(call, monkeypatch):
+    """(words of every list read, words of every numpy read) of one
+    ``call()`` with the launches stubbed."""
     listed, read = [], []
     tolist, numpy = torch.Tensor.tolist, torch.Tensor.numpy
     monkeypatch.setattr(torch.Tensor, "tolist", lambda t: listed.append(t.numel()) or tolist(t))
     monkeypatch.setattr(torch.Tensor, "numpy", lambda t, **k: read.append(t.numel()) or numpy(t, **k))
     with bench_host.stubbed_launches():
-        bench_host._call_of(scenario)()
+        call()
     return listed, read
 
 
-def test_a_weights_status_is_its_record_and_one_flag_whatever_its_programs(default_backend,
+@pytest.mark.parametrize("name", ["minmax call 4096x4096 g32", "nvfp4 memoryless_minmax call"])
+def test_a_weights_status_is_its_record_and_one_flag_whatever_its_programs(name, default_backend,
                                                                           monkeypatch):
-    """A 4096x4096 weight's call in groups of 32 (4,096 programs computing
-    qparams in their epilogue) reads back the record and ONE scale flag word,
-    which any program sets: 7 words, one short list (it was the record and
-    4,096 flags, one per program)."""
+    """A 4096x4096 weight's call reads back the record and ONE scale flag
+    word, which any program sets: 7 words, one short list, whatever the
+    program count (in groups of 32, 4,096 programs computing the qparams in
+    min_max's epilogue; nvfp4, 1,024 programs of the qparams kernel after
+    min_max). It was the record and one flag per program."""
     from obskernels.spec.record import STATUS_INIT
 
-    scenario = next(s for s in bench_host.SCENARIOS if s.name == "minmax call 4096x4096 g32")
-    listed, read = _reads_of_a_full_size_call(scenario, monkeypatch)
+    scenario = next(s for s in bench_host.SCENARIOS if s.name == name)
+    call = bench_host._call_of(dataclasses.replace(scenario, shape=(4096, 4096)))
+    listed, read = _reads_of(call, monkeypatch)
     assert listed == [len(STATUS_INIT) + 1] and not read, (listed, read)
 
 
 def test_a_long_status_is_read_without_a_python_list(default_backend, monkeypatch):
-    """The qparams kernel's programs flag one word each (its status is not
-    zeroed first): a 4096x4096 nvfp4 weight's call reads back the record and
-    1,024 flags, judged through numpy, never made into a Python list word by
-    word (~13 us per thousand words of host on the development CPU)."""
+    """A status the qparams kernel writes whole (nothing zeroed it first)
+    holds a flag per program: a Llama-3-8B MLP weight (14336x4096 bf16, 117
+    MB) in asymmetric groups of 128 takes min_max then calculate_qparams
+    (groups too small for the fused epilogue at that size), and its call
+    reads back the record and 448 flags, judged through numpy, never made
+    into a Python list word by word (~13 us per thousand words of host on
+    the development CPU). The launches are stubbed: the values do not matter."""
     from obskernels.observers.report import LIST_READ_MAX
 
-    nvfp4 = next(s for s in bench_host.SCENARIOS if s.name == "nvfp4 memoryless_minmax call")
-    scenario = dataclasses.replace(nvfp4, shape=(4096, 4096))
-    listed, read = _reads_of_a_full_size_call(scenario, monkeypatch)
-    assert read and max(read) > 1024, f"the status was not read through numpy: {read}"
+    args = QuantizationArgs(num_bits=4, strategy="group", group_size=128, symmetric=False)
+    value = torch.zeros(14336, 4096, dtype=torch.bfloat16)
+
+    def call():
+        observer = Observer.load_from_registry("memoryless_minmax", base_name="weight", args=args)
+        observer(value)
+        observer.get_qparams()
+
+    listed, read = _reads_of(call, monkeypatch)
+    assert read and max(read) > 448 > LIST_READ_MAX, f"the status was not read through numpy: {read}"
     assert all(n <= LIST_READ_MAX for n in listed), f"lists made of {listed} words"
 
 

@@ -6,9 +6,10 @@ an observation has to report into the observer's device record
 statistics came out non-finite and which observation was first, the
 imatrix importance's verdict). ``get_qparams`` carries the record into
 ``ops.calculate_qparams``, whose status adds the non-finite-scale flags
-after it (one word that any program sets where the qparams were computed in
-a measuring kernel's epilogue, one per program from the qparams kernel), and
-reads that status once (``Report._check_qparams``):
+after it (one word that any program sets where the status started from a
+template, as every qparams computed with the observation's do; one per
+program where the qparams kernel writes it whole), and reads that status
+once (``Report._check_qparams``):
 
 - under ``nonfinite="error"`` (the default) a recorded observation is the
   ValueError naming the observer, the first refused value's shape and dtype
@@ -34,11 +35,12 @@ from obskernels.spec.record import STATUS_BAD_STATS, STATUS_FIRST_BAD, STATUS_IN
 
 __all__ = ["Report", "read_status"]
 
-#: a status longer than this is judged through numpy: from the qparams
-#: kernel it holds one non-finite-scale flag per program after the record
-#: (1,030 words for a 4096x4096 nvfp4 weight's), and as a Python list those
-#: cost the host ~13 us per thousand words on the development CPU (numpy:
-#: ~3 us; a short status, as every epilogue's, reads faster as a list)
+#: a status longer than this is judged through numpy: written whole by the
+#: qparams kernel it holds one non-finite-scale flag per program after the
+#: record (454 words for a 14336x4096 weight's in asymmetric groups of
+#: 128), and as a Python list those cost the host ~13 us per thousand words
+#: on the development CPU (numpy: ~3 us; a short status, as every one made
+#: from a template, reads faster as a list)
 LIST_READ_MAX = 128
 
 
