@@ -666,6 +666,20 @@ def test_split_goes_into_the_record_and_the_lead_table():
     assert "DEV" not in report.lead_table([rec("triton", 0.13, 9.8).replace(timing=Timing(measured_s=1e-4))])
 
 
+def test_a_split_that_fails_leaves_the_rows_time_and_says_why(monkeypatch):
+    from obskernels.bench import runner
+
+    def broken(prepared, device):
+        raise RuntimeError("no profiler here")
+
+    monkeypatch.setattr(runner, "device_split", broken)
+    prepared, _ = _known_work("cpu")
+    opts = Options(min_reps=1, max_reps=1, min_time_s=0.0, split=True, progress=None)
+    timing = runner._measured(prepared, "cpu", opts)
+    assert timing.measured_s > 0 and timing.device_s is None and timing.device_ops is None
+    assert timing.device_method == "not taken: RuntimeError: no profiler here"
+
+
 @pytest.mark.gpu
 def test_split_counts_the_calls_kernels_on_cuda():
     from obskernels.bench.runner import device_split
