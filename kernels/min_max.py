@@ -641,7 +641,7 @@ def _parts_qparams_launch(flat, layout, main, launch_args, new_stats, new_parts,
     needs every group: the launch of ``_min_max_kernel`` that gives the
     statistics writes each program's absolute maximum (ABSMAX; with a split,
     the last program of each block to arrive finishes the block and writes
-    the block's, its ticket after the qparams kernel's flags in the status)
+    the block's, its ticket after the status's flags, ``PartsQParams.flags``)
     and counts the record into the status's head, then ONE ``_qparams_kernel``
     reduces those partials (``qparams.PartsQParams``): two launches, where
     ``min_max`` then ``calculate_qparams(fused=...)`` make three (four with a

@@ -416,10 +416,11 @@ class EpilogueQParams(NamedTuple):
                 self.template.clone())
 
 
-def _status_template(programs: int, tickets: int, device) -> torch.Tensor:
-    """A fresh status: the record, a scale flag per program, then ``tickets``
+def _status_template(flags: int, tickets: int, device) -> torch.Tensor:
+    """A fresh status: the record, ``flags`` zeroed flag words (one that any
+    program sets, ``flag_scale``, or one per program), then ``tickets``
     zeroed tickets (a split finished by its last programs)."""
-    return torch.tensor(STATUS_INIT + (0,) * (programs + tickets), dtype=torch.int64, device=device)
+    return torch.tensor(STATUS_INIT + (0,) * (flags + tickets), dtype=torch.int64, device=device)
 
 
 def epilogue_plan(args, value: torch.Tensor, qshape, fast: bool, widen: bool = True,
