@@ -265,6 +265,26 @@ def round_fp4e2m1(v):
 
 
 @triton.jit
+def round_fp4e2m1_clamped(v):
+    """round_fp4e2m1(v) for |v| <= 6 or NaN -- a value the fake quantization
+    clamped to e2m1's range first -- in five instructions where it takes
+    fifteen: e2m1's step h is 0.5 below 2, 1 below 4 and 2 up to 6, and
+    adding M = 1.5 * 2^23 * h (a float whose ulp is h; |v| <= 6 cannot take
+    v + M out of M's binade) rounds v to a multiple of h in fp32's
+    round-to-nearest, ties to the even multiple (M is an even one);
+    removing M again is exact. Those ties are the thresholds' choices
+    (0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4),
+    and a value just under a band's top rounds up to it (1.9 -> 2, 3.9 -> 4).
+    M is made from the exponent of max(|v|, 1) (0, 1 or 2 for the three
+    bands) plus 22, mantissa 1.5. NaN stays NaN (whatever M it gets); a
+    zero's sign may differ from round_fp4e2m1's (equal as values; the search
+    takes |dq - x|)."""
+    a = tl.maximum(tl.abs(v), 1.0)
+    m = ((a.to(tl.int32, bitcast=True) & 0x7F800000) + 0x0B400000).to(tl.float32, bitcast=True)
+    return (v + m) - m
+
+
+@triton.jit
 def nan_min(a, b):
     """torch.min(a, b): NaN if either is NaN."""
     m = tl.where(b < a, b, a)
@@ -379,7 +399,7 @@ def fake_quant(x, scale, zp, qmin, qmax, DTYPE: tl.constexpr, QTYPE: tl.constexp
     if QTYPE == Q_FP8:
         q = round_fp8e4m3(y)
     elif QTYPE == Q_FP4:
-        q = round_fp4e2m1(y)
+        q = round_fp4e2m1_clamped(y)  # clamped to [-6, 6] (fp4 is symmetric)
     else:
         q = rne_int(y)
     return rd(rd(q - zp, DTYPE) * scale, DTYPE)
