@@ -250,34 +250,19 @@ def round_fp8e4m3(v):
 
 @triton.jit
 def round_fp4e2m1(v):
-    """compressed-tensors' cast_to_fp4: nearest value of 0, .5, 1, 1.5, 2, 3, 4, 6
-    (ties as its thresholds: to the even mantissa), sign kept, NaN kept."""
-    a = tl.abs(v)
-    r = tl.where(a <= 5.0, 4.0, 6.0)  # from the top down: the smallest threshold passed wins
-    r = tl.where(a < 3.5, 3.0, r)
-    r = tl.where(a <= 2.5, 2.0, r)
-    r = tl.where(a < 1.75, 1.5, r)
-    r = tl.where(a <= 1.25, 1.0, r)
-    r = tl.where(a < 0.75, 0.5, r)
-    r = tl.where(a <= 0.25, 0.0, r)
-    r = tl.where(v < 0, -r, r)
-    return tl.where(v != v, v, r)
-
-
-@triton.jit
-def round_fp4e2m1_clamped(v):
-    """round_fp4e2m1(v) for |v| <= 6 or NaN -- a value the fake quantization
-    clamped to e2m1's range first -- in five instructions where it takes
-    fifteen: e2m1's step h is 0.5 below 2, 1 below 4 and 2 up to 6, and
-    adding M = 1.5 * 2^23 * h (a float whose ulp is h; |v| <= 6 cannot take
-    v + M out of M's binade) rounds v to a multiple of h in fp32's
-    round-to-nearest, ties to the even multiple (M is an even one);
-    removing M again is exact. Those ties are the thresholds' choices
-    (0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4),
-    and a value just under a band's top rounds up to it (1.9 -> 2, 3.9 -> 4).
-    M is made from the exponent of max(|v|, 1) (0, 1 or 2 for the three
-    bands) plus 22, mantissa 1.5. NaN stays NaN (whatever M it gets); a
-    zero's sign may differ from round_fp4e2m1's (equal as values; the search
+    """compressed-tensors' cast_to_fp4 of a value the fake quantization
+    clamped to e2m1's range first (|v| <= 6, or NaN): the nearest of 0, .5,
+    1, 1.5, 2, 3, 4, 6, ties as its thresholds (0.25 -> 0, 0.75 -> 1, 1.25 ->
+    1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4), sign kept, NaN kept; in five
+    instructions where the thresholds take fifteen. e2m1's step h is 0.5
+    below 2, 1 below 4 and 2 up to 6, and adding M = 1.5 * 2^23 * h (a float
+    whose ulp is h; |v| <= 6 cannot take v + M out of M's binade) rounds v to
+    a multiple of h in fp32's round-to-nearest, ties to the even multiple (M
+    is an even one), which are the thresholds' choices; a value just under a
+    band's top rounds up to it (1.9 -> 2, 3.9 -> 4); removing M again is
+    exact. M is made from the exponent of max(|v|, 1) (0, 1 or 2 for the
+    three bands) plus 22, mantissa 1.5. NaN stays NaN (whatever M it gets);
+    a zero's sign may differ from cast_to_fp4's (equal as values; the search
     takes |dq - x|)."""
     a = tl.maximum(tl.abs(v), 1.0)
     m = ((a.to(tl.int32, bitcast=True) & 0x7F800000) + 0x0B400000).to(tl.float32, bitcast=True)
@@ -399,7 +384,7 @@ def fake_quant(x, scale, zp, qmin, qmax, DTYPE: tl.constexpr, QTYPE: tl.constexp
     if QTYPE == Q_FP8:
         q = round_fp8e4m3(y)
     elif QTYPE == Q_FP4:
-        q = round_fp4e2m1_clamped(y)  # clamped to [-6, 6] (fp4 is symmetric)
+        q = round_fp4e2m1(y)  # clamped to [-6, 6] (fp4 is symmetric)
     else:
         q = rne_int(y)
     return rd(rd(q - zp, DTYPE) * scale, DTYPE)

@@ -184,7 +184,7 @@ def _fake_quant_hw(x, scale, zp, qmin, qmax,
     if QTYPE == quant.Q_FP8:
         q = _round_fp8e4m3_hw(y)
     elif QTYPE == quant.Q_FP4:
-        q = quant.round_fp4e2m1_clamped(y)  # clamped to [-6, 6] above
+        q = quant.round_fp4e2m1(y)  # clamped to [-6, 6] above
     else:
         q = _rint_hw(y)
     if SYM:
