@@ -154,12 +154,23 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _one_call(prepared, device: str, flush=None) -> float:
-    """Wall seconds of one synchronised call (with its observer's construction)."""
+def _wipe_buffer(device: str):
+    """On CUDA, 256 MB to zero before each timed call (more than any L2), else None."""
+    return torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda") if device == "cuda" else None
+
+
+def _before_call(prepared, device: str, flush=None) -> None:
+    """What precedes every timed (or profiled) call, untimed: its setup, the
+    L2 wiped (``flush``: ``_wipe_buffer``'s), the device synchronised."""
     prepared.setup()
     if flush is not None:
         flush.zero_()  # like triton.testing.do_bench: wipe the L2 first
     _sync(device)
+
+
+def _one_call(prepared, device: str, flush=None) -> float:
+    """Wall seconds of one synchronised call (with its observer's construction)."""
+    _before_call(prepared, device, flush)
     t0 = time.perf_counter()
     prepared.call()
     _sync(device)
@@ -175,9 +186,7 @@ def time_calls(prepared, device: str, opts: Options) -> Tuple[float, int, float]
     the GPU's clocks still climb from the previous row's lighter work (a
     row of host-bound calls leaves a GPU mostly idle)."""
     times: List[float] = []
-    flush = None
-    if device == "cuda":
-        flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+    flush = _wipe_buffer(device)
     start = time.perf_counter()
     while time.perf_counter() - start < opts.warmup_s:
         _one_call(prepared, device, flush)
@@ -203,8 +212,8 @@ def device_split(prepared, device: str, calls: int = SPLIT_CALLS) -> Tuple[float
     """The work one call gives the device: (seconds per call, {kernel or copy
     name: us per call}, at most ``SPLIT_NAMES`` of them, the longest first),
     by the torch profiler around ``calls`` calls made as the timed ones are
-    (``_one_call``: setup, the L2 wiped, synchronised before and after); the
-    profiler starts after the wipe, so its kernel is not counted. On CUDA:
+    (``_before_call``: setup, the L2 wiped, synchronised; synchronised after);
+    the profiler starts after the wipe, so its kernel is not counted. On CUDA:
     the device time of the call's kernels, copies and fills, whatever issued
     them (Triton, aten, the driver). Beside a call's wall time it says how
     much of the call the GPU was working: the rest is the host, or the GPU
@@ -215,13 +224,10 @@ def device_split(prepared, device: str, calls: int = SPLIT_CALLS) -> Tuple[float
 
     cuda = device == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda") if cuda else None
+    flush = _wipe_buffer(device)
     spent: Dict[str, float] = {}
     for _ in range(calls):
-        prepared.setup()
-        if flush is not None:
-            flush.zero_()
-        _sync(device)
+        _before_call(prepared, device, flush)
         with profile(activities=activities) as prof:
             prepared.call()
             _sync(device)
