@@ -339,7 +339,7 @@ def prepare(call: SearchCall, qparams: bool = False, widen: bool = True):
     if qparams:
         # the choose kernel computes them (a run with one); TENSOR_GROUP's
         # global scale needs every group first
-        if getattr(run, "choose_programs", None) is None or flat.strategy == Strategy.TENSOR_GROUP:
+        if not getattr(run, "chooses", False) or flat.strategy == Strategy.TENSOR_GROUP:
             return None
         plan = epilogue_plan(flat.args, value, layout.qshape, fast, widen)
 
@@ -449,8 +449,8 @@ def _register_path(s: _Search, config: LaunchConfig):
         elif not track:
             choose_k(bits, flags, *s.steps, s.out_min, s.out_max, *choose_tail)
 
-    # the choice's programs, where it computes the qparams (None: no choose launch)
-    run.choose_programs = None if track else choose_grid[0]
+    # whether a choose launch follows the search (it can compute the qparams)
+    run.chooses = not track
     return run
 
 
