@@ -39,9 +39,8 @@ an imatrix observer's forward hook (E[x**2] of a Linear's input, at every
 batch), one call of every registered observer, a minmax call at the full
 size of a 4096x4096 weight in asymmetric groups of 32 (4,096 programs
 compute its qparams; the status the call reads back is the record and one
-flag word, as at any size), and,
-where llm-compressor is
-installed (``.venv-llmcompressor/bin/python -m obskernels.bench.host``), its
+flag word, as at any size), and, where llm-compressor is installed
+(``.venv-llmcompressor/bin/python -m obskernels.bench.host``), its
 static_minmax activation forward and memoryless_minmax weight call through
 the drop-in.
 """
