@@ -154,7 +154,9 @@ def pow16_hw(d, n, w0, tab_ptr, DTYPE: tl.constexpr):
         off = ((bits & 0x1FFF) | 0x4B000000).to(tl.float32, bitcast=True) - 8392704.0
         inside = (t > -13.9) & (t < 15.9)
         idx = d.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0x7FFF
-    near = tl.abs(off) <= w0 + POW_W1 * tl.abs(t)
+    # |off| <= w0 + POW_W1 |t| as one FMA, |off| - POW_W1 |t| <= w0: rounded
+    # once, and rounding is monotonic, so every r inside the window is caught
+    near = tl.fma(tl.abs(t), -POW_W1, tl.abs(off)) <= w0
     slow = near | (not inside)
     exact = _gather_hw(tab_ptr + idx, slow)
     if DTYPE == BF16:

@@ -188,7 +188,10 @@ def _fast_pow_decision(d, n, dtype, sign):
     else:
         off = (bits & 0x1FFF) - 0x1000
         inside = (t32 > -13.9) & (t32 < 15.9)
-    near = off.abs().float() <= QP.pow_window(n) + 2.25 * t32.abs()
+    # pow16_hw's one FMA, |off| - 2.25 |t| rounded once to fp32 (exact in
+    # fp64 first: |off| is an integer below 2^16, 2.25 |t| has 28 bits)
+    w0 = torch.tensor(QP.pow_window(n), dtype=torch.float32)
+    near = (off.abs().double() - 2.25 * t32.abs().double()).float() <= w0
     slow = near | ~inside | torch.isnan(t32)
     if dtype == torch.bfloat16:
         # pow16_hw's bf16 rounding of the fast value: half an ulp added to the
