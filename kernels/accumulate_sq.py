@@ -30,6 +30,7 @@ from obskernels.kernels._layout import (
 from obskernels.kernels._replay import Replay
 from obskernels.kernels.launch import (
     ACCUMULATE_ROUND,
+    FUSED,
     accumulate_tile,
     cdiv,
     config_token,
@@ -163,8 +164,9 @@ def prepare(call: AccumulateCall):
     tile = accumulate_tile(H, abs(sh), NT, abs(sr2) if R2 > 1 else 1 << 62, x.element_size(), config)
     levels = 1 if R1 == 1 and NT == R2 else 3  # one token level: no division
     rows = (H, sh, NT, R1, R2, sr0, sr1, sr2, tile.tokens_per_split)
+    # sums of squares, compared within a tolerance: contracted (launch.FUSED)
     blocks = dict(BLOCK_T=tile.t, BLOCK_H=tile.h, ROUND=ACCUMULATE_ROUND, ROW_LEVELS=levels,
-                  **tile.launch())
+                  **tile.launch(), **FUSED)
     s_sum, split = sum_buf.stride(0), tile.split
     context = launch_context(x.device)
     # a launch site each, its constexprs and options bound (kernels/_replay.py)
@@ -174,7 +176,8 @@ def prepare(call: AccumulateCall):
         FH, FS = finish_blocks(H, split, config)
         new_part = allocator((split, H), torch.float32, x.device)
         part_k = Replay(globals(), "_sum_sq_kernel", (tile.programs, split), ADD=False, **blocks)
-        finish_k = Replay(globals(), "_sum_sq_finish_kernel", (cdiv(H, FH),), BLOCK_S=FS, BLOCK_H=FH)
+        finish_k = Replay(globals(), "_sum_sq_finish_kernel", (cdiv(H, FH),), BLOCK_S=FS, BLOCK_H=FH,
+                           **FUSED)
 
     def launch(call: AccumulateCall):
         if config_token() is not token:  # a launch_config block changed the policy

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 from compressed_tensors.quantization import QuantizationStrategy
 
-from obskernels.kernels.launch import current_config, flatten_tile
+from obskernels.kernels.launch import FUSED, current_config, flatten_tile
 from obskernels.kernels._layout import (
     check_kernel_dtype,
     check_launchable,
@@ -107,6 +107,6 @@ def flatten_for_calibration(flat: Flattening):
     with on_device(value):
         _flatten_kernel[(tile.programs, tile.split)](
             value, perm, out, *layout.kernel_args(), tile.rows_per_split,
-            **tile.blocks(), PAD=layout.pad, GATHER=layout.gather, **tile.launch(),
+            **tile.blocks(), PAD=layout.pad, GATHER=layout.gather, **tile.launch(), **FUSED,
         )
     return out

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from obskernels.kernels._layout import allocator, launch_context
 from obskernels.kernels._replay import Replay
-from obskernels.kernels.launch import IMPORTANCE_BLOCK
+from obskernels.kernels.launch import FUSED, IMPORTANCE_BLOCK
 from obskernels.spec.calls import ImportanceCall
 from obskernels.spec.record import (
     IMPORTANCE_NEGATIVE,
@@ -80,7 +80,7 @@ def prepare(call: ImportanceCall):
 
     new_importance = allocator(shape, torch.float32, dev)
     context = launch_context(dev)
-    kernel = Replay(globals(), "_importance_kernel", (1,), BLOCK=IMPORTANCE_BLOCK)
+    kernel = Replay(globals(), "_importance_kernel", (1,), BLOCK=IMPORTANCE_BLOCK, **FUSED)
 
     def launch(call: ImportanceCall):
         sum_buf = call.sum_buf

@@ -58,6 +58,7 @@ from obskernels.kernels._layout import (
     widen,
 )
 from obskernels.kernels.launch import (
+    UNFUSED,
     cdiv,
     config_token,
     current_config,
@@ -446,7 +447,7 @@ def prepare(call: MinMaxCall, qparams: bool = False, widen: bool = True):
     first = dict(
         **tile.blocks(), PAD=layout.pad, GATHER=layout.gather, RECORD=record, **tile.launch(),
         **(epilogue if split == 1 else dict(MODE=ST.MODE_REPLACE.value, DTYPE=epilogue["DTYPE"],
-                                            BITS16=False)),
+                                            BITS16=False, **ST.mode_options(ST.MODE_REPLACE.value))),
     )
 
     # outputs (contiguous); bf16 statistics are read and written as their
@@ -606,7 +607,7 @@ def _qparams_launch(flat, layout, main, launch_args, new_stats, new_parts, conte
     # torch's roundings, one operation each, where the qparams are computed;
     # with a split the last program of each block finishes it (a split is
     # never a GROUP_LOOP: its groups have one row)
-    first = dict(first, enable_fp_fusion=False, QP=plan.switches)
+    first = dict(first, **UNFUSED, QP=plan.switches)
     if split > 1:  # the tickets after the flag
         first = dict(first, FINISH=True, BLOCK_S=finish_lanes(first), ticket0=N_STATUS + 1)
 

@@ -102,6 +102,7 @@ from obskernels.kernels._layout import (
 )
 from obskernels.kernels._replay import Replay
 from obskernels.kernels.launch import (
+    UNFUSED,
     CHOOSE_BLOCK,
     CHOOSE_PROGRAMS,
     MAX_SPLIT_STEPS,
@@ -370,9 +371,9 @@ def prepare(call: SearchCall, qparams: bool = False, widen: bool = True):
     return launch
 
 
-# A GPU build fuses a * b + c into one FMA by default (the interpreter never
-# does): rd(q - zp) * scale - x and pow_pos's sums would round once, not twice.
-_NO_FMA = dict(enable_fp_fusion=False)
+# Every search launch is UNFUSED: a GPU build would fuse a * b + c into one
+# FMA (the interpreter never does), and rd(q - zp) * scale - x and pow_pos's
+# sums would round once, not twice.
 
 
 def _register_path(s: _Search, config: LaunchConfig):
@@ -409,7 +410,7 @@ def _register_path(s: _Search, config: LaunchConfig):
     search_tail = (s.n_steps, s.n_words, s.expand, s.best_init, s.consts)
     search_switches = dict(
         **s.switches, FAST=s.fast, TRACK=track, BLOCK_G=block_g, BLOCK_E=block_e,
-        BLOCK_S=s.steps_block, BLOCK_J=block_j, RECORD=s.record, num_warps=warps, **_NO_FMA,
+        BLOCK_S=s.steps_block, BLOCK_J=block_j, RECORD=s.record, num_warps=warps, **UNFUSED,
     )
     # a block of groups per choose program, up to CHOOSE_PROGRAMS of them
     # (each ORs every search program's words first, from L2)
@@ -419,7 +420,7 @@ def _register_path(s: _Search, config: LaunchConfig):
     choose_grid = (cdiv(G, per_program),)
     choose_tail = (G, programs, per_program, s.n_steps, s.n_words, s.patience)
     choose_switches = dict(DTYPE=s.switches["DTYPE"], BLOCK_G=choose_g,
-                           BLOCK_P=pow2_at_most(programs, 1024), **_NO_FMA)
+                           BLOCK_P=pow2_at_most(programs, 1024), **UNFUSED)
 
     if not track:
         # word-major: a program's words of one step range are contiguous
@@ -493,12 +494,12 @@ def _split_path(s: _Search, config: LaunchConfig):
     minmax_k = Replay(globals(), "_minmax_part_kernel", (G, K),
                       PAD=s.switches["PAD"], BLOCK_E=chunk, BLOCK_W=_next_pow2(n_words),
                       DTYPE=s.switches["DTYPE"], RECORD=s.record,
-                      num_warps=minmax_part_warps(chunk), **_NO_FMA)
+                      num_warps=minmax_part_warps(chunk), **UNFUSED)
     search_k = Replay(globals(), "_search_part_kernel", (row_programs, K),
                       **s.switches, FAST=s.fast, ROWS=rows, BLOCK_E=chunk // rows, BLOCK_K=block_k,
                       BLOCK_KF=min(64, block_k), BLOCK_S=_next_pow2(max(s.n_steps, 1)),
                       BLOCK_SB=s.steps_block, BLOCK_C=pow2_at_most(G, CHOOSE_BLOCK),
-                      num_warps=warps, **_NO_FMA)
+                      num_warps=warps, **UNFUSED)
 
     def run(s: _Search) -> None:
         mm, tickets, bits, flags = new_mm(), new_tickets(), new_bits(), new_flags()

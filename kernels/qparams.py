@@ -44,11 +44,13 @@ from obskernels.kernels.quant import GS_FUSED, GS_GIVEN, GS_NONE, S_BF16, S_F16,
 from obskernels.kernels._layout import allocator, launch_context
 from obskernels.kernels._replay import Replay
 from obskernels.kernels.launch import (
+    FUSED,
     QPARAMS_BLOCK,
     QPARAMS_MAX_PARTS,
     cdiv,
     config_token,
     current_config,
+    UNFUSED,
     pow2_at_most,
 )
 from obskernels.kernels.stats import as_bits, load_stat
@@ -479,7 +481,7 @@ def _kernel_plan(args, min_vals, a_dtype, gs_mode: int, widen: bool, n_parts: in
     switches = dict(
         DTYPE=quant.DTYPE_CODE[dtype], ADTYPE=quant.DTYPE_CODE[a_dtype], **qswitches, GS=gs_mode,
         CARRY=carry,
-        BLOCK=QPARAMS_BLOCK, BLOCK_P=pow2_at_most(max(n_parts, 1), 128), enable_fp_fusion=False,
+        BLOCK=QPARAMS_BLOCK, BLOCK_P=pow2_at_most(max(n_parts, 1), 128), **UNFUSED,
     )
     return (shape, max(cdiv(N, QPARAMS_BLOCK), 1), (N, n_parts, qconstants), switches,
             allocator(shape, sdtype, dev), allocator(shape, fmt.zp_dtype, dev))
@@ -600,7 +602,7 @@ def prepare(call: QParamsCall):
     stats_contiguous = min_vals.is_contiguous() and call.max_vals.is_contiguous()
     kernel = Replay(globals(), "_qparams_kernel", (programs,), **switches)
     # per fused pair (its dtypes are the signature's: read as bits where bf16)
-    absmax_k = [Replay(globals(), "_absmax_kernel", (p,), BLOCK=QPARAMS_BLOCK,
+    absmax_k = [Replay(globals(), "_absmax_kernel", (p,), BLOCK=QPARAMS_BLOCK, **FUSED,
                        BITS16=(mn.dtype if mn.dtype == mx.dtype else a_dtype) == torch.bfloat16)
                 for (mn, mx), p in zip(pairs, counts)]
 

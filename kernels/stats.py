@@ -34,7 +34,7 @@ from obskernels.kernels._layout import (
     widen,
 )
 from obskernels.kernels._replay import Replay
-from obskernels.kernels.launch import cdiv, combine_block
+from obskernels.kernels.launch import FUSED, UNFUSED, cdiv, combine_block
 from obskernels.spec.calls import CombineCall
 from obskernels.spec.record import STATUS_BAD_STATS, STATUS_FIRST_BAD, STATUS_NAN
 
@@ -52,8 +52,9 @@ _S_FIRST: tl.constexpr = tl.constexpr(STATUS_FIRST_BAD)
 def mode_options(mode) -> dict:
     """The launch options a combine in ``mode`` needs: a moving average's
     products and sum rounded one at a time, as torch's three operations are
-    (on a GPU, Triton would contract ``held * a + new * c`` into one FMA)."""
-    return {"enable_fp_fusion": False} if mode == MODE_AVERAGE.value else {}
+    (on a GPU, Triton would contract ``held * a + new * c`` into one FMA);
+    min / max keep Triton's default (``launch.FUSED``: nothing to contract)."""
+    return dict(UNFUSED if mode == MODE_AVERAGE.value else FUSED)
 
 
 def combine_modes(held, averaging_constant):

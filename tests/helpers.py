@@ -350,7 +350,10 @@ def python_id(python) -> str:
 
 
 def compiling_env() -> dict:
-    """The environment of such a subprocess: triton compiles (no interpreter)."""
-    env = dict(os.environ, PYTHONSAFEPATH="1", TRITON_DEFAULT_FP_FUSION="1")
-    env.pop("TRITON_INTERPRET", None)
+    """The environment of such a subprocess: triton compiles (no interpreter),
+    its fp fusion default left unset (every launch states it: triton 3.9
+    warns where one does not)."""
+    env = dict(os.environ, PYTHONSAFEPATH="1")
+    for name in ("TRITON_INTERPRET", "TRITON_DEFAULT_FP_FUSION", "TRITON_FORCE_DISABLE_FP_FUSION"):
+        env.pop(name, None)
     return env

@@ -207,3 +207,32 @@ def test_default_split_runs_here_accumulate_sq():
     s2, c2 = torch.zeros(256), torch.zeros(1, dtype=torch.int64)
     call_backend(reference_accumulate, x, s2, c2)
     assert int(c2) == int(c)
+
+
+# --------------------------------------------------------------------------- #
+# Triton's fp fusion (a * b + c into one FMA on a GPU) is stated by every
+# launch: left to its default, triton 3.9 warns at the first compile of the
+# process and triton 3.10 builds the kernel unfused. The launches are those of
+# the compile report's cases (every kernel of kernels/, the GPU's launch
+# launch shape), recorded, none run.
+# --------------------------------------------------------------------------- #
+def test_every_launch_states_its_fp_fusion():
+    from obskernels.tools.kernel_report import probe_cases
+    from obskernels.tools.kernel_report.launches import record
+
+    # the interpreter's arithmetic (the recorder's default is the GPU's, which
+    # the interpreter refuses); the options are the same
+    calls = [(c.name, c.tag, c.module, dict(c.config, gpu_arith=False), c.call) for c in probe_cases.cases()]
+    launches = record(calls)
+    seen = {launch.kernel.split(".")[-1] for launch in launches}
+    assert seen >= {name for names in KERNELS.values() for name in names}, "a kernel no case launches"
+    unstated = sorted({(launch.kernel, launch.case) for launch in launches
+                       if not isinstance(launch.kwargs.get("enable_fp_fusion"), bool)})
+    assert not unstated, f"launches leaving fp fusion to triton's default: {unstated[:5]}"
+    # the launches whose fp32 arithmetic must round as torch's separate
+    # operations do (docs/spec.md §6) keep it off
+    exact = {"mse_search._search_kernel", "mse_search._search_part_kernel",
+             "mse_search._choose_kernel", "mse_search._minmax_part_kernel", "qparams._qparams_kernel"}
+    fused = sorted({launch.kernel for launch in launches
+                    if launch.kernel in exact and launch.kwargs["enable_fp_fusion"]})
+    assert not fused, fused

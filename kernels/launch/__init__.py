@@ -61,6 +61,8 @@ __all__ = [
     "MAX_SPLIT_STEPS",
     "CHOOSE_BLOCK",
     "CHOOSE_PROGRAMS",
+    "FUSED",
+    "UNFUSED",
     "QPARAMS_BLOCK",
     "QPARAMS_MAX_PARTS",
     "IMPORTANCE_BLOCK",
@@ -239,6 +241,18 @@ def combine_block(groups: int) -> int:
     """Groups per program of combine_statistics' kernel: 16 to 1024."""
     return max(pow2_at_most(groups, 1024), 16)
 
+
+#: Triton's contraction of ``a * b + c`` into one FMA (on a GPU; the
+#: interpreter never contracts), stated by every launch: triton 3.9 warns
+#: where a launch leaves it to its default, and triton 3.10 turns that
+#: default off, which would change the code of a launch that does not say.
+#: ``UNFUSED`` where the kernel's fp32 arithmetic must round as torch's
+#: separate operations do (the qparams, the search, moving averages);
+#: ``FUSED`` where nothing it computes depends on it (copies, min / max, sums
+#: of squares compared within a tolerance): the code triton 3.6 - 3.9 build
+#: by default. docs/spec.md §6.
+FUSED = MappingProxyType({"enable_fp_fusion": True})
+UNFUSED = MappingProxyType({"enable_fp_fusion": False})
 
 #: calculate_qparams: groups per program, partial maxima per fused pair
 QPARAMS_BLOCK = 1024

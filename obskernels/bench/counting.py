@@ -213,7 +213,7 @@ def sass_in_subprocess(jobs: List[Tuple[Case, Target, str, Tuple[int, int]]], pr
          "target_kind": t.kind, "backend": b, "shape": list(s)}
         for c, t, b, s in jobs
     ]
-    env = dict(os.environ, PYTHONSAFEPATH="1", TRITON_DEFAULT_FP_FUSION="1")
+    env = dict(os.environ, PYTHONSAFEPATH="1")
     env.pop("TRITON_INTERPRET", None)
     try:
         proc = subprocess.run(

@@ -126,7 +126,7 @@ def probe(request):
         proc.kill()
         raise
     assert proc.returncode == 0, f"probe under {python} failed:\n{err[-4000:]}"
-    return json.loads(out.strip().splitlines()[-1])
+    return dict(json.loads(out.strip().splitlines()[-1]), stderr=err)
 
 
 def _ok(probe):
@@ -141,6 +141,14 @@ def test_every_kernel_is_launched(probe):
     assert probe["kernels"], "no kernel discovered in kernels/"
     missing = sorted(set(probe["kernels"]) - {v["kernel"] for v in probe["variants"]})
     assert not missing, f"no probe case launches {missing}: add one to kernel_report.probe_cases.cases()"
+
+
+def test_no_launch_leaves_fp_fusion_to_triton(probe):
+    """Every launch states Triton's fp fusion (kernels/launch FUSED /
+    UNFUSED): triton 3.9 warns at the first compile that does not, and 3.10
+    builds such a kernel unfused. The probe compiles every variant with the
+    default unset (helpers.compiling_env)."""
+    assert "TRITON_DEFAULT_FP_FUSION" not in probe["stderr"], probe["stderr"][-2000:]
 
 
 def test_every_variant_compiles_to_sm90a(probe):
