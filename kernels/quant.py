@@ -313,7 +313,7 @@ def mx_scale(amax, offset, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _rd_any(x, DTYPE: tl.constexpr, FAST: tl.constexpr):
+def rd_any(x, DTYPE: tl.constexpr, FAST: tl.constexpr):
     """rd(), by the hardware's conversion on the GPU (FAST)."""
     if FAST:
         return rd_hw(x, DTYPE)
@@ -329,7 +329,7 @@ def _div_rd(a, b, DTYPE: tl.constexpr, FAST: tl.constexpr):
         lift, r = recip_hw(b)
         return rd_hw(quot_bf16_hw(a, lift, r), DTYPE)
     else:
-        return _rd_any(tl.math.div_rn(a, b), DTYPE, FAST)
+        return rd_any(tl.math.div_rn(a, b), DTYPE, FAST)
 
 
 @triton.jit
@@ -353,25 +353,39 @@ def qparams(
     mn = tl.where(cmin > 0, 0.0, cmin)
     mx = tl.where(cmax < 0, 0.0, cmax)
     if SYM:
-        amax = nan_max(tl.abs(mn), tl.abs(mx))
-        if SCALE == S_MX:
-            scale = mx_scale(amax, mx_offset, DTYPE)
-        else:
-            scale = _div_rd(amax, half, DTYPE, FAST)
-        zp = tl.zeros_like(scale)
-    else:
-        scale = _div_rd(_rd_any(mx - mn, DTYPE, FAST), rng, DTYPE, FAST)
-        zp = _rd_any(qmin - _div_rd(mn, scale, DTYPE, FAST), DTYPE, FAST)
-        zp = nan_clamp(zp, qmin, qmax)
-    if SCALE == S_FP8:
-        scale = round_fp8e4m3(nan_clamp(scale, -448.0, 448.0))
-    scale = tl.where(scale == 0, eps, scale)
+        scale = sym_scale(nan_max(tl.abs(mn), tl.abs(mx)), half, eps, mx_offset, DTYPE, SCALE, FAST)
+        # zero, in every zero point dtype (the rounding below leaves it)
+        return scale, tl.zeros_like(scale)
+    scale = _div_rd(rd_any(mx - mn, DTYPE, FAST), rng, DTYPE, FAST)
+    zp = rd_any(qmin - _div_rd(mn, scale, DTYPE, FAST), DTYPE, FAST)
+    zp = nan_clamp(zp, qmin, qmax)
+    scale = _scale_dtype(scale, eps, SCALE)
     if ZP == Z_FP8:
         zp = round_fp8e4m3(nan_clamp(zp, -448.0, 448.0))
     else:
         zp = rne_int(nan_clamp(zp, zlo, zhi))
         zp = tl.where(zp != zp, 0.0, zp)
     return scale, zp
+
+
+@triton.jit
+def sym_scale(amax, half, eps, mx_offset, DTYPE: tl.constexpr, SCALE: tl.constexpr,
+              FAST: tl.constexpr = False):
+    """qparams' symmetric scale of a group whose candidate range has absolute
+    maximum amax = max(|min(cmin, 0)|, |max(cmax, 0)|) = max(|cmin|, |cmax|)."""
+    if SCALE == S_MX:
+        scale = mx_scale(amax, mx_offset, DTYPE)
+    else:
+        scale = _div_rd(amax, half, DTYPE, FAST)
+    return _scale_dtype(scale, eps, SCALE)
+
+
+@triton.jit
+def _scale_dtype(scale, eps, SCALE: tl.constexpr):
+    """A scale into the scale dtype (fp8: rounded into e4m3), 0 -> eps."""
+    if SCALE == S_FP8:
+        scale = round_fp8e4m3(nan_clamp(scale, -448.0, 448.0))
+    return tl.where(scale == 0, eps, scale)
 
 
 @triton.jit

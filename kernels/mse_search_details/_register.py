@@ -112,6 +112,13 @@ def _search_kernel(
         store_exact(out_min_ptr + g, bmin, gmask)
         store_exact(out_max_ptr + g, bmax, gmask)
 
+    # the base the candidates scale: a symmetric one depends on max(|bmin|,
+    # |bmax|) only (_candidate_qparams), one value per group in the loop
+    if SYM:
+        lo = tl.maximum(tl.abs(bmin), tl.abs(bmax), propagate_nan=tl.PropagateNan.ALL)
+        hi = lo
+    else:
+        lo, hi = bmin, bmax
     # slots past the last group never improve (err < -inf is never true): the
     # step loop needs no group mask
     best = tl.where(gmask, best_init, float("-inf"))
@@ -123,7 +130,7 @@ def _search_kernel(
             for i in range(n_steps):
                 p = _shrink(n_steps * 0 + i, grid32, grid_bits, exact32)  # a tensor on both backends
                 err = _step_errors(
-                    x, valid, w, bmin, bmax, p, tab_ptr, consts,
+                    x, valid, w, lo, hi, p, tab_ptr, consts,
                     DTYPE, SYM, QTYPE, SCALE, ZP, NORM_MODE, IMATRIX, HAS_W, not IMATRIX, FAST,
                 )
                 imp = err < best  # strict; NaN never improves
@@ -135,7 +142,7 @@ def _search_kernel(
                 for i in range(wi * 32, tl.minimum(wi * 32 + 32, n_steps)):
                     p = _shrink(n_steps * 0 + i, grid32, grid_bits, exact32)
                     err = _step_errors(
-                        x, valid, w, bmin, bmax, p, tab_ptr, consts,
+                        x, valid, w, lo, hi, p, tab_ptr, consts,
                         DTYPE, SYM, QTYPE, SCALE, ZP, NORM_MODE, IMATRIX, HAS_W, not IMATRIX, FAST,
                     )
                     imp = err < best
@@ -151,7 +158,7 @@ def _search_kernel(
             si = i0 + tl.arange(0, BLOCK_S)
             smask = si < n_steps
             err = _block_errors(
-                x, valid, w, bmin, bmax, si, smask, consts, grid32, grid_bits, exact32,
+                x, valid, w, lo, hi, si, smask, consts, grid32, grid_bits, exact32,
                 DTYPE, SYM, QTYPE, SCALE, ZP, NORM_MODE, IMATRIX, HAS_W, not IMATRIX,
             )
             imp, best = _improved(err, best, gmask[:, None] & smask[None, :])

@@ -76,12 +76,8 @@ def _block_errors(
     """Errors [BG, SB] of the steps si [SB] over the tile x [BG, BE]: fp32 sums,
     rounded to DTYPE when ROUND_SUM (a whole group, flavour "mse"). Candidate: rd(base * p_i)."""
     p = tl.where(smask, _shrink(si, grid32, grid_bits, exact32), 1.0)
-    cmin = quant.rd(bmin[:, None] * p[None, :], DTYPE)
-    cmax = quant.rd(bmax[:, None] * p[None, :], DTYPE)
-    scale, zp = quant.qparams(
-        cmin, cmax, c.rng, c.half, c.qmin, c.qmax, c.eps, c.zlo, c.zhi, c.mx_offset,
-        DTYPE, SYM, SCALE, ZP,
-    )
+    scale, zp = _candidate_qparams(bmin[:, None], bmax[:, None], p[None, :], c,
+                                   DTYPE, SYM, SCALE, ZP, False)
     x3 = x[:, None, :]
     dq = quant.fake_quant(x3, scale[:, :, None], zp[:, :, None], c.qmin, c.qmax, DTYPE, QTYPE)
     if IMATRIX:
@@ -198,6 +194,27 @@ def _fake_quant_hw(x, scale, zp, qmin, qmax,
 
 
 @triton.jit
+def _candidate_qparams(bmin, bmax, p, c, DTYPE: tl.constexpr, SYM: tl.constexpr,
+                       SCALE: tl.constexpr, ZP: tl.constexpr, FAST: tl.constexpr):
+    """(scale, zero point) of the candidate range rd(bmin * p), rd(bmax * p)
+    (p > 0). Symmetric: the scale depends on its absolute maximum only,
+    max(|cmin|, |cmax|) (= quant.qparams' max(|min(cmin, 0)|, |max(cmax, 0)|)),
+    NaN kept. That is also rd(max(|bmin|, |bmax|) * p), the product and the
+    rounding being monotonic and odd: a caller may pass that maximum as both
+    bmin and bmax (one product and rounding per group and step)."""
+    if SYM:
+        amax = tl.maximum(tl.abs(quant.rd_any(bmin * p, DTYPE, FAST)),
+                          tl.abs(quant.rd_any(bmax * p, DTYPE, FAST)), propagate_nan=tl.PropagateNan.ALL)
+        scale = quant.sym_scale(amax, c.half, c.eps, c.mx_offset, DTYPE, SCALE, FAST)
+        return scale, tl.zeros_like(scale)
+    return quant.qparams(
+        quant.rd_any(bmin * p, DTYPE, FAST), quant.rd_any(bmax * p, DTYPE, FAST),
+        c.rng, c.half, c.qmin, c.qmax, c.eps, c.zlo, c.zhi, c.mx_offset,
+        DTYPE, SYM, SCALE, ZP, FAST,
+    )
+
+
+@triton.jit
 def _step_errors(
     x, valid, w, bmin, bmax, p, tab_ptr, c,
     DTYPE: tl.constexpr, SYM: tl.constexpr, QTYPE: tl.constexpr, SCALE: tl.constexpr,
@@ -208,16 +225,7 @@ def _step_errors(
     the same arithmetic as _block_errors on 2-D tiles, so the per-group sums
     keep the load's layout (each thread adds its own run of a group before
     any shuffle). FAST: the GPU's conversions (quant.py, GPU arithmetic)."""
-    if FAST:
-        cmin = quant.rd_hw(bmin * p, DTYPE)
-        cmax = quant.rd_hw(bmax * p, DTYPE)
-    else:
-        cmin = quant.rd(bmin * p, DTYPE)
-        cmax = quant.rd(bmax * p, DTYPE)
-    scale, zp = quant.qparams(
-        cmin, cmax, c.rng, c.half, c.qmin, c.qmax, c.eps, c.zlo, c.zhi, c.mx_offset,
-        DTYPE, SYM, SCALE, ZP, FAST,
-    )
+    scale, zp = _candidate_qparams(bmin, bmax, p, c, DTYPE, SYM, SCALE, ZP, FAST)
     if FAST:
         dq = _fake_quant_hw(x, scale[:, None], zp[:, None], c.qmin, c.qmax, DTYPE, SYM, QTYPE)
         if IMATRIX:

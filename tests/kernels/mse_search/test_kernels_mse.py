@@ -487,6 +487,29 @@ def test_parity_one_step_per_iteration(pin_launch, case, dtype, device):
     assert_search_parity(value, case.base_name, case.args, got, **kw)
 
 
+@pytest.mark.parametrize("steps_per_iter", (None, 1))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("fmt,strategy,kw", [
+    ("int4-sym", "group", G16), ("int8-sym", "channel", ()), ("fp8", "channel", ()),
+    ("nvfp4", "tensor_group", G16), ("mxfp4", "group", G32),
+])
+def test_symmetric_one_signed_groups(pin_launch, fmt, strategy, kw, dtype, steps_per_iter, device):
+    """A symmetric candidate's absolute maximum is taken as rd(max(|min|,
+    |max|) * p) (kernels/mse_search_details/_step._candidate_qparams): groups
+    of one sign (all positive, all negative, with zeros), a zero group, tiny
+    and large magnitudes, against the reference."""
+    pin_config(pin_launch, steps_per_iter=steps_per_iter)
+    args = QuantizationArgs(strategy=strategy, **FORMATS[fmt], **dict(kw))
+    value = sample((12, 64), dtype, seed=8, device=device).abs()
+    value[1::3] = -value[1::3]          # all negative
+    value[2::6] = value[2::6] * 2.0**-12  # tiny (fp16 subnormals among them)
+    value[5::6] = -value[5::6] * 2.0**12  # large, negative
+    value[3, :7] = 0.0
+    value[9] = 0.0                       # a zero group: scale eps
+    got = kernel_search(value, "weight", args, **MSE)
+    assert_search_parity(value, "weight", args, got, **MSE)
+
+
 def test_one_step_per_iteration_many_words(pin_launch, device):
     """111 steps (four improvement words) with one step per iteration."""
     pin_config(pin_launch, steps_per_iter=1)
