@@ -25,6 +25,7 @@ from obskernels.kernels.mse_search_details._step import (
     _or,
     _shrink,
     _step_errors,
+    abs_base,
 )
 
 
@@ -112,10 +113,10 @@ def _search_kernel(
         store_exact(out_min_ptr + g, bmin, gmask)
         store_exact(out_max_ptr + g, bmax, gmask)
 
-    # the base the candidates scale: a symmetric one depends on max(|bmin|,
-    # |bmax|) only (_candidate_qparams), one value per group in the loop
+    # the base the candidates scale: a symmetric one depends on its absolute
+    # maximum only (_candidate_qparams, ABS_BASE), one value per group
     if SYM:
-        lo = tl.maximum(tl.abs(bmin), tl.abs(bmax), propagate_nan=tl.PropagateNan.ALL)
+        lo = abs_base(bmin, bmax)
         hi = lo
     else:
         lo, hi = bmin, bmax
@@ -131,7 +132,7 @@ def _search_kernel(
                 p = _shrink(n_steps * 0 + i, grid32, grid_bits, exact32)  # a tensor on both backends
                 err = _step_errors(
                     x, valid, w, lo, hi, p, tab_ptr, consts,
-                    DTYPE, SYM, QTYPE, SCALE, ZP, NORM_MODE, IMATRIX, HAS_W, not IMATRIX, FAST,
+                    DTYPE, SYM, QTYPE, SCALE, ZP, NORM_MODE, IMATRIX, HAS_W, not IMATRIX, FAST, SYM,
                 )
                 imp = err < best  # strict; NaN never improves
                 best = tl.where(imp, err, best)
@@ -143,7 +144,7 @@ def _search_kernel(
                     p = _shrink(n_steps * 0 + i, grid32, grid_bits, exact32)
                     err = _step_errors(
                         x, valid, w, lo, hi, p, tab_ptr, consts,
-                        DTYPE, SYM, QTYPE, SCALE, ZP, NORM_MODE, IMATRIX, HAS_W, not IMATRIX, FAST,
+                        DTYPE, SYM, QTYPE, SCALE, ZP, NORM_MODE, IMATRIX, HAS_W, not IMATRIX, FAST, SYM,
                     )
                     imp = err < best
                     best = tl.where(imp, err, best)
@@ -159,7 +160,7 @@ def _search_kernel(
             smask = si < n_steps
             err = _block_errors(
                 x, valid, w, lo, hi, si, smask, consts, grid32, grid_bits, exact32,
-                DTYPE, SYM, QTYPE, SCALE, ZP, NORM_MODE, IMATRIX, HAS_W, not IMATRIX,
+                DTYPE, SYM, QTYPE, SCALE, ZP, NORM_MODE, IMATRIX, HAS_W, not IMATRIX, SYM,
             )
             imp, best = _improved(err, best, gmask[:, None] & smask[None, :])
             if TRACK:

@@ -71,13 +71,14 @@ def _block_errors(
     x, valid, w, bmin, bmax, si, smask, c, grid32, grid_bits, exact32,
     DTYPE: tl.constexpr, SYM: tl.constexpr, QTYPE: tl.constexpr, SCALE: tl.constexpr,
     ZP: tl.constexpr, NORM_MODE: tl.constexpr, IMATRIX: tl.constexpr, HAS_W: tl.constexpr,
-    ROUND_SUM: tl.constexpr,
+    ROUND_SUM: tl.constexpr, ABS_BASE: tl.constexpr = False,
 ):
     """Errors [BG, SB] of the steps si [SB] over the tile x [BG, BE]: fp32 sums,
-    rounded to DTYPE when ROUND_SUM (a whole group, flavour "mse"). Candidate: rd(base * p_i)."""
+    rounded to DTYPE when ROUND_SUM (a whole group, flavour "mse"). Candidate: rd(base * p_i)
+    (ABS_BASE: see _candidate_qparams)."""
     p = tl.where(smask, _shrink(si, grid32, grid_bits, exact32), 1.0)
     scale, zp = _candidate_qparams(bmin[:, None], bmax[:, None], p[None, :], c,
-                                   DTYPE, SYM, SCALE, ZP, False)
+                                   DTYPE, SYM, SCALE, ZP, False, ABS_BASE)
     x3 = x[:, None, :]
     dq = quant.fake_quant(x3, scale[:, :, None], zp[:, :, None], c.qmin, c.qmax, DTYPE, QTYPE)
     if IMATRIX:
@@ -194,17 +195,30 @@ def _fake_quant_hw(x, scale, zp, qmin, qmax,
 
 
 @triton.jit
+def abs_base(lo, hi):
+    """max(-lo, hi, 0), NaN kept: the absolute maximum a symmetric range
+    [lo, hi] is quantized by, quant.qparams' max(|min(lo, 0)|, |max(hi, 0)|)
+    (0 for the empty range (inf, -inf) of a tile slot past the last group)."""
+    m = tl.maximum(-lo, hi, propagate_nan=tl.PropagateNan.ALL)
+    return tl.maximum(m, 0.0, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
 def _candidate_qparams(bmin, bmax, p, c, DTYPE: tl.constexpr, SYM: tl.constexpr,
-                       SCALE: tl.constexpr, ZP: tl.constexpr, FAST: tl.constexpr):
+                       SCALE: tl.constexpr, ZP: tl.constexpr, FAST: tl.constexpr,
+                       ABS_BASE: tl.constexpr = False):
     """(scale, zero point) of the candidate range rd(bmin * p), rd(bmax * p)
-    (p > 0). Symmetric: the scale depends on its absolute maximum only,
-    max(|cmin|, |cmax|) (= quant.qparams' max(|min(cmin, 0)|, |max(cmax, 0)|)),
-    NaN kept. That is also rd(max(|bmin|, |bmax|) * p), the product and the
-    rounding being monotonic and odd: a caller may pass that maximum as both
-    bmin and bmax (one product and rounding per group and step)."""
+    (p > 0). Symmetric: the scale depends on the range's absolute maximum
+    only, abs_base(cmin, cmax). As the product and the rounding are monotonic
+    and odd (and rd(0) = 0) that is rd(abs_base(bmin, bmax) * p): with
+    ABS_BASE the caller passes abs_base(bmin, bmax) as bmin (bmax unused),
+    computed once per group, and a step takes one product and one rounding
+    per group instead of two."""
     if SYM:
-        amax = tl.maximum(tl.abs(quant.rd_any(bmin * p, DTYPE, FAST)),
-                          tl.abs(quant.rd_any(bmax * p, DTYPE, FAST)), propagate_nan=tl.PropagateNan.ALL)
+        if ABS_BASE:
+            amax = quant.rd_any(bmin * p, DTYPE, FAST)
+        else:
+            amax = abs_base(quant.rd_any(bmin * p, DTYPE, FAST), quant.rd_any(bmax * p, DTYPE, FAST))
         scale = quant.sym_scale(amax, c.half, c.eps, c.mx_offset, DTYPE, SCALE, FAST)
         return scale, tl.zeros_like(scale)
     return quant.qparams(
@@ -219,13 +233,13 @@ def _step_errors(
     x, valid, w, bmin, bmax, p, tab_ptr, c,
     DTYPE: tl.constexpr, SYM: tl.constexpr, QTYPE: tl.constexpr, SCALE: tl.constexpr,
     ZP: tl.constexpr, NORM_MODE: tl.constexpr, IMATRIX: tl.constexpr, HAS_W: tl.constexpr,
-    ROUND_SUM: tl.constexpr, FAST: tl.constexpr,
+    ROUND_SUM: tl.constexpr, FAST: tl.constexpr, ABS_BASE: tl.constexpr = False,
 ):
     """Errors [BG] of ONE step (shrink p, a scalar) over the tile x [BG, BE]:
     the same arithmetic as _block_errors on 2-D tiles, so the per-group sums
     keep the load's layout (each thread adds its own run of a group before
     any shuffle). FAST: the GPU's conversions (quant.py, GPU arithmetic)."""
-    scale, zp = _candidate_qparams(bmin, bmax, p, c, DTYPE, SYM, SCALE, ZP, FAST)
+    scale, zp = _candidate_qparams(bmin, bmax, p, c, DTYPE, SYM, SCALE, ZP, FAST, ABS_BASE)
     if FAST:
         dq = _fake_quant_hw(x, scale[:, None], zp[:, None], c.qmin, c.qmax, DTYPE, SYM, QTYPE)
         if IMATRIX:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import warnings
 
 import pytest
 import torch
@@ -506,7 +507,12 @@ def test_symmetric_one_signed_groups(pin_launch, fmt, strategy, kw, dtype, steps
     value[5::6] = -value[5::6] * 2.0**12  # large, negative
     value[3, :7] = 0.0
     value[9] = 0.0                       # a zero group: scale eps
-    got = kernel_search(value, "weight", args, **MSE)
+    with warnings.catch_warnings():
+        # the tile's slots past the last group (an empty range, (inf, -inf))
+        # quantize with a finite scale too: no inf * 0 in the interpreter
+        # (fp16 errors of the large groups overflowing are the reference's too)
+        warnings.filterwarnings("error", message="invalid value", category=RuntimeWarning)
+        got = kernel_search(value, "weight", args, **MSE)
     assert_search_parity(value, "weight", args, got, **MSE)
 
 
