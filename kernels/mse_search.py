@@ -102,11 +102,11 @@ from obskernels.kernels._layout import (
 )
 from obskernels.kernels._replay import Replay
 from obskernels.kernels.launch import (
-    UNFUSED,
     CHOOSE_BLOCK,
     CHOOSE_PROGRAMS,
     MAX_SPLIT_STEPS,
     SPLIT_W_ROWS,
+    UNFUSED,
     LaunchConfig,
     cdiv,
     choose_split,

@@ -47,10 +47,10 @@ from obskernels.kernels.launch import (
     FUSED,
     QPARAMS_BLOCK,
     QPARAMS_MAX_PARTS,
+    UNFUSED,
     cdiv,
     config_token,
     current_config,
-    UNFUSED,
     pow2_at_most,
 )
 from obskernels.kernels.stats import as_bits, load_stat

@@ -350,12 +350,12 @@ def qparams(
     zp rounded into zp_dtype (integers: clamp to its range, round half even;
     NaN converts to 0 as torch does on the CPU).
     """
-    mn = tl.where(cmin > 0, 0.0, cmin)
-    mx = tl.where(cmax < 0, 0.0, cmax)
     if SYM:
-        scale = sym_scale(nan_max(tl.abs(mn), tl.abs(mx)), half, eps, mx_offset, DTYPE, SCALE, FAST)
+        scale = sym_scale(abs_max(cmin, cmax), half, eps, mx_offset, DTYPE, SCALE, FAST)
         # zero, in every zero point dtype (the rounding below leaves it)
         return scale, tl.zeros_like(scale)
+    mn = tl.where(cmin > 0, 0.0, cmin)
+    mx = tl.where(cmax < 0, 0.0, cmax)
     scale = _div_rd(rd_any(mx - mn, DTYPE, FAST), rng, DTYPE, FAST)
     zp = rd_any(qmin - _div_rd(mn, scale, DTYPE, FAST), DTYPE, FAST)
     zp = nan_clamp(zp, qmin, qmax)
@@ -369,10 +369,19 @@ def qparams(
 
 
 @triton.jit
+def abs_max(lo, hi):
+    """max(-lo, hi, 0), NaN kept: the absolute maximum a symmetric range
+    [lo, hi] is quantized by, max(|min(lo, 0)|, |max(hi, 0)|) (0 for the
+    empty range (inf, -inf) of a tile slot past the last group)."""
+    m = tl.maximum(-lo, hi, propagate_nan=tl.PropagateNan.ALL)
+    return tl.maximum(m, 0.0, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
 def sym_scale(amax, half, eps, mx_offset, DTYPE: tl.constexpr, SCALE: tl.constexpr,
               FAST: tl.constexpr = False):
-    """qparams' symmetric scale of a group whose candidate range has absolute
-    maximum amax = max(|min(cmin, 0)|, |max(cmax, 0)|) = max(|cmin|, |cmax|)."""
+    """qparams' symmetric scale of a group whose range has absolute maximum
+    amax (``abs_max``)."""
     if SCALE == S_MX:
         scale = mx_scale(amax, mx_offset, DTYPE)
     else:

@@ -25,7 +25,6 @@ from obskernels.kernels.mse_search_details._step import (
     _or,
     _shrink,
     _step_errors,
-    abs_base,
 )
 
 
@@ -116,7 +115,7 @@ def _search_kernel(
     # the base the candidates scale: a symmetric one depends on its absolute
     # maximum only (_candidate_qparams, ABS_BASE), one value per group
     if SYM:
-        lo = abs_base(bmin, bmax)
+        lo = quant.abs_max(bmin, bmax)
         hi = lo
     else:
         lo, hi = bmin, bmax

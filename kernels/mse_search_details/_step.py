@@ -195,30 +195,21 @@ def _fake_quant_hw(x, scale, zp, qmin, qmax,
 
 
 @triton.jit
-def abs_base(lo, hi):
-    """max(-lo, hi, 0), NaN kept: the absolute maximum a symmetric range
-    [lo, hi] is quantized by, quant.qparams' max(|min(lo, 0)|, |max(hi, 0)|)
-    (0 for the empty range (inf, -inf) of a tile slot past the last group)."""
-    m = tl.maximum(-lo, hi, propagate_nan=tl.PropagateNan.ALL)
-    return tl.maximum(m, 0.0, propagate_nan=tl.PropagateNan.ALL)
-
-
-@triton.jit
 def _candidate_qparams(bmin, bmax, p, c, DTYPE: tl.constexpr, SYM: tl.constexpr,
                        SCALE: tl.constexpr, ZP: tl.constexpr, FAST: tl.constexpr,
                        ABS_BASE: tl.constexpr = False):
     """(scale, zero point) of the candidate range rd(bmin * p), rd(bmax * p)
     (p > 0). Symmetric: the scale depends on the range's absolute maximum
-    only, abs_base(cmin, cmax). As the product and the rounding are monotonic
-    and odd (and rd(0) = 0) that is rd(abs_base(bmin, bmax) * p): with
-    ABS_BASE the caller passes abs_base(bmin, bmax) as bmin (bmax unused),
+    only, quant.abs_max(cmin, cmax). As the product and the rounding are monotonic
+    and odd (and rd(0) = 0) that is rd(quant.abs_max(bmin, bmax) * p): with
+    ABS_BASE the caller passes quant.abs_max(bmin, bmax) as bmin (bmax unused),
     computed once per group, and a step takes one product and one rounding
     per group instead of two."""
     if SYM:
         if ABS_BASE:
             amax = quant.rd_any(bmin * p, DTYPE, FAST)
         else:
-            amax = abs_base(quant.rd_any(bmin * p, DTYPE, FAST), quant.rd_any(bmax * p, DTYPE, FAST))
+            amax = quant.abs_max(quant.rd_any(bmin * p, DTYPE, FAST), quant.rd_any(bmax * p, DTYPE, FAST))
         scale = quant.sym_scale(amax, c.half, c.eps, c.mx_offset, DTYPE, SCALE, FAST)
         return scale, tl.zeros_like(scale)
     return quant.qparams(
