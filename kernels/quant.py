@@ -322,10 +322,14 @@ def rd_any(x, DTYPE: tl.constexpr, FAST: tl.constexpr):
 
 
 @triton.jit
-def _div_rd(a, b, DTYPE: tl.constexpr, FAST: tl.constexpr):
+def _div_rd(a, b, DTYPE: tl.constexpr, FAST: tl.constexpr, B_FORMAT: tl.constexpr = False):
     """rd(div_rn(a, b)) of DTYPE values a, b (b >= 0, or NaN); on the GPU
-    (FAST) in bf16 by quot_bf16_hw, whose rounding is the same."""
+    (FAST) in bf16 by quot_bf16_hw, whose rounding is the same. B_FORMAT: b
+    is a format's constant (rng, half: 0.5 or more), for which recip_hw's
+    lift is always 1, so none is computed or held."""
     if FAST and DTYPE == BF16:
+        if B_FORMAT:
+            return rd_hw(a * tl.math.div_rn(b * 0.0 + 1.0, b), DTYPE)
         lift, r = recip_hw(b)
         return rd_hw(quot_bf16_hw(a, lift, r), DTYPE)
     else:
@@ -356,7 +360,7 @@ def qparams(
         return scale, tl.zeros_like(scale)
     mn = tl.where(cmin > 0, 0.0, cmin)
     mx = tl.where(cmax < 0, 0.0, cmax)
-    scale = _div_rd(rd_any(mx - mn, DTYPE, FAST), rng, DTYPE, FAST)
+    scale = _div_rd(rd_any(mx - mn, DTYPE, FAST), rng, DTYPE, FAST, True)
     zp = rd_any(qmin - _div_rd(mn, scale, DTYPE, FAST), DTYPE, FAST)
     zp = nan_clamp(zp, qmin, qmax)
     scale = _scale_dtype(scale, eps, SCALE)
@@ -385,7 +389,7 @@ def sym_scale(amax, half, eps, mx_offset, DTYPE: tl.constexpr, SCALE: tl.constex
     if SCALE == S_MX:
         scale = mx_scale(amax, mx_offset, DTYPE)
     else:
-        scale = _div_rd(amax, half, DTYPE, FAST)
+        scale = _div_rd(amax, half, DTYPE, FAST, True)
     return _scale_dtype(scale, eps, SCALE)
 
 

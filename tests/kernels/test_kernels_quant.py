@@ -310,6 +310,29 @@ def test_gpu_bf16_quotient_check_can_fail():
     assert _first_mismatch(scales[:128], no_lift) is not None  # subnormal scales
 
 
+def _every_format_args():
+    """QuantizationArgs of every format the kernels take: int 1-8 bits
+    symmetric and asymmetric, fp8 both, fp4 symmetric."""
+    out = [QuantizationArgs(num_bits=b, type="int", symmetric=sym)
+           for b in range(1, 9) for sym in (True, False)]
+    out += [QuantizationArgs(num_bits=8, type="float", symmetric=sym) for sym in (True, False)]
+    return out + [QuantizationArgs(num_bits=4, type="float", symmetric=True)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_format_divisors_need_no_lift(dtype):
+    """The premise of ``quant._div_rd``'s B_FORMAT (a format's rng and half
+    divide without recip_hw's lift): every format's rng and half are at
+    least 0.5, far above the lift's 2^-64 threshold, and bf16 values, so
+    the quotient's claim above holds with lift 1 (the _scales_checked run)."""
+    for args in _every_format_args():
+        fmt = Q.qformat(args, dtype, "test")
+        for name in ("rng", "half"):
+            value = getattr(fmt, name)
+            assert value >= 0.5 and value >= 2.0**-64, f"{args}: {name} = {value!r}"
+            assert torch.tensor(value).to(torch.bfloat16).item() == value, f"{args}: {name} = {value!r}"
+
+
 # --------------------------------------------------------------------------- #
 # The GPU's fp16 quotient (mse_search_details/_step._quot_f16_hw): a
 # correctly rounded reciprocal per group and one product per element, emulated
