@@ -75,15 +75,13 @@ forward, one in get_qparams.
 Host side otherwise: no host read, no copy to the device, no aten op; on a GPU
 with a general norm, the pow table is built by torch once per (device,
 dtype, norm). The
-format's constants are Python floats (``quant.round_host``) and each step's
-shrink factor is computed by the kernels (``_shrink``).
+format's constants are Python floats (``quant.round_host``); the steps' shrink
+factors are a table made once per (device, grid, steps) (``_shrink_table``).
 """
 
 from __future__ import annotations
 
 import functools
-import math
-import struct
 from typing import NamedTuple
 
 import torch
@@ -105,6 +103,7 @@ from obskernels.kernels.launch import (
     CHOOSE_BLOCK,
     CHOOSE_PROGRAMS,
     MAX_SPLIT_STEPS,
+    SPLIT_W_MAXNREG,
     SPLIT_W_ROWS,
     UNFUSED,
     LaunchConfig,
@@ -136,7 +135,6 @@ with triton.knobs.runtime.scope():
     from obskernels.kernels.mse_search_details._register import _search_kernel
     from obskernels.kernels.mse_search_details._split import _minmax_part_kernel, _search_part_kernel
     from obskernels.kernels.mse_search_details._step import StepConstants
-    from obskernels.kernels.mse_search_details._step import _shrink  # noqa: F401 - the step rule, tested
 
 __all__ = ["mse_search", "prepare", "mse_search_qparams", "prepare_qparams"]
 
@@ -163,24 +161,14 @@ def _norm_mode(norm: float) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def _fp32_steps_exact(grid, n_steps: int) -> bool:
-    """Whether _shrink's fp32 formula, div_rn(fp32(grid) - i, fp32(grid)),
-    gives the bits of the reference's p_i = fp32(1 - i / grid) for every step
-    i < n_steps. Checked here, not assumed (it holds for integer grids up to
-    2^14 at least); the kernels take the fp64 formula where it does not. The
-    host emulation is exact: an fp32 sum or quotient rounded once from fp64
-    is the correctly rounded fp32 one."""
-    f32 = torch.float32
-    g = quant.round_host(grid, f32)
-    if not (math.isfinite(g) and g != 0):
-        return False
-
-    def bits(x):
-        return struct.pack("<f", quant.round_host(x, f32))
-
-    return all(
-        bits(quant.round_host(g - i, f32) / g) == bits(1 - i / grid) for i in range(n_steps)
-    )
+def _shrink_table(device: torch.device, grid, n_steps: int) -> torch.Tensor:
+    """Every step's shrink p_i = fp32(1 - i / grid), i < n_steps, the
+    reference's Python float rounded once to fp32 (as torch rounds it where
+    it scales the base), on ``device``: the search's kernels read step i's
+    p from it. Made on the host (Python's own fp64 arithmetic, not a
+    device's division; torch rounds each float to fp32 as it fills the
+    tensor) and copied once per (device, grid, n_steps): 4 bytes a step."""
+    return torch.tensor([1 - i / grid for i in range(n_steps)], dtype=torch.float32, device=device)
 
 
 @functools.lru_cache(maxsize=16)
@@ -219,7 +207,7 @@ class _Search(NamedTuple):
     the call being launched."""
 
     layout: GroupLayout  # the value's, elements in the reference's flattened order
-    steps: tuple  # (grid32, grid_bits, exact32): how the kernels compute step i's shrink
+    shrink: torch.Tensor  # step i's shrink p_i at [i] (``_shrink_table``)
     n_steps: int
     n_words: int
     patience: int  # the stale steps that stop the search, 0 made explicit
@@ -285,13 +273,6 @@ def prepare(call: SearchCall, qparams: bool = False, widen: bool = True):
     norm_w = has_w and call.importance_status is not None
 
     n_steps = params.steps
-    # the kernels compute step i's p = fp32(1 - i / grid) themselves (_shrink):
-    # no table to build on the host and copy to the device
-    steps = (
-        quant.round_host(grid, torch.float32),
-        struct.unpack("<q", struct.pack("<d", float(grid)))[0],
-        int(_fp32_steps_exact(grid, n_steps)),
-    )
     if imatrix:
         patience = params.patience if params.patience > 0 else n_steps + 1
         norm_run = quant.round_host(norm, torch.float32)
@@ -318,7 +299,7 @@ def prepare(call: SearchCall, qparams: bool = False, widen: bool = True):
     steps_block = max(1, min(steps_block, 32, pow2_at_most(n_steps, 1 << 30)))
 
     prepared = _Search(
-        layout=layout, steps=steps, n_steps=n_steps,
+        layout=layout, shrink=_shrink_table(dev, grid, n_steps), n_steps=n_steps,
         n_words=-(-n_steps // 32), patience=patience, expand=float(params.expand),
         best_init=float(torch.finfo(torch.float32 if imatrix else dtype).max),
         consts=StepConstants(fmt.rng, fmt.half, fmt.qmin, fmt.qmax, fmt.eps, fmt.zlo, fmt.zhi,
@@ -430,8 +411,10 @@ def _register_path(s: _Search, config: LaunchConfig):
 
     # a launch site each, its constexprs and options bound (kernels/_replay.py)
     search_k = Replay(globals(), "_search_kernel", (programs,), **search_switches)
-    choose_k, choose_qp_k = (Replay(globals(), "_choose_kernel", choose_grid, **choose_switches)
-                             for _ in range(2))
+    choose_k = Replay(globals(), "_choose_kernel", choose_grid, **choose_switches)
+    # with the qparams' epilogue, half the groups per iteration
+    choose_qp_k = Replay(globals(), "_choose_kernel", choose_grid,
+                         **dict(choose_switches, BLOCK_G=max(choose_g // 2, 1)))
 
     def run(s: _Search, qparams=None) -> None:
         """``qparams``: (``QParamsOut``, its QP switches) for the choice's
@@ -441,14 +424,14 @@ def _register_path(s: _Search, config: LaunchConfig):
         else:
             bits, flags = new_bits(), new_flags()
         search_k(
-            s.value, *s.weights, s.tab, *s.steps, bits, flags, s.out_min, s.out_max,
+            s.value, *s.weights, s.tab, s.shrink, bits, flags, s.out_min, s.out_max,
             s.status if s.record else flags, *layout_args, *search_tail, s.observation,
         )
         if qparams is not None:
-            choose_qp_k(bits, flags, *s.steps, s.out_min, s.out_max, *choose_tail,
+            choose_qp_k(bits, flags, s.shrink, s.out_min, s.out_max, *choose_tail,
                         status_ptr=s.status, qp=qparams[0], QP=qparams[1])
         elif not track:
-            choose_k(bits, flags, *s.steps, s.out_min, s.out_max, *choose_tail)
+            choose_k(bits, flags, s.shrink, s.out_min, s.out_max, *choose_tail)
 
     # whether a choose launch follows the search (it can compute the qparams)
     run.chooses = not track
@@ -499,7 +482,8 @@ def _split_path(s: _Search, config: LaunchConfig):
                       **s.switches, FAST=s.fast, ROWS=rows, BLOCK_E=chunk // rows, BLOCK_K=block_k,
                       BLOCK_KF=min(64, block_k), BLOCK_S=_next_pow2(max(s.n_steps, 1)),
                       BLOCK_SB=s.steps_block, BLOCK_C=pow2_at_most(G, CHOOSE_BLOCK),
-                      num_warps=warps, **UNFUSED)
+                      num_warps=warps, **UNFUSED,
+                      **(dict(maxnreg=SPLIT_W_MAXNREG) if s.switches["HAS_W"] else {}))
 
     def run(s: _Search) -> None:
         mm, tickets, bits, flags = new_mm(), new_tickets(), new_bits(), new_flags()
@@ -507,7 +491,7 @@ def _split_path(s: _Search, config: LaunchConfig):
                  cps, s.n_words, s.expand, s.observation)
         part = new_part()
         search_k(
-            s.value, *s.weights, s.tab, *s.steps, mm, part, tickets, bits, flags,
+            s.value, *s.weights, s.tab, s.shrink, mm, part, tickets, bits, flags,
             s.out_min, s.out_max, *layout_args, K, cps * rows, s.n_steps, s.n_words, s.patience,
             s.expand, s.best_init, s.consts,
         )

@@ -525,68 +525,43 @@ def test_round_host_matches_torch():
             assert same, f"{dtype}: round_host({x!r}) = {got!r}, torch gives {w!r}"
 
 
-@needs_interpreter
 @pytest.mark.parametrize("grid", [100, 200, 20, 7, 1, 100.0, 16384, 24579, 38335, 7.3, 1 / 3, 0.37,
                                   12345.678, 1e-3])
-def test_in_kernel_steps_match_the_host(grid):
-    """The kernels' step shrink p_i = fp32(1 - i / grid) equals the host's
-    Python value for every step: through the fp64 formula always, and through
-    the fp32 one wherever the launcher's check lets the kernels take it (which
-    must include the integer grids observers use)."""
-    import triton
-    import triton.language as tl
-
-    from obskernels.kernels.quant import round_host
-
-    @triton.jit
-    def steps(out, n, grid32, grid_bits, exact32, BLOCK: tl.constexpr):
-        i = tl.arange(0, BLOCK)
-        tl.store(out + i, mse_module._shrink(i, grid32, grid_bits, exact32), mask=i < n)
-
+def test_shrink_table_holds_the_references_steps(grid):
+    """The kernels' step shrink p_i, read from the launcher's table, has the
+    bits of the reference's Python float 1 - i / grid rounded once to fp32
+    (struct's conversion here), for every step: integer grids and others,
+    including grids where one fp32 division of fp32(grid) - i by fp32(grid)
+    would differ (24579, 38335, 12345.678)."""
     n = min(int(grid) + 2, 1 << 16)
-    block = triton.next_power_of_2(n)
-    want = torch.tensor([1 - i / grid for i in range(n)], dtype=torch.float64).to(torch.float32)
-    bits = struct.unpack("<q", struct.pack("<d", float(grid)))[0]
-    exact = mse_module._fp32_steps_exact(grid, n)
-    if float(grid).is_integer() and grid <= 1 << 14:
-        assert exact, f"grid {grid}: integer grids up to 2^14 take the fp32 formula"
-    for exact32 in (0, 1):
-        out = torch.empty(n, dtype=torch.float32)
-        steps[(1,)](out, n, round_host(grid, torch.float32), bits, exact32, BLOCK=block)
-        bad = (out.view(torch.int32) != want.view(torch.int32)).nonzero()
-        if exact32 and not exact:
-            # the host's check is exact both ways: where it refuses, fp32 does differ
-            assert bad.numel() > 0, f"grid {grid}: the fp32 formula was refused but matches"
-            continue
-        assert bad.numel() == 0, (
-            f"grid {grid}, exact32={exact32}: step {int(bad[0])} gives {float(out[bad[0]])!r}, "
-            f"want {float(want[bad[0]])!r}"
-        )
+    table = mse_module._shrink_table(torch.device("cpu"), grid, n)
+    assert table.dtype == torch.float32 and table.shape == (n,) and table.is_contiguous()
+    got = table.view(torch.int32).tolist()
+    for i in range(n):
+        want = struct.unpack("<i", struct.pack("<f", 1 - i / grid))[0]
+        assert got[i] == want, f"grid {grid}: step {i} gives {float(table[i])!r}, want {1 - i / grid!r}"
 
 
 @needs_interpreter
 @pytest.mark.parametrize("split", [False, True], ids=["registers", "split"])
 @pytest.mark.parametrize("flavour", ["mse", "imatrix"])
-def test_both_step_formulas_search_alike(monkeypatch, pin_launch, split, flavour):
-    """The search through the fp64 step formula (forced) equals the search
-    through the fp32 one, bit for bit, and with a non-integer grid it picks
-    the reference's ranges."""
+@pytest.mark.parametrize("grid", [40, 39.3, 24579])
+def test_searches_of_any_grid_match_the_reference(pin_launch, split, flavour, grid):
+    """The search reads each step's shrink from the table: with integer and
+    non-integer grids, on both paths, it picks the reference's ranges."""
     from helpers import reference_search
 
     if split:
         pin_launch("mse_search", **SPLIT_CONFIG)
-    value = torch.randn(6, 128, dtype=torch.bfloat16)
+    value = torch.randn(6, 128, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(3))
     args = SCHEMES["int4-group32-asym"].qargs()
-    kw = dict(MSE, grid=40) if flavour == "mse" else dict(IMATRIX)
+    kw = dict(MSE, grid=grid) if flavour == "mse" else dict(IMATRIX, grid=grid)
+    if grid > 1000:
+        kw["maxshrink"] = 40 / grid  # the reference's steps stay few
     with use_backend("triton"):
-        fast = ops.mse_search(value, "weight", args, **kw)
-        monkeypatch.setattr(mse_module, "_fp32_steps_exact", lambda grid, n: False)
-        slow = ops.mse_search(value, "weight", args, **kw)
-        kw["grid"] = kw["grid"] - 0.7  # a non-integer grid, still through fp64
-        odd = ops.mse_search(value, "weight", args, **kw)
-    assert torch.equal(fast[0], slow[0]) and torch.equal(fast[1], slow[1])
+        got = ops.mse_search(value, "weight", args, **kw)
     want = reference_search(value, "weight", args, **kw)
-    assert torch.equal(odd[0], want[0]) and torch.equal(odd[1], want[1]), (odd, want)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (got, want)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64,

@@ -51,6 +51,11 @@ def minmax_part_warps(chunk: int) -> int:
 #: program, sharing each chunk's importance load (sm_90a: 16 and 8 rows left
 #: 8-40 bytes of stack under triton 3.9 or 3.6; 4 none)
 SPLIT_W_ROWS = 4
+#: ... and their register ceiling (ptxas ``.maxnreg``): 64 registers, 32
+#: warps per SM; without one, triton 3.6's ptxas spilled 8 bytes of stack
+#: around the step loop to reach 36 warps with 56 (importance normalised as
+#: loaded, int8 channel over 16,384 columns)
+SPLIT_W_MAXNREG = 64
 #: the split path keeps at most this many step errors per program
 MAX_SPLIT_STEPS = 1024
 #: the search's choose kernel: groups per iteration of its 4 warps (sm_90a:

@@ -1,10 +1,9 @@
 """The jit kernels of the fused MSE search, one module per algorithm
 (``kernels/mse_search.py`` is the launcher and describes the algorithm).
 
-- ``_step``: the step math both paths share (the shrink ``_shrink``, one
-  step's errors, the GPU's fake quantization, improvement bits, importance
-  weights, a group tile's load and min/max) and ``_PER_CALL``, the scalars
-  no kernel specialises on.
+- ``_step``: the step math both paths share (one step's errors, the GPU's
+  fake quantization, improvement bits, importance weights, a group tile's
+  load and min/max) and ``_PER_CALL``, the scalars no kernel specialises on.
 - ``_register``: ``_search_kernel``, whole groups in registers (every step,
   improvement bits, per-program step flags).
 - ``_choose``: the global stop step S (the reference's patience) and each

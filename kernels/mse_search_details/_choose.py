@@ -13,7 +13,7 @@ import triton.language as tl
 
 from obskernels.kernels import quant
 from obskernels.kernels._layout import store_exact, widen
-from obskernels.kernels.mse_search_details._step import _PER_CALL, _or, _shrink
+from obskernels.kernels.mse_search_details._step import _PER_CALL, _or
 from obskernels.kernels.qparams import epilogue_qparams, flag_scale
 
 
@@ -96,7 +96,7 @@ def _last_improving(bits_ptr, g, gmask, G, n_words, S):
 
 @triton.jit(do_not_specialize=_PER_CALL + ["P", "groups_per_program"])
 def _choose_kernel(
-    bits_ptr, flags_ptr, grid32, grid_bits, exact32, out_min_ptr, out_max_ptr,
+    bits_ptr, flags_ptr, shrink_ptr, out_min_ptr, out_max_ptr,
     G, P, groups_per_program, n_steps, n_words, patience,
     DTYPE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_P: tl.constexpr,
     status_ptr=None, qp=None, QP: tl.constexpr = None,
@@ -116,7 +116,7 @@ def _choose_kernel(
         g = pid.to(tl.int64) * groups_per_program + gl
         gmask = (g < G) & (gl < groups_per_program)
         choice = _last_improving(bits_ptr, g, gmask, G, n_words, S)
-        omin, omax = _write_choice(grid32, grid_bits, exact32, out_min_ptr, out_max_ptr, g, gmask,
+        omin, omax = _write_choice(shrink_ptr, out_min_ptr, out_max_ptr, g, gmask,
                                    choice, DTYPE)
         if QP is not None:
             bad = bad | epilogue_qparams(omin, omax, g, gmask, qp, DTYPE, QP)
@@ -125,23 +125,29 @@ def _choose_kernel(
 
 
 @triton.jit
-def _choice_range(bmin, bmax, choice, grid32, grid_bits, exact32, DTYPE: tl.constexpr):
-    """(rd(bmin * p), rd(bmax * p)) of step ``choice``, or the base where choice < 0."""
-    p = _shrink(tl.maximum(choice, 0), grid32, grid_bits, exact32)
+def _step_shrink(shrink_ptr, choice):
+    """Step ``choice``'s shrink p (shrink_ptr[choice]; 1.0 where choice < 0)."""
+    return tl.load(shrink_ptr + choice, mask=choice >= 0, other=1.0)
+
+
+@triton.jit
+def _choice_range(bmin, bmax, choice, p, DTYPE: tl.constexpr):
+    """(rd(bmin * p), rd(bmax * p)) of step ``choice`` (its shrink ``p``), or
+    the base where choice < 0."""
     omin = tl.where(choice >= 0, quant.rd(bmin * p, DTYPE), bmin)
     omax = tl.where(choice >= 0, quant.rd(bmax * p, DTYPE), bmax)
     return omin, omax
 
 
 @triton.jit
-def _write_choice(grid32, grid_bits, exact32, out_min_ptr, out_max_ptr, g, gmask, choice,
+def _write_choice(shrink_ptr, out_min_ptr, out_max_ptr, g, gmask, choice,
                   DTYPE: tl.constexpr):
     """out = rd(base * p[choice]) of groups g, or the base where choice < 0,
     the base read from out (written there by the search, in this launch on
     the split path: volatile)."""
     bmin = widen(tl.load(out_min_ptr + g, mask=gmask, other=0.0, volatile=True))
     bmax = widen(tl.load(out_max_ptr + g, mask=gmask, other=0.0, volatile=True))
-    omin, omax = _choice_range(bmin, bmax, choice, grid32, grid_bits, exact32, DTYPE)
+    omin, omax = _choice_range(bmin, bmax, choice, _step_shrink(shrink_ptr, choice), DTYPE)
     # values are exact in the output dtype, so the store's cast cannot round
     store_exact(out_min_ptr + g, omin, gmask)
     store_exact(out_max_ptr + g, omax, gmask)

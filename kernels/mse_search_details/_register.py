@@ -13,7 +13,7 @@ import triton.language as tl
 from obskernels.kernels import quant
 from obskernels.kernels import stats as ST
 from obskernels.kernels._layout import store_exact
-from obskernels.kernels.mse_search_details._choose import _choice_range
+from obskernels.kernels.mse_search_details._choose import _choice_range, _step_shrink
 from obskernels.kernels.mse_search_details._step import (
     _PER_CALL,
     _block_errors,
@@ -23,14 +23,13 @@ from obskernels.kernels.mse_search_details._step import (
     _load_group,
     _nan_minmax,
     _or,
-    _shrink,
     _step_errors,
 )
 
 
 @triton.jit(do_not_specialize=_PER_CALL + ["observation"])
 def _search_kernel(
-    x_ptr, w_ptr, wmean_ptr, wcode_ptr, tiny, tab_ptr, grid32, grid_bits, exact32, bits_ptr,
+    x_ptr, w_ptr, wmean_ptr, wcode_ptr, tiny, tab_ptr, shrink_ptr, bits_ptr,
     flags_ptr, out_min_ptr, out_max_ptr, status_ptr,
     G, NR, lim_r, lim_e, geo, group_numel,
     n_steps, n_words, expand, best_init,
@@ -123,12 +122,13 @@ def _search_kernel(
     # step loop needs no group mask
     best = tl.where(gmask, best_init, float("-inf"))
     choice = tl.full([BLOCK_G], -1, tl.int32)
+    p_choice = tl.full([BLOCK_G], 1.0, tl.float32)  # TRACK on a GPU: the chosen step's p
     if BLOCK_S == 1:
         # One step per iteration (the GPU's choice): 2-D tiles, and the OR over
         # the program's groups taken once per 32 steps from their words.
         if TRACK:
             for i in range(n_steps):
-                p = _shrink(n_steps * 0 + i, grid32, grid_bits, exact32)  # a tensor on both backends
+                p = tl.load(shrink_ptr + i)
                 err = _step_errors(
                     x, valid, w, lo, hi, p, tab_ptr, consts,
                     DTYPE, SYM, QTYPE, SCALE, ZP, NORM_MODE, IMATRIX, HAS_W, not IMATRIX, FAST, SYM,
@@ -136,11 +136,12 @@ def _search_kernel(
                 imp = err < best  # strict; NaN never improves
                 best = tl.where(imp, err, best)
                 choice = tl.where(imp, i, choice)
+                p_choice = tl.where(imp, p, p_choice)
         else:
             for wi in range(n_words):
                 word = tl.zeros([BLOCK_G], dtype=tl.int32)
                 for i in range(wi * 32, tl.minimum(wi * 32 + 32, n_steps)):
-                    p = _shrink(n_steps * 0 + i, grid32, grid_bits, exact32)
+                    p = tl.load(shrink_ptr + i)
                     err = _step_errors(
                         x, valid, w, lo, hi, p, tab_ptr, consts,
                         DTYPE, SYM, QTYPE, SCALE, ZP, NORM_MODE, IMATRIX, HAS_W, not IMATRIX, FAST, SYM,
@@ -158,7 +159,7 @@ def _search_kernel(
             si = i0 + tl.arange(0, BLOCK_S)
             smask = si < n_steps
             err = _block_errors(
-                x, valid, w, lo, hi, si, smask, consts, grid32, grid_bits, exact32,
+                x, valid, w, lo, hi, si, smask, consts, shrink_ptr,
                 DTYPE, SYM, QTYPE, SCALE, ZP, NORM_MODE, IMATRIX, HAS_W, not IMATRIX, SYM,
             )
             imp, best = _improved(err, best, gmask[:, None] & smask[None, :])
@@ -181,7 +182,9 @@ def _search_kernel(
                 tl.store(flags_ptr + pid * n_words + wi + one, fv, mask=end1)
                 word = tl.where(endv, 0, word)
                 fword = tl.where((i_end % 32 == 0) | (i_end >= n_steps), 0, fword)
+        if TRACK:
+            p_choice = _step_shrink(shrink_ptr, choice)
     if TRACK:
-        omin, omax = _choice_range(bmin, bmax, choice, grid32, grid_bits, exact32, DTYPE)
+        omin, omax = _choice_range(bmin, bmax, choice, p_choice, DTYPE)
         store_exact(out_min_ptr + g, omin, gmask)
         store_exact(out_max_ptr + g, omax, gmask)

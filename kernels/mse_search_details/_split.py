@@ -22,7 +22,6 @@ from obskernels.kernels.mse_search_details._step import (
     _improved,
     _load_group,
     _nan_minmax,
-    _shrink,
     _step_errors,
 )
 
@@ -149,7 +148,7 @@ def _finish_group(part_ptr, bits_ptr, flags_ptr, gid, G, K, n_steps, n_words, be
 
 @triton.jit(do_not_specialize=_PER_CALL)
 def _search_part_kernel(
-    x_ptr, w_ptr, wmean_ptr, wcode_ptr, tiny, tab_ptr, grid32, grid_bits, exact32, mm_ptr,
+    x_ptr, w_ptr, wmean_ptr, wcode_ptr, tiny, tab_ptr, shrink_ptr, mm_ptr,
     part_ptr, tickets_ptr, bits_ptr, flags_ptr, out_min_ptr, out_max_ptr,
     G, NR, lim_r, lim_e, geo, group_numel,
     K, chunks_per_split, n_steps, n_words, patience, expand, best_init,
@@ -224,7 +223,7 @@ def _search_part_kernel(
             rmin = tl.max(tl.zeros_like(x) + bmin[:, None], axis=1)
             rmax = tl.max(tl.zeros_like(x) + bmax[:, None], axis=1)
             for i in range(n_steps):
-                p = _shrink(n_steps * 0 + i, grid32, grid_bits, exact32)
+                p = tl.load(shrink_ptr + i)
                 err = _step_errors(
                     x, valid, w, rmin, rmax, p, tab_ptr, consts,
                     DTYPE, SYM, QTYPE, SCALE, ZP, NORM_MODE, IMATRIX, HAS_W, False, FAST,
@@ -235,7 +234,7 @@ def _search_part_kernel(
                 si = i0 + tl.arange(0, BLOCK_SB)
                 smask = si < n_steps
                 err = _block_errors(
-                    x, valid, w, bmin, bmax, si, smask, consts, grid32, grid_bits, exact32,
+                    x, valid, w, bmin, bmax, si, smask, consts, shrink_ptr,
                     DTYPE, SYM, QTYPE, SCALE, ZP, NORM_MODE, IMATRIX, HAS_W, False,
                 )
                 hit = sid[None, :, None] == si[None, None, :]
@@ -269,5 +268,5 @@ def _search_part_kernel(
                         gg = g0 + tl.arange(0, BLOCK_C).to(tl.int64)
                         gm = gg < G
                         choice = _last_improving(bits_ptr, gg, gm, G, n_words, S)
-                        _write_choice(grid32, grid_bits, exact32, out_min_ptr, out_max_ptr,
+                        _write_choice(shrink_ptr, out_min_ptr, out_max_ptr,
                                       gg, gm, choice, DTYPE)

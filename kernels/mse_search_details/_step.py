@@ -1,5 +1,4 @@
-"""The step math shared by the search's kernels: step i's shrink (``_shrink``),
-one step's (or, under the interpreter, a block of steps') errors over a tile
+"""The step math shared by the search's kernels: one step's (or, under the interpreter, a block of steps') errors over a tile
 of groups, the GPU's fake quantization (``FAST``), improvement bits, the
 importance weights as they are loaded, and a group tile's load and NaN-
 propagating min/max.
@@ -20,8 +19,7 @@ from obskernels.kernels._layout import load_flat, widen
 # shape, not one per grid or patience (== 1 and % 16 would each make one).
 # Group counts and sizes stay specialised: % 16 lets the compiler vectorise
 # the masks and saves registers (28 of 108 in int4 group-128 _search_kernel).
-_PER_CALL = ["lim_r", "lim_e", "n_steps", "n_words", "patience", "K", "chunks_per_split",
-             "grid_bits", "exact32"]
+_PER_CALL = ["lim_r", "lim_e", "n_steps", "n_words", "patience", "K", "chunks_per_split"]
 
 
 class StepConstants(NamedTuple):
@@ -45,38 +43,16 @@ class StepConstants(NamedTuple):
 
 
 @triton.jit
-def _shrink(i, grid32, grid_bits, exact32):
-    """Step i's shrink p_i = fp32(1 - i / grid), with the bits of the
-    reference's Python float: i / grid and 1 - (.) in fp64, one rounding to fp32.
-
-    exact32 (a runtime flag, the same for every lane): the host checked that
-    one fp32 division, div_rn(grid32 - i, grid32), gives those bits for every
-    step of this call (``_fp32_steps_exact``; so for every integer grid in
-    practice). Otherwise the fp64 formula itself, grid arriving as the int64
-    bits of the Python float (a float argument would be passed as fp32); fp64
-    division is correctly rounded on a GPU (div.rn.f64) and in numpy, but slow
-    on GPUs with few fp64 units, hence the fp32 path.
-    """
-    if exact32 != 0:
-        p = tl.math.div_rn(grid32 - i.to(tl.float32), grid32)
-    else:
-        grid = grid_bits.to(tl.int64).to(tl.float64, bitcast=True)
-        p = (1.0 - i.to(tl.float64) / grid).to(tl.float32)
-    return p
-
-
-
-@triton.jit
 def _block_errors(
-    x, valid, w, bmin, bmax, si, smask, c, grid32, grid_bits, exact32,
+    x, valid, w, bmin, bmax, si, smask, c, shrink_ptr,
     DTYPE: tl.constexpr, SYM: tl.constexpr, QTYPE: tl.constexpr, SCALE: tl.constexpr,
     ZP: tl.constexpr, NORM_MODE: tl.constexpr, IMATRIX: tl.constexpr, HAS_W: tl.constexpr,
     ROUND_SUM: tl.constexpr, ABS_BASE: tl.constexpr = False,
 ):
     """Errors [BG, SB] of the steps si [SB] over the tile x [BG, BE]: fp32 sums,
     rounded to DTYPE when ROUND_SUM (a whole group, flavour "mse"). Candidate: rd(base * p_i)
-    (ABS_BASE: see _candidate_qparams)."""
-    p = tl.where(smask, _shrink(si, grid32, grid_bits, exact32), 1.0)
+    (ABS_BASE: see _candidate_qparams); p_i is shrink_ptr[i]."""
+    p = tl.load(shrink_ptr + si, mask=smask, other=1.0)
     scale, zp = _candidate_qparams(bmin[:, None], bmax[:, None], p[None, :], c,
                                    DTYPE, SYM, SCALE, ZP, False, ABS_BASE)
     x3 = x[:, None, :]
