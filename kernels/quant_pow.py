@@ -158,7 +158,6 @@ def pow16_hw(d, n, w0, tab_ptr, DTYPE: tl.constexpr):
     # once, and rounding is monotonic, so every r inside the window is caught
     near = tl.fma(tl.abs(t), -POW_W1, tl.abs(off)) <= w0
     slow = near | (not inside)
-    exact = _gather_hw(tab_ptr + idx, slow)
     if DTYPE == BF16:
         # where the fast value is used it is not within a window of a
         # midpoint (no tie) and is a normal number: nearest-even into bf16 is
@@ -167,20 +166,23 @@ def pow16_hw(d, n, w0, tab_ptr, DTYPE: tl.constexpr):
         fast = ((bits + 0x8000) & -65536).to(tl.float32, bitcast=True)
     else:
         fast = rd_hw(r, DTYPE)
-    return tl.where(slow, exact, fast)
+    # the table's value where slow, else the fast one
+    return _gather_hw(tab_ptr + idx, slow, fast)
 
 
 @triton.jit
-def _gather_hw(ptrs, mask):
-    """fp32 ``*ptrs`` where ``mask``, else 0.0, by a predicated ``ld.global.nc``
-    (GPU only; the table is read-only for the kernel's lifetime). An
+def _gather_hw(ptrs, mask, other):
+    """fp32 ``*ptrs`` where ``mask``, else ``other`` (fp32), by a predicated
+    ``ld.global.nc`` into a register holding ``other`` (GPU only; the table
+    is read-only for the kernel's lifetime): no select after the load. An
     elementwise op keeps its operands' layout: a tl.load of these data-
     dependent addresses takes the layout triton's coalescing pass gives it,
     which triton 3.6 makes unlike the tile's, so every step converted three
     tiles through shared memory (16 KB each at int4 group 128)."""
     return tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b32 $0, 0; @p ld.global.nc.b32 $0, [$1]; }",
-        "=r,l,r", [ptrs.to(tl.int64), mask.to(tl.int32)], dtype=tl.float32, is_pure=True, pack=1)
+        "{ .reg .pred p; setp.ne.b32 p, $3, 0; mov.b32 $0, $2; @p ld.global.nc.b32 $0, [$1]; }",
+        "=r,l,r,r", [ptrs.to(tl.int64), other.to(tl.int32, bitcast=True), mask.to(tl.int32)],
+        dtype=tl.float32, is_pure=True, pack=1)
 
 
 @triton.jit
