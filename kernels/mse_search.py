@@ -412,7 +412,8 @@ def _register_path(s: _Search, config: LaunchConfig):
     # a launch site each, its constexprs and options bound (kernels/_replay.py)
     search_k = Replay(globals(), "_search_kernel", (programs,), **search_switches)
     choose_k = Replay(globals(), "_choose_kernel", choose_grid, **choose_switches)
-    # with the qparams' epilogue, half the groups per iteration
+    # with the qparams' epilogue, half the groups per iteration (sm_90a: 96
+    # registers at 512, and 8-11 bytes of stack under triton 3.6; ~55 at 256)
     choose_qp_k = Replay(globals(), "_choose_kernel", choose_grid,
                          **dict(choose_switches, BLOCK_G=max(choose_g // 2, 1)))
 

@@ -122,7 +122,10 @@ def _search_kernel(
     # step loop needs no group mask
     best = tl.where(gmask, best_init, float("-inf"))
     choice = tl.full([BLOCK_G], -1, tl.int32)
-    p_choice = tl.full([BLOCK_G], 1.0, tl.float32)  # TRACK on a GPU: the chosen step's p
+    # TRACK: the chosen step's p, kept with the choice where one step runs
+    # per iteration (a gather from the table after the loop cost triton 3.6
+    # 8 bytes of stack), read from the table after a loop of step blocks
+    p_choice = tl.full([BLOCK_G], 1.0, tl.float32)
     if BLOCK_S == 1:
         # One step per iteration (the GPU's choice): 2-D tiles, and the OR over
         # the program's groups taken once per 32 steps from their words.
