@@ -1,7 +1,7 @@
-"""The step math shared by the search's kernels: one step's (or, under the interpreter, a block of steps') errors over a tile
-of groups, the GPU's fake quantization (``FAST``), improvement bits, the
-importance weights as they are loaded, and a group tile's load and NaN-
-propagating min/max.
+"""The step math shared by the search's kernels: one step's (or, under the
+interpreter, a block of steps') errors over a tile of groups, the GPU's fake
+quantization (``FAST``), improvement bits, the importance weights as they are
+loaded, and a group tile's load and NaN-propagating min/max.
 """
 
 from __future__ import annotations
@@ -181,11 +181,8 @@ def _candidate_qparams(bmin, bmax, p, c, DTYPE: tl.constexpr, SYM: tl.constexpr,
     ABS_BASE the caller passes quant.abs_max(bmin, bmax) as bmin (bmax unused),
     computed once per group, and a step takes one product and one rounding
     per group instead of two."""
-    if SYM:
-        if ABS_BASE:
-            amax = quant.rd_any(bmin * p, DTYPE, FAST)
-        else:
-            amax = quant.abs_max(quant.rd_any(bmin * p, DTYPE, FAST), quant.rd_any(bmax * p, DTYPE, FAST))
+    if SYM and ABS_BASE:
+        amax = quant.rd_any(bmin * p, DTYPE, FAST)
         scale = quant.sym_scale(amax, c.half, c.eps, c.mx_offset, DTYPE, SCALE, FAST)
         return scale, tl.zeros_like(scale)
     return quant.qparams(
