@@ -390,6 +390,36 @@ def test_reduced_shape_extrapolation_matches_a_direct_count():
     assert modelled["compulsory_bytes"] == comp
 
 
+@needs_interpreter
+@pytest.mark.kernel
+@pytest.mark.parametrize("scheme", ["fp8-tensor-act", "nvfp4-tg16-act"])
+def test_reduced_shapes_keep_the_searchs_kernels(scheme):
+    """An activation's search group spans every token (a whole tensor for
+    TENSOR): the reduced shapes must take the split path the full shape takes
+    (the model prices each kernel by name), so the extrapolated count has the
+    direct count's kernels and launches (and, where whole groups are kept,
+    its bytes)."""
+    from obskernels.backends import triton_unavailable_reason
+
+    if triton_unavailable_reason(None) is not None:
+        pytest.skip(f"triton backend unavailable: {triton_unavailable_reason(None)}")
+    from obskernels.bench.backends import prepare
+    from obskernels.bench.counting import _pinned_search_steps
+
+    case = bench_cases.Case("activation", (512, 128), "bf16", scheme)
+    target = bench_cases.OBSERVERS["memoryless_mse"]
+    modelled = model_counts(case, target, "triton", case.shape)
+    assert modelled["status"] == "ok", modelled["status"]
+    assert "reduced shapes" in modelled["count_method"]
+    with _pinned_search_steps(target):  # as model_counts counts
+        direct, _, _ = count_call(prepare(case, target, "triton"), "cpu", triton=True)
+    assert "triton:_search_part_kernel" in direct.op_names  # the full shape's split path
+    assert modelled["op_names"] == direct.op_names
+    assert modelled["launches"] == direct.launches
+    if scheme.startswith("nvfp4"):
+        assert modelled["bytes_moved"] == direct.bytes_moved
+
+
 # The keys of a results.jsonl line as obskernels/bench/README.md lists them
 # ("Records"): in every line, and only when the record has them.
 DOCUMENTED_KEYS = (

@@ -49,21 +49,32 @@ def count_call(prepared, device: str, triton: bool) -> Tuple[Counts, int, object
     return counts, prepared.compulsory(out), out
 
 
-def _reduced_shapes(case: Case, shape: Tuple[int, int]) -> List[Tuple[int, int]]:
+def _reduced_shapes(case: Case, shape: Tuple[int, int], register_group: int = 0) -> List[Tuple[int, int]]:
     """Two small shapes with the group structure of ``shape``, for the interpreter.
 
-    Whole groups are kept: a channel (or a whole-row TENSOR group) keeps the full
-    row width, groups keep their size (rows of up to 1024 columns), 128x128
-    blocks stay whole. The two shapes differ in rows only, so a count that is a
-    constant plus a part proportional to the elements is recovered exactly.
+    Whole groups are kept: a channel keeps the full row width, a weight's
+    groups keep their size (rows of up to 1024 columns), 128x128 blocks stay
+    whole, and an activation's groups, which span every token, keep every
+    token (two and four groups' columns). The two shapes differ in one side
+    only, so a count that is a constant plus a part proportional to the
+    elements is recovered exactly -- when both take the kernels the full shape
+    takes: a whole-tensor group (TENSOR) is cut, so both shapes hold more than
+    ``register_group`` elements (the MSE search's largest group held in
+    registers; a larger one takes the split path, as the full shape's does).
     """
     rows, cols = shape
     strategy = case.spec.strategy
     if strategy == "block":
         return [(128, 128), (256, 128)]
     if strategy in ("group", "tensor_group"):
+        if case.kind == "activation":
+            g = case.spec.qargs().group_size
+            return [(rows, 2 * g), (rows, 4 * g)]
         c = min(cols, 1024)
         return [(2, c), (4, c)]
+    if strategy == "tensor":
+        r = register_group // cols + 1
+        return [(r, cols), (2 * r, cols)]
     return [(1, cols), (2, cols)]
 
 
@@ -83,7 +94,7 @@ def model_counts(case: Case, target: Target, backend: str, shape: Tuple[int, int
     """
 
     n = shape[0] * shape[1]
-    shapes = [shape] if n <= DIRECT_COUNT_LIMIT else _reduced_shapes(case, shape)
+    shapes = [shape] if n <= DIRECT_COUNT_LIMIT else _reduced_shapes(case, shape, _register_group(backend))
     points: Dict[int, Tuple[Counts, int]] = {}
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
@@ -92,6 +103,14 @@ def model_counts(case: Case, target: Target, backend: str, shape: Tuple[int, int
     if result is not None:
         return result
     return _combine(points, shapes, n, t0, steps_note)
+
+def _register_group(backend: str) -> int:
+    """The largest group obskernels' MSE search holds in registers (0 for
+    llm-compressor's backends, whose kernels do not depend on it)."""
+    if backend != "triton":
+        return 0
+    return importlib.import_module("obskernels.kernels.launch").current_config("mse_search").max_reg_group
+
 
 @contextlib.contextmanager
 def _pinned_search_steps(target: Target):
