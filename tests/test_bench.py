@@ -354,6 +354,51 @@ def test_values_are_the_same_in_every_process():
         assert out.stdout.split() == here, f"PYTHONHASHSEED={hash_seed}: {out.stderr[-500:]}"
 
 
+@pytest.mark.skipif(os.name != "posix", reason="needs POSIX signals")
+def test_a_fresh_process_ends_with_its_parent(tmp_path):
+    """The harness's fresh processes (oneshot's and first use's): when the
+    harness is stopped by SIGTERM (``timeout``), its waiting child is ended
+    too, not left to run against what the machine runs next."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pid_file = tmp_path / "child.pid"
+    child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    parent = ("import os, sys\n"
+              "from obskernels.bench.launch import run_fresh_process\n"
+              f"run_fresh_process([sys.executable, '-c', {child!r}], dict(os.environ))\n")
+    proc = subprocess.Popen([sys.executable, "-c", parent], env=dict(os.environ, PYTHONSAFEPATH="1"),
+                            stderr=subprocess.PIPE, text=True)
+    child_pid = None
+    try:
+        deadline = time.monotonic() + 60
+        while child_pid is None and time.monotonic() < deadline and proc.poll() is None:
+            text = pid_file.read_text() if pid_file.exists() else ""
+            child_pid = int(text) if text else None
+            time.sleep(0.05)
+        assert child_pid is not None, f"the child never started: {proc.poll()} {proc.stderr.read()[-500:]}"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM  # ended by the handler, not killed
+        deadline = time.monotonic() + 10
+        alive = True
+        while alive and time.monotonic() < deadline:
+            try:
+                os.kill(child_pid, 0)
+                time.sleep(0.05)
+            except ProcessLookupError:
+                alive = False
+        assert not alive, "the child outlived its parent's SIGTERM"
+    finally:
+        proc.kill()
+        if child_pid is not None:
+            try:
+                os.kill(child_pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 # ------------------------------------------------------------------------- harness
 
 

@@ -49,7 +49,8 @@ from typing import Dict, List, Optional
 
 from obskernels.bench.host import zero_integers
 
-__all__ = ["RecordingDriver", "recording_driver", "triton_runs", "compiled_on_cpu", "measure", "main"]
+__all__ = ["RecordingDriver", "recording_driver", "triton_runs", "compiled_on_cpu", "measure",
+           "fresh_process_env", "run_fresh_process", "main"]
 
 
 class _Launcher:
@@ -295,19 +296,40 @@ def fresh_process_env(**extra) -> Dict[str, str]:
     return env
 
 
+def run_fresh_process(cmd: List[str], env: Dict[str, str]):
+    """``cmd`` in a new interpreter, its output captured (a
+    ``subprocess.CompletedProcess``). A SIGTERM to this process while it
+    waits (``timeout``'s, a batch system's) ends the child too: Python's
+    default is to die at once and leave the child running, timing itself
+    against whatever runs next on the machine (and slowing it)."""
+    import signal
+    import subprocess
+    import threading
+
+    def stop(signum, _frame):
+        raise SystemExit(128 + signum)  # subprocess.run kills its child on the way out
+
+    handled = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, stop) if handled else None
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, env=env)
+    finally:
+        if handled:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
 def first_use(scenarios=FIRST_USE, runs: int = 3, device: str = "cpu", progress=None) -> List[Dict]:
     """Per scenario: the median of ``runs`` fresh processes'
     ``first_use_child`` (after one untimed process, which fills Triton's
     disk cache where it was cold); each process's parts also written to
     ``progress`` (a stream) as it ends, so a run cut short keeps them."""
     import statistics
-    import subprocess
 
     env = fresh_process_env()
 
     def child(scenario):
         cmd = [sys.executable, "-m", "obskernels.bench.launch", "--first-use-child", scenario, device]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        proc = run_fresh_process(cmd, env)
         if proc.returncode != 0:
             raise RuntimeError(f"the first-use child failed:\n{proc.stderr[-3000:]}")
         row = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -37,7 +37,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -154,9 +153,9 @@ def _child(scheme: str, mode: str, shape: Shape, device: str, backend: str, pipe
     cmd = [sys.executable, "-m", "obskernels.bench.oneshot", "--child", "--schemes", scheme,
            "--modes", mode, "--device", device, "--backend", backend, "--pipeline", pipeline,
            "--shape-json", json.dumps(asdict(shape)), *extra]
-    from obskernels.bench.launch import fresh_process_env
+    from obskernels.bench.launch import fresh_process_env, run_fresh_process
 
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=fresh_process_env(PYTHONSAFEPATH="1"))
+    proc = run_fresh_process(cmd, fresh_process_env(PYTHONSAFEPATH="1"))
     if proc.returncode != 0:
         raise RuntimeError(f"the fresh-process run failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])["seconds"]
