@@ -173,8 +173,10 @@ def test_issue_efficiency_from_occupancy():
 
     # 153 registers x 8 warps: one block per SM, 2 warps per scheduler (ncu: 45 % busy)
     assert issue_efficiency(153, 8) == pytest.approx(2 / 4.5)
-    # 75 registers x 8 warps: 3 blocks, 6 warps per scheduler: the full rate
-    assert issue_efficiency(75, 8) == 1.0
+    # 75 registers x 8 warps: 3 blocks, 6 warps per scheduler: the plateau,
+    # llm-compressor's search at 12 warps per scheduler (ncu: 92 % busy)
+    assert issue_efficiency(75, 8) == pytest.approx(0.92)
+    assert issue_efficiency(32, 4) == pytest.approx(0.92)  # 16 blocks, 16 warps per scheduler
     assert issue_efficiency(255, 16) == pytest.approx(4 / 4.5)  # one block of 16 warps
 
 
