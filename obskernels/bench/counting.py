@@ -104,6 +104,7 @@ def model_counts(case: Case, target: Target, backend: str, shape: Tuple[int, int
         return result
     return _combine(points, shapes, n, t0, steps_note)
 
+
 def _register_group(backend: str) -> int:
     """The largest group obskernels' MSE search holds in registers (0 for
     llm-compressor's backends, whose kernels do not depend on it)."""
