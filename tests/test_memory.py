@@ -33,7 +33,6 @@ can show a launch's scratch a little longer than a GPU holds it.)
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import os
 
