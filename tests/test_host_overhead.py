@@ -689,6 +689,33 @@ def test_host_proxy_counts_python_calls_exactly():
     assert _python_calls(lambda: branch()) == 3  # branch and two leaves
 
 
+def test_host_proxy_takes_the_quietest_rounds_median():
+    from obskernels.bench.host import quiet_seconds
+
+    # medians 2, 5 and 9: a round's one fast call does not make it the quietest
+    assert quiet_seconds([[3.0, 1.0, 2.0], [5.0, 5.0, 5.0], [0.5, 9.0, 9.0]]) == 2.0
+    assert quiet_seconds([[4.0]]) == 4.0
+
+
+@needs_interpreter
+def test_host_proxy_interleaves_its_rounds_over_the_scenarios(monkeypatch):
+    """Each round times every scenario in turn: load on a shared machine
+    falls on one round of each scenario, not on every call of one."""
+    from obskernels.bench import host
+
+    order = []
+    monkeypatch.setattr(host, "unit_seconds", lambda: 1.0)
+    monkeypatch.setattr(host, "check_default_is_triton", lambda: None)
+    monkeypatch.setattr(host, "_call_of", lambda sc: lambda: order.append(sc.name))
+    a, b = host.SCENARIOS[0], host.SCENARIOS[1]
+    rows = host.measure((a, b), reps=6, warmup=1, rounds=3)
+    assert [r["scenario"] for r in rows] == [a.name, b.name]
+    warm, timed = order[:2], order[2:14]
+    assert warm == [a.name, b.name]
+    assert timed == [a.name, a.name, b.name, b.name] * 3
+    assert order[14:] == [a.name, b.name]  # each call's Python calls, counted once
+
+
 @needs_interpreter
 def test_host_proxy_stubs_every_kernel_and_restores_them():
     from obskernels.bench import host
