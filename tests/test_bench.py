@@ -630,6 +630,52 @@ def test_cuda_host_times_per_call_from_the_clock(monkeypatch):
     assert cuda_host.sync_seconds(clock.call, reps=5) == pytest.approx(3.0 + 8.0)
 
 
+def test_cuda_host_rounds_go_over_every_row_in_turn(monkeypatch):
+    """cuda_host.measure times its rows in interleaved rounds (each round
+    times every row), a row's loop figure the fastest round's and its sync
+    figure the quietest round's median; units over the unit row's loop.
+    Faked: CUDA, the rows' calls (each advancing a clock by its own cost)."""
+    from obskernels.bench import cuda_host, host
+
+    clock = _FakeClock(step=0.0, sync=1.0)
+    order = []
+
+    def row(name, cost, quiet=None):
+        """A call costing ``cost``, or ``quiet`` in the second round."""
+        made = []
+
+        def call():
+            order.append(name)
+            made.append(name)
+            second = quiet is not None and 5 + 4 < len(made) <= 5 + 8  # after 5 warm-up calls
+            clock.now += quiet if second else cost
+        return call
+
+    minmax = next(sc for sc in host.SCENARIOS if sc.name == "minmax call")
+    monkeypatch.setattr(cuda_host.time, "perf_counter", clock)
+    monkeypatch.setattr(cuda_host, "_sync", clock.synchronise)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "a fake GPU")
+    monkeypatch.setattr(cuda_host, "_unit", lambda: row("unit", 2.0))
+    monkeypatch.setattr(cuda_host, "_bare_launch", lambda: row("launch", 3.0))
+    monkeypatch.setattr(cuda_host, "_through_triton", lambda fn: row("through triton", 7.0))
+    monkeypatch.setattr(cuda_host, "_activation_rows", lambda: [])
+    monkeypatch.setattr(host, "SCENARIOS", (minmax,))
+    monkeypatch.setattr(host, "_call_of", lambda sc, device="cpu": row(sc.name, 5.0, quiet=4.0))
+    rows = cuda_host.measure(n=2, reps=6, rounds=3)
+    names = ["unit", "launch", "minmax call", "through triton"]
+    assert [r["row"] for r in rows] == ["unit: one-element CUDA add_", "bare Triton launch",
+                                        "minmax call", "minmax call, Triton's launch path"]
+    warm, timed = order[:20], order[20:]
+    assert warm == [name for name in names for _ in range(5)]
+    # a round: per row, 2 calls back to back, then 2 single calls
+    assert timed == [name for name in names for _ in range(4)] * 3
+    for r, cost in zip(rows, (2.0, 3.0, 4.0, 7.0)):  # the minmax call's quiet second round
+        assert r["loop_us"] == pytest.approx((2 * cost + 1.0) / 2 * 1e6)  # one synchronisation timed
+        assert r["sync_us"] == pytest.approx((cost + 1.0) * 1e6)
+        assert r["units"] == pytest.approx(r["loop_us"] / rows[0]["loop_us"])
+
+
 def test_cuda_host_refuses_without_cuda(monkeypatch, capsys):
     from obskernels.bench import cuda_host
 

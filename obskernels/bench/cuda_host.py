@@ -10,9 +10,13 @@ timed on the wall, plus what the proxy and the bench's model take as given.
 Every row gives two times, in microseconds:
 - ``loop_us``: ``n`` calls back to back, then one synchronisation, divided by
   ``n`` -- what a calibration loop pays per call, the host issuing while the
-  GPU runs earlier work (the best of a few rounds);
-- ``sync_us``: one call and a synchronisation, the median of ``reps`` -- the
-  latency of a single call.
+  GPU runs earlier work (the fastest of the rounds);
+- ``sync_us``: one call and a synchronisation -- the latency of a single
+  call (the quietest round's median, ``host.quiet_seconds``, of ``reps`` in
+  all).
+The rows are timed in 5 rounds that go over all of them in turn
+(``host.interleaved``), so that a stretch of other work on the GPU's host
+slows one round of every row rather than every call of one.
 ``units``: ``loop_us`` over the GPU host's unit (the first row), comparable
 with the proxy's units.
 
@@ -42,7 +46,7 @@ import sys
 import time
 from typing import Callable, Dict, List, Optional
 
-__all__ = ["measure", "main", "ACTIVATION_SHAPE", "loop_seconds", "sync_seconds"]
+__all__ = ["measure", "main", "ACTIVATION_SHAPE", "loop_seconds", "sync_times", "sync_seconds"]
 
 try:  # the bare launch's kernel (this module imports without triton too)
     import triton
@@ -80,8 +84,8 @@ def loop_seconds(fn: Callable[[], object], n: int, rounds: int = 5) -> float:
     return best
 
 
-def sync_seconds(fn: Callable[[], object], reps: int) -> float:
-    """Median seconds of one call and a synchronisation."""
+def sync_times(fn: Callable[[], object], reps: int) -> List[float]:
+    """Seconds of ``reps`` single calls, each synchronised."""
     times = []
     for _ in range(reps):
         _sync()
@@ -89,7 +93,12 @@ def sync_seconds(fn: Callable[[], object], reps: int) -> float:
         fn()
         _sync()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return times
+
+
+def sync_seconds(fn: Callable[[], object], reps: int) -> float:
+    """Median seconds of one call and a synchronisation."""
+    return statistics.median(sync_times(fn, reps))
 
 
 def _bare_launch() -> Callable[[], object]:
@@ -169,9 +178,10 @@ def _activation_rows() -> List[tuple]:
     return rows
 
 
-def measure(n: int = 200, reps: int = 50, progress=None) -> List[Dict]:
-    """One record per row (see the module docstring); each row also written to
-    ``progress`` (a stream) as it is measured, so a run cut short keeps them."""
+def measure(n: int = 200, reps: int = 50, progress=None, rounds: int = 5) -> List[Dict]:
+    """One record per row (see the module docstring), timed in ``rounds``
+    interleaved rounds; each round's end written to ``progress`` (a stream)
+    with every row's figures so far, so a run cut short keeps them."""
     import warnings
 
     import torch
@@ -182,6 +192,7 @@ def measure(n: int = 200, reps: int = 50, progress=None) -> List[Dict]:
     if not torch.cuda.is_available():
         raise RuntimeError("no CUDA device is available")
     rows: List[tuple] = [("unit: one-element CUDA add_", _unit()), ("bare Triton launch", _bare_launch())]
+    per_round = max(reps // max(rounds, 1), 1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for sc in host.SCENARIOS:
@@ -192,15 +203,27 @@ def measure(n: int = 200, reps: int = 50, progress=None) -> List[Dict]:
         rows.append(("minmax call, Triton's launch path",
                      _through_triton(host._call_of(minmax, device="cuda"))))
         rows += _activation_rows()
-        out = []
-        for name, fn in rows:
+        for _, fn in rows:
             for _ in range(5):
                 fn()  # compiled, planned and allocated before timing
-            out.append({"row": name, "loop_us": loop_seconds(fn, n) * 1e6,
-                        "sync_us": sync_seconds(fn, reps) * 1e6})
+
+        def figures(done) -> Dict:
+            return {"loop_us": min(loop for loop, _ in done) * 1e6,
+                    "sync_us": host.quiet_seconds([times for _, times in done]) * 1e6}
+
+        def time_round(fn):
+            return loop_seconds(fn, n, rounds=1), sync_times(fn, per_round)
+
+        def report(r: int, timed) -> None:
             if progress:
-                progress.write(f"  {name}: loop {out[-1]['loop_us']:.1f} us, sync {out[-1]['sync_us']:.1f} us\n")
+                progress.write(f"  round {r + 1} of {max(rounds, 1)}:\n")
+                for (name, _), done in zip(rows, timed):
+                    f = figures(done)
+                    progress.write(f"    {name}: loop {f['loop_us']:.1f} us, sync {f['sync_us']:.1f} us\n")
                 progress.flush()
+
+        timed = host.interleaved([fn for _, fn in rows], rounds, time_round, report)
+    out = [dict(row=name, **figures(done)) for (name, _), done in zip(rows, timed)]
     unit = out[0]["loop_us"]
     device = torch.cuda.get_device_name(0)
     for r in out:

@@ -58,7 +58,7 @@ import time
 from typing import Callable, Dict, List, Optional
 
 __all__ = ["Scenario", "SCENARIOS", "stubbed_launches", "zero_integers", "unit_seconds", "quiet_seconds",
-           "measure",
+           "interleaved", "measure",
            "proxy_command", "emit", "main"]
 
 
@@ -277,13 +277,26 @@ def quiet_seconds(rounds: List[List[float]]) -> float:
     return min(statistics.median(times) for times in rounds)
 
 
+def interleaved(calls: List[Callable[[], object]], rounds: int, time_round: Callable, progress=None) -> List[List]:
+    """``time_round(fn)`` for every call of ``calls`` in each of ``rounds``
+    rounds, the rounds going over the calls in turn (so a stretch of other
+    work on a shared machine slows one round of every call rather than all
+    of one); per call, the list of its rounds' results. ``progress(round,
+    results so far)`` after each round, where given."""
+    timed: List[List] = [[] for _ in calls]
+    for r in range(max(rounds, 1)):
+        for fn, done in zip(calls, timed):
+            done.append(time_round(fn))
+        if progress is not None:
+            progress(r, timed)
+    return timed
+
+
 def measure(scenarios=SCENARIOS, reps: int = 300, warmup: int = 20, rounds: int = 5) -> List[Dict]:
     """One record per scenario: host microseconds per call (``quiet_seconds``
-    of ``rounds`` rounds of ``reps // rounds`` calls, stub time excluded),
-    the same in units of ``unit_seconds()``, and Python calls. The rounds
-    go over the scenarios in turn (each round times every scenario), so that
-    a stretch of load on a shared machine slows one round of every scenario
-    rather than every call of one."""
+    of ``rounds`` rounds of ``reps // rounds`` calls, stub time excluded,
+    ``interleaved`` over the scenarios), the same in units of
+    ``unit_seconds()``, and Python calls."""
     import warnings
 
     from obskernels.bench.backends import llmc_available
@@ -291,6 +304,16 @@ def measure(scenarios=SCENARIOS, reps: int = 300, warmup: int = 20, rounds: int 
     check_default_is_triton()
     unit = unit_seconds()
     per_round = max(reps // max(rounds, 1), 1)
+
+    def time_round(fn) -> List[float]:
+        times = []
+        for _ in range(per_round):
+            _Stub.spent = 0.0
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0 - _Stub.spent)
+        return times
+
     out = []
     with stubbed_launches(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -298,16 +321,7 @@ def measure(scenarios=SCENARIOS, reps: int = 300, warmup: int = 20, rounds: int 
         for _, fn in calls:
             for _ in range(warmup):
                 fn()
-        timed: List[List[List[float]]] = [[] for _ in calls]
-        for _ in range(max(rounds, 1)):
-            for (_, fn), done in zip(calls, timed):
-                times = []
-                for _ in range(per_round):
-                    _Stub.spent = 0.0
-                    t0 = time.perf_counter()
-                    fn()
-                    times.append(time.perf_counter() - t0 - _Stub.spent)
-                done.append(times)
+        timed = interleaved([fn for _, fn in calls], rounds, time_round)
         for (sc, fn), done in zip(calls, timed):
             seconds = quiet_seconds(done)
             out.append({
