@@ -277,7 +277,8 @@ def quiet_seconds(rounds: List[List[float]]) -> float:
     return min(statistics.median(times) for times in rounds)
 
 
-def interleaved(calls: List[Callable[[], object]], rounds: int, time_round: Callable, progress=None) -> List[List]:
+def interleaved(calls: List[Callable[[], object]], rounds: int, time_round: Callable,
+                progress=None) -> List[List]:
     """``time_round(fn)`` for every call of ``calls`` in each of ``rounds``
     rounds, the rounds going over the calls in turn (so a stretch of other
     work on a shared machine slows one round of every call rather than all
