@@ -79,7 +79,6 @@ def counted():
     """(counts, reads): the harness's Counts of the block and the host reads
     made in it, each as (method, 'file:line' of the caller)."""
     reads = []
-    originals = {name: getattr(torch.Tensor, name) for name in READS}
 
     def wrap(name, original):
         def read(self, *args, **kwargs):
@@ -90,14 +89,17 @@ def counted():
 
         return read
 
-    try:
-        for name, original in originals.items():
-            setattr(torch.Tensor, name, wrap(name, original))
-        with count_traffic("cpu", triton=True) as counts:
+    # the counters' own hooks (a tolist counted as a sync) inside these, so
+    # that a read's caller is the code under test
+    with count_traffic("cpu", triton=True) as counts:
+        originals = {name: getattr(torch.Tensor, name) for name in READS}
+        try:
+            for name, original in originals.items():
+                setattr(torch.Tensor, name, wrap(name, original))
             yield counts, reads
-    finally:
-        for name, original in originals.items():
-            setattr(torch.Tensor, name, original)
+        finally:
+            for name, original in originals.items():
+                setattr(torch.Tensor, name, original)
 
 
 def value_of(kind, shape, scheme, dtype="bf16"):

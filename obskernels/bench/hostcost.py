@@ -14,7 +14,10 @@ torch CUDA op, ~10 us on the H100 host) and adds each Triton launch's issue
 cost (~17 us there).
 
 It also records the host time until the first Triton launch (what the GPU
-waits for before it has work) and the aten ops of the measured call: the
+waits for before it has work), on obskernels' triton backend the host time
+after the call's last read of a value (``tolist`` / ``numpy``: an observer's
+read of its status, which on a GPU waits for the call's kernels) where no
+launch follows it, and the aten ops of the measured call: the
 model scales a PyTorch path whose op count grows with the shape (a search
 that stops early on small data) by the op count at the modelled shape.
 
@@ -29,14 +32,14 @@ import contextlib
 import importlib
 import time
 import warnings
-from typing import Dict, Tuple
+from typing import Dict, List, Tuple
 
 from obskernels.bench.backends import prepare
 from obskernels.bench.cases import Case, Target
 from obskernels.bench.host import zero_integers
-from obskernels.bench.traffic import count_traffic
+from obskernels.bench.traffic import count_traffic, host_reads_seen
 
-__all__ = ["host_shape", "stubbed", "measure", "METHOD"]
+__all__ = ["host_shape", "stubbed", "measure", "quietest", "METHOD"]
 
 METHOD = ("stubbed host path: the call on CPU tensors of {shape}, Triton launches replaced by "
           "no-ops, fastest of {reps} calls, in units of a one-element add_ ({unit_us:.2f} us here)")
@@ -76,19 +79,27 @@ class _Stub:
 
 class _Clock:
     """A call's host clock: the stubs' own time left out, the host time at the
-    first launch noted."""
+    first launch noted, and at the start of the last read that no launch
+    follows (``read``; None without one)."""
 
     def __init__(self):
         self.start = self.spent = 0.0
-        self.first = None
+        self.first = self.read = None
 
     def begin(self):
-        self.spent, self.first = 0.0, None
+        self.spent, self.first, self.read = 0.0, None, None
         self.start = time.perf_counter()
 
     def launch(self, now):
         if self.first is None:
             self.first = now - self.start - self.spent
+        self.read = None  # the GPU has work after that read
+
+    def note_read(self, _tensor=None):
+        """A read starts now (``traffic.host_reads_seen``'s hook; its own time left out)."""
+        now = time.perf_counter()
+        self.read = now - self.start - self.spent
+        self.spent += time.perf_counter() - now
 
     def host_seconds(self):
         return time.perf_counter() - self.start - self.spent
@@ -147,12 +158,15 @@ def stubbed(backend: str, clock: _Clock):
                 setattr(owner, attr, fn)
 
 
-def measure(case: Case, target: Target, backend: str, min_reps: int = 3, max_reps: int = 20,
+def measure(case: Case, target: Target, backend: str, min_reps: int = 3, max_reps: int = 200,
             budget_s: float = 0.15) -> Dict:
     """Host cost of one call of ``target`` on ``case`` by ``backend``, launches
     stubbed: ``units`` (fastest host time / ``unit_seconds()``), ``before_units``
-    (host time until the first Triton launch; None without one), ``aten_ops``
-    of the call, ``unit_us``, the shape and the method."""
+    (host time until the first Triton launch; None without one),
+    ``after_units`` (obskernels' triton backend: host time after the last
+    read that no launch follows; None without one, and on other backends,
+    whose aten ops after a read would be GPU work), ``aten_ops`` of the call,
+    ``unit_us``, the shape and the method."""
     shape = host_shape(case, backend)
     clock = _Clock()
     prepared = prepare(case, target, backend, shape=shape, device="cpu")
@@ -172,15 +186,36 @@ def measure(case: Case, target: Target, backend: str, min_reps: int = 3, max_rep
             prepared.call()
         # the unit before and after the calls (not between them: the add_ loop
         # would evict the call's code and data from the caches)
-        units, times, firsts = [unit_seconds(rounds=31)], [], []
+        units, times, firsts, afters = [unit_seconds(rounds=31)], [], [], []
         t_end = time.perf_counter() + budget_s
-        while len(times) < max_reps and (len(times) < min_reps or time.perf_counter() < t_end):
-            times.append(once())
-            firsts.append(clock.first)
+        with host_reads_seen(clock.note_read) if backend == "triton" else contextlib.nullcontext():
+            while len(times) < max_reps and (len(times) < min_reps or time.perf_counter() < t_end):
+                times.append(once())
+                firsts.append(clock.first)
+                afters.append(None if clock.read is None else times[-1] - clock.read)
         units.append(unit_seconds(rounds=31))
     # the fastest call and the fastest unit: what no other work on the machine slowed
     unit, fastest = min(units), min(range(len(times)), key=times.__getitem__)
     return {"units": times[fastest] / unit,
             "before_units": None if firsts[fastest] is None else firsts[fastest] / unit,
+            "after_units": None if afters[fastest] is None else afters[fastest] / unit,
             "aten_ops": counts.aten_ops, "unit_us": unit * 1e6, "shape": list(shape),
+            "reps": len(times),
             "method": METHOD.format(shape=f"{shape[0]}x{shape[1]}", reps=len(times), unit_us=unit * 1e6)}
+
+
+def quietest(records: List[Dict]) -> Dict:
+    """One path's host cost from several ``measure`` records taken apart (a
+    shared machine's load comes and goes): the fastest call among them, in
+    microseconds, over the fastest unit among them -- not the fewest units
+    of one record, which a unit timed under load would make look fast."""
+    best = min(records, key=lambda r: r["units"] * r["unit_us"])
+    unit_us = min(r["unit_us"] for r in records)
+    scale = best["unit_us"] / unit_us
+    out = dict(best, units=best["units"] * scale, unit_us=unit_us, reps=sum(r["reps"] for r in records))
+    for key in ("before_units", "after_units"):
+        if out[key] is not None:
+            out[key] *= scale
+    out["method"] = METHOD.format(shape="x".join(map(str, out["shape"])),
+                                  reps=f"{out['reps']} in {len(records)} rounds", unit_us=unit_us)
+    return out

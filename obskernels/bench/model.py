@@ -2,15 +2,18 @@
 
 The model every backend's ``modelled_s`` uses (``overlap_model``):
 
-    modelled_s = max(host_s, before_s + gpu_s) + syncs * sync_s
+    modelled_s = max(host_s - after_s, before_s + gpu_s) + syncs * sync_s + after_s
     gpu_s      = sum over launches of max(bytes_i / bandwidth, compute_i)
     host_s     = host_units * host_unit_s + triton_launches * triton_launch_s
     before_s   = the host time until the first Triton launch (+ its issue)
+    after_s    = the host time after the call's last read, where a read
+                 (a sync) has no launch after it; 0 otherwise
 
 The host issues work while the GPU runs earlier work, so host time and GPU
 time overlap; the GPU cannot start before the host reaches the first launch
-(an observer is constructed and checks its input first), and the call ends
-when both are done (its result is read). ``host_units`` is the call's host
+(an observer is constructed and checks its input first), a read of a device
+value (an observer's one read of its status, in ``get_qparams``) waits until
+the GPU is done, and what the host does after that read comes after both. ``host_units`` is the call's host
 path measured on the running machine with every launch stubbed
 (``hostcost.measure``: units of a one-element CPU ``add_``), scaled by the
 GPU host's unit (a small torch CUDA op: 10 us on the H100 host); each
@@ -150,8 +153,10 @@ def affine_extrapolate(points: Dict[int, float], n: int) -> float:
 
 
 def host_seconds(per_launch: Sequence, gpu: GpuModel = H100_SXM,
-                 host: Optional[Dict] = None) -> Tuple[float, float]:
-    """(host seconds of the call, host seconds before the GPU has work).
+                 host: Optional[Dict] = None) -> Tuple[float, float, float]:
+    """(host seconds of the call, host seconds before the GPU has work, host
+    seconds after the call's last read, which waits for the GPU: 0 where
+    the measurement has none).
 
     ``host``: ``hostcost.measure``'s record (None: not measured; then each aten
     op and Triton launch costs its issue time). A PyTorch path (no Triton
@@ -160,12 +165,14 @@ def host_seconds(per_launch: Sequence, gpu: GpuModel = H100_SXM,
     aten = sum(1 for k, *_ in per_launch if k == "aten")
     tri = sum(1 for k, *_ in per_launch if k == "triton")
     if host is None:
-        return aten * gpu.aten_op_s + tri * gpu.triton_launch_s, 0.0
+        return aten * gpu.aten_op_s + tri * gpu.triton_launch_s, 0.0, 0.0
     scale = aten / host["aten_ops"] if not tri and aten and host.get("aten_ops") else 1.0
     host_s = host["units"] * scale * gpu.host_unit_s + tri * gpu.triton_launch_s
     before = host.get("before_units")
     before_s = 0.0 if before is None or not tri else before * gpu.host_unit_s + gpu.triton_launch_s
-    return host_s, before_s
+    after = host.get("after_units")
+    after_s = 0.0 if after is None or not tri else after * gpu.host_unit_s
+    return host_s, before_s, after_s
 
 
 def overlap_model(per_launch: Sequence, syncs: int, gpu: GpuModel = H100_SXM,
@@ -195,22 +202,27 @@ def overlap_model(per_launch: Sequence, syncs: int, gpu: GpuModel = H100_SXM,
         gpu_s += max(mem, comp)
         mem_s += mem if mem >= comp else 0.0
         comp_s += comp if comp > mem else 0.0
-    host_s, before_s = host_seconds(per_launch, gpu, host)
+    host_s, before_s, after_s = host_seconds(per_launch, gpu, host)
+    if not syncs:
+        after_s = 0.0  # no read waits for the GPU: the host after it overlaps as the rest
     sync_s = syncs * gpu.sync_s
+    busy_s = host_s - after_s  # the host until its last read
     terms = {"memory": mem_s, "compute": comp_s,
-             "host": host_s if host_s > before_s + gpu_s else 0.0, "sync": sync_s}
+             "host": host_s if busy_s > before_s + gpu_s else 0.0, "sync": sync_s}
     return {
-        "modelled_s": max(host_s, before_s + gpu_s) + sync_s,
+        "modelled_s": max(busy_s, before_s + gpu_s) + sync_s + after_s,
         "gpu_s": gpu_s,
         "host_s": host_s,
         "before_s": before_s,
+        "after_s": after_s,
         "sync_s": sync_s,
         "bound": max(terms, key=terms.get),
         "compute": "sass" if used_sass else "lanes",
     }
 
 
-MODEL = ("max(host, host before the first launch + GPU) + syncs x drain; GPU = sum per launch of "
+MODEL = ("max(host until its last read, host before the first launch + GPU) + syncs x drain + host after "
+         "the read; GPU = sum per launch of "
          "max(bytes/bandwidth, compute); Triton compute from sm_90a SASS")
 MODEL_LANES = MODEL.replace("from sm_90a SASS", "from interpreter lanes (proxy)")
 
@@ -298,6 +310,7 @@ def model_call(counts: Dict, compulsory: Optional[int], gpu: GpuModel = H100_SXM
         gpu_s=result["gpu_s"],
         host_s=result["host_s"],
         before_s=result["before_s"],
+        after_s=result["after_s"],
         sync_s=result["sync_s"],
         host_units=None if host is None else round(host["units"], 1),
         host_method=None if host is None else host["method"],

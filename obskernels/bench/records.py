@@ -109,6 +109,7 @@ class Model:
     gpu_s: Optional[float] = None
     host_s: Optional[float] = None
     before_s: Optional[float] = None
+    after_s: Optional[float] = None  # host after the last read (which waits for the GPU)
     sync_s: Optional[float] = None
     host_units: Optional[float] = None  # measured host path, units of a 1-element add_
     host_method: Optional[str] = None
@@ -230,6 +231,7 @@ JSON_KEYS: Tuple[Tuple[str, str, str, bool], ...] = (
     ("issue_efficiency", "model", "issue_efficiency", False),
     ("model_host_s", "model", "host_s", False),
     ("model_before_s", "model", "before_s", False),
+    ("model_after_s", "model", "after_s", False),
     ("host_units", "model", "host_units", False),
     ("host_method", "model", "host_method", False),
     ("model_sync_s", "model", "sync_s", False),

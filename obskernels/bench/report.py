@@ -88,7 +88,9 @@ def legend(records: Sequence[Record]) -> List[str]:
         "MODELLED: 'x' = bytes moved / compulsory bytes (input read once, outputs written once,"
         " 'view' when none is needed); 'L' = launches per call (aten ops + Triton grids);",
         f"  'GPU us' = modelled time on {r0.model.gpu}, the same formula for every backend:"
-        " max(host, host before the first Triton launch + GPU time) + syncs x drain cost; GPU time ="
+        " max(host until its last read, host before the first Triton launch + GPU time) + syncs x"
+        " drain cost + host after that read (a read of a device value, as get_qparams' one read of"
+        " its status, waits for the GPU); GPU time ="
         " sum over launches of max(bytes/bandwidth, compute); host = the call's host path measured"
         " here with launches stubbed (units of a one-element add_) x the GPU host's unit, + each"
         " Triton launch's issue cost (obskernels/bench/model.py).",

@@ -35,7 +35,7 @@ import contextlib
 import dataclasses
 import math
 import threading
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -44,6 +44,8 @@ from torch.utils._pytree import tree_flatten
 __all__ = [
     "Counts",
     "AtenTraffic",
+    "HOST_READS",
+    "host_reads_seen",
     "TritonTraffic",
     "count_traffic",
     "tensor_bytes",
@@ -63,7 +65,7 @@ class Counts:
     aten_ops: int = 0
     triton_launches: int = 0
     triton_programs: int = 0
-    syncs: int = 0  # device -> host reads (.item(), bool(tensor))
+    syncs: int = 0  # device -> host reads (.item(), bool(tensor), .tolist(), .numpy())
     flops: int = 0  # arithmetic lanes (see the module docstring)
     triton_bytes: int = 0
     triton_unique_bytes: int = 0
@@ -478,9 +480,42 @@ class TritonTraffic:
         return False
 
 
+#: Tensor methods that read a tensor's values into Python without an aten op
+#: on a CPU tensor (``item`` and ``bool`` dispatch one: ``_SYNC_OPS``); on a
+#: GPU each is a device-to-host copy that waits for the queued work (an
+#: observer's one read of its status is a ``tolist``)
+HOST_READS = ("tolist", "numpy")
+
+
+@contextlib.contextmanager
+def host_reads_seen(on_read: Callable[[torch.Tensor], None]) -> Iterator[None]:
+    """Within the block every ``HOST_READS`` call on a tensor first calls
+    ``on_read(tensor)``."""
+    saved = [(name, torch.Tensor.__dict__.get(name)) for name in HOST_READS]  # None: a C method
+
+    def seeing(original):
+        def read(tensor, *args, **kwargs):
+            on_read(tensor)
+            return original(tensor, *args, **kwargs)
+
+        return read
+
+    for name, _ in saved:
+        setattr(torch.Tensor, name, seeing(getattr(torch.Tensor, name)))
+    try:
+        yield
+    finally:
+        for name, own in saved:
+            if own is None:
+                delattr(torch.Tensor, name)
+            else:
+                setattr(torch.Tensor, name, own)
+
+
 @contextlib.contextmanager
 def count_traffic(device: str = "cpu", triton: bool = False) -> Iterator[Counts]:
-    """Counts the aten ops of the block, and the Triton kernels when ``triton``.
+    """Counts the aten ops of the block, its reads of values into Python
+    (``HOST_READS``, as syncs), and the Triton kernels when ``triton``.
 
     Yields the ``Counts`` being filled. With ``triton=True`` the interpreter must
     be on (TRITON_INTERPRET=1); aten ops issued by the interpreter itself while
@@ -491,6 +526,12 @@ def count_traffic(device: str = "cpu", triton: bool = False) -> Iterator[Counts]
         if triton:
             stack.enter_context(TritonTraffic(counts))
         stack.enter_context(AtenTraffic(device, counts))
+
+        def read(tensor):  # a sync, unless triton's interpreter reads a kernel's argument
+            if tensor.device.type == device and not interpreter_active():
+                counts.syncs += 1
+
+        stack.enter_context(host_reads_seen(read))
         yield counts
 
 
