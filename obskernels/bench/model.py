@@ -13,13 +13,14 @@ The host issues work while the GPU runs earlier work, so host time and GPU
 time overlap; the GPU cannot start before the host reaches the first launch
 (an observer is constructed and checks its input first), a read of a device
 value (an observer's one read of its status, in ``get_qparams``) waits until
-the GPU is done, and what the host does after that read comes after both. ``host_units`` is the call's host
-path measured on the running machine with every launch stubbed
-(``hostcost.measure``: units of a one-element CPU ``add_``), scaled by the
-GPU host's unit (a small torch CUDA op: 10 us on the H100 host); each
-Triton launch adds its issue cost (17 us there). Without a host measurement
-the host is ``aten_ops * aten_op_s + triton_launches * triton_launch_s``.
-A host sync (``.item()``) drains the queue and costs a round trip.
+the GPU is done, and what the host does after that read comes after both.
+``host_units`` is the call's host path measured on the running machine with
+every launch stubbed (``hostcost.measure``: units of a one-element CPU
+``add_``), scaled by the GPU host's unit (a small torch CUDA op: 10 us on
+the H100 host); each Triton launch adds its issue cost (17 us there).
+Without a host measurement the host is ``aten_ops * aten_op_s +
+triton_launches * triton_launch_s``. A host sync (``.item()``, ``.tolist()``)
+drains the queue and costs a round trip.
 
 ``compute_i``: for an aten op, one lane per element of its largest operand at
 the fp32 rate; for a Triton launch, the SASS its variant issues on sm_90a
