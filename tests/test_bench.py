@@ -272,7 +272,8 @@ def test_host_paths_go_in_rounds_over_every_path(monkeypatch):
 
     order = []
 
-    def measure(case, target, backend):
+    def measure(case, target, backend, budget_s):
+        assert budget_s == runner.HOST_BUDGET_S
         order.append((case.scheme, backend))
         if backend == "reference":
             raise ValueError("n/a")

@@ -416,8 +416,10 @@ def _projected_torch_counts(case: Case, src: Record, per_launch: List, n_full: i
         ),
     }
 
-#: rounds of ``_host_paths`` over the paths to measure (``hostcost.quietest``)
+#: rounds of ``_host_paths`` over the paths to measure (``hostcost.quietest``),
+#: and each measurement's time budget (a slow path's calls: ``hostcost.measure``)
 HOST_ROUNDS = 3
+HOST_BUDGET_S = 0.05
 
 
 def _host_paths(plan, unavailable, opts: Options) -> Dict[Tuple, Dict]:
@@ -442,7 +444,7 @@ def _host_paths(plan, unavailable, opts: Options) -> Dict[Tuple, Dict]:
             if taken[key] is None:
                 continue
             try:
-                taken[key].append(hostcost.measure(case, target, backend))
+                taken[key].append(hostcost.measure(case, target, backend, budget_s=HOST_BUDGET_S))
             except Exception:  # n/a, unsupported...: the row says why; no host term
                 taken[key] = None
     done = {key: None if not got else hostcost.quietest(got) for key, got in taken.items()}
