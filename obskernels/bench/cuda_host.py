@@ -192,7 +192,8 @@ def measure(n: int = 200, reps: int = 50, progress=None, rounds: int = 5) -> Lis
     if not torch.cuda.is_available():
         raise RuntimeError("no CUDA device is available")
     rows: List[tuple] = [("unit: one-element CUDA add_", _unit()), ("bare Triton launch", _bare_launch())]
-    per_round = max(reps // max(rounds, 1), 1)
+    rounds = max(rounds, 1)
+    per_round = max(reps // rounds, 1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for sc in host.SCENARIOS:
@@ -216,7 +217,7 @@ def measure(n: int = 200, reps: int = 50, progress=None, rounds: int = 5) -> Lis
 
         def report(r: int, timed) -> None:
             if progress:
-                progress.write(f"  round {r + 1} of {max(rounds, 1)}:\n")
+                progress.write(f"  round {r + 1} of {rounds}:\n")
                 for (name, _), done in zip(rows, timed):
                     f = figures(done)
                     progress.write(f"    {name}: loop {f['loop_us']:.1f} us, sync {f['sync_us']:.1f} us\n")

@@ -304,7 +304,8 @@ def measure(scenarios=SCENARIOS, reps: int = 300, warmup: int = 20, rounds: int 
 
     check_default_is_triton()
     unit = unit_seconds()
-    per_round = max(reps // max(rounds, 1), 1)
+    rounds = max(rounds, 1)
+    per_round = max(reps // rounds, 1)
 
     def time_round(fn) -> List[float]:
         times = []

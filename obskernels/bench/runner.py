@@ -432,9 +432,10 @@ def _host_paths(plan, unavailable, opts: Options) -> Dict[Tuple, Dict]:
     if not (opts.model and opts.host):
         return out
     todo = [(c, t, b) for c, t, b in plan if not unavailable[b] and b != "llmc"]
+    keys = {(c, t, b): (c.kind, c.dtype, c.scheme, t, b) for c, t, b in todo}
     paths: Dict[Tuple, Tuple] = {}
-    for case, target, backend in todo:
-        paths.setdefault((case.kind, case.dtype, case.scheme, target, backend), (case, target, backend))
+    for call, key in keys.items():
+        paths.setdefault(key, call)
     t0 = time.perf_counter()
     if opts.progress and todo:
         opts.progress.write(f"measuring the host path of {len(todo)} calls (launches stubbed)...\n")
@@ -448,10 +449,9 @@ def _host_paths(plan, unavailable, opts: Options) -> Dict[Tuple, Dict]:
             except Exception:  # n/a, unsupported...: the row says why; no host term
                 taken[key] = None
     done = {key: None if not got else hostcost.quietest(got) for key, got in taken.items()}
-    for case, target, backend in todo:
-        key = (case.kind, case.dtype, case.scheme, target, backend)
+    for call, key in keys.items():
         if done[key] is not None:
-            out[(case, target, backend)] = done[key]
+            out[call] = done[key]
     if opts.progress and todo:
         opts.progress.write(f"  {len(done)} host paths measured in {HOST_ROUNDS} rounds in "
                             f"{time.perf_counter() - t0:.0f} s\n")
