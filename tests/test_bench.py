@@ -925,3 +925,78 @@ def test_rows_are_timed_after_a_warm_up_of_their_own_calls(monkeypatch):
     calls.clear()
     runner.time_calls(Prepared(fn), "cpu", dataclasses.replace(opts, warmup_s=0.0))
     assert len(calls) == 4
+
+
+def test_rows_of_a_case_take_turns_and_stop_on_their_own_time(monkeypatch):
+    """Calls of 10 ms and 30 ms on the clock, timed together: one call each
+    in turn until a row has its own min_time_s (50 ms at 2 calls or more)
+    or max_reps (4); the 30-ms row stops after its 2nd call, the other goes
+    on alone. The warm-up (25 ms) goes in the same turns."""
+    from obskernels.bench import runner
+    from obskernels.bench.backends import Prepared
+
+    clock = _FakeClock(step=0.0, sync=0.0)
+    order = []
+
+    def row(name, seconds):
+        def fn():
+            order.append(name)
+            clock.now += seconds
+        return Prepared(fn)
+
+    monkeypatch.setattr(runner.time, "perf_counter", clock)
+    opts = Options(min_reps=2, max_reps=4, min_time_s=0.05, warmup_s=0.025, progress=None)
+    timed = runner.time_interleaved([row("a", 0.010), row("b", 0.030)], "cpu", opts)
+    assert "".join(order) == "ab" + "abab" + "aa"
+    assert timed == [pytest.approx((0.010, 4, 0.010)), pytest.approx((0.030, 2, 0.030))]
+
+
+def _two_backend_run(monkeypatch, fail_b_at=None):
+    """``run`` over one case and one op with two backends faked: 'reference'
+    calls of 10 ms, 'llmc-eager' of 30 ms (raising from its call number
+    ``fail_b_at`` on); returns the records by backend and the order of the calls."""
+    from obskernels.bench import runner
+    from obskernels.bench.backends import Prepared
+
+    clock = _FakeClock(step=0.0, sync=0.0)
+    order = []
+
+    def fake_prepare(case, target, backend, device, value):
+        seconds = {"reference": 0.010, "llmc-eager": 0.030}[backend]
+
+        def fn():
+            order.append(backend[0])
+            if backend == "llmc-eager" and fail_b_at is not None and order.count("l") >= fail_b_at:
+                raise RuntimeError("the call broke")
+            clock.now += seconds
+        return Prepared(fn)
+
+    monkeypatch.setattr(runner, "prepare", fake_prepare)
+    monkeypatch.setattr(runner, "backend_unavailable_reason", lambda backend, device: None)
+    monkeypatch.setattr(runner.time, "perf_counter", clock)
+    case = bench_cases.Case("weight", (16, 256), "bf16", "int4-group128", (4096, 4096))
+    opts = Options(mode="tiny", ops=("min_max",), observers=(), backends=("reference", "llmc-eager"),
+                   cases=[case], min_reps=2, max_reps=4, min_time_s=0.05, warmup_s=0.0,
+                   model=False, progress=None)
+    records = {r.backend: r for r in run(opts) if r.scope == "run"}
+    return records, "".join(order)
+
+
+def test_a_cases_backends_are_timed_in_turns(monkeypatch):
+    records, order = _two_backend_run(monkeypatch)
+    # a warm-up call each as the rows are prepared, then the turns
+    assert order == "rl" + "rlrl" + "rr"
+    ref, llmc = records["reference"].timing, records["llmc-eager"].timing
+    assert (ref.measured_s, ref.measured_reps) == (pytest.approx(0.010), 4)
+    assert (llmc.measured_s, llmc.measured_reps) == (pytest.approx(0.030), 2)
+    assert ref.timer == llmc.timer == "wall, synchronised, median (cpu), in turns with the case's other backends"
+    assert records["reference"].status == records["llmc-eager"].status == "measured"
+
+
+def test_a_row_that_fails_in_turns_leaves_the_others_timed_alone(monkeypatch):
+    records, order = _two_backend_run(monkeypatch, fail_b_at=2)  # its first timed call
+    assert order == "rl" + "rl" + "rrrr" + "l"
+    ref, llmc = records["reference"], records["llmc-eager"]
+    assert ref.status == "measured" and ref.timing.measured_reps == 4
+    assert ref.timing.timer == "wall, synchronised, median (cpu)"  # alone
+    assert llmc.status == "error: RuntimeError: the call broke" and llmc.timing.measured_s is None

@@ -4,7 +4,8 @@ For each (case, target, backend) one record:
 - MEASURED (``measured_s``, ``peak_bytes``, ``peak_pct``, ``throughput_gbs``):
   the PyTorch backends on any device; the Triton backends on CUDA only. Wall
   time of one call, synchronised (``torch.cuda.synchronize`` before and after
-  on a GPU, the L2 wiped before), median of repeated calls after a warm-up; an
+  on a GPU, the L2 wiped before), median of repeated calls after a warm-up,
+  the backends of a case and target in turns (``time_interleaved``); an
   observer call includes constructing the observer (``Prepared.build``).
   Peak: the extra memory the call holds above what existed before, as bytes and
   as % of the value's bytes: on a GPU ``torch.cuda.max_memory_allocated``; on
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import itertools
 import os
 import platform
 import statistics
@@ -27,7 +29,7 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, TextIO, Tuple
+from typing import Dict, List, NamedTuple, Optional, TextIO, Tuple
 
 import torch
 
@@ -177,29 +179,47 @@ def _one_call(prepared, device: str, flush=None) -> float:
     return time.perf_counter() - t0
 
 
-def time_calls(prepared, device: str, opts: Options) -> Tuple[float, int, float]:
-    """Median seconds of one call, how many calls were timed (after the warm-up),
-    and the fastest call (a guide when other work shares the machine).
+def time_interleaved(prepared: List, device: str, opts: Options) -> List[Tuple[float, int, float]]:
+    """Per call of ``prepared`` (the rows of one case and target, one per
+    backend): the median seconds of one call, how many calls were timed
+    (after the warm-up), and the fastest call (a guide when other work
+    shares the machine).
 
-    The warm-up: calls made as the timed ones, untimed, for ``opts.warmup_s``
-    (as triton.testing.do_bench's 25 ms), so that a row is not timed while
-    the GPU's clocks still climb from the previous row's lighter work (a
-    row of host-bound calls leaves a GPU mostly idle)."""
-    times: List[float] = []
+    The rows take turns, one call each, so that they are timed under the
+    same state of the machine (the GPU's clocks, the host's load): timed one
+    after another, two rows of the same kernels read 0.13 and 0.20 ms on an
+    H200's host. A row stops as it did alone, on its own calls' time (each
+    call with what precedes it, ``_before_call``): at ``opts.max_reps``, at
+    ``opts.min_reps`` once ``opts.min_time_s`` is spent, or after
+    ``opts.max_time_s``; the others go on taking turns.
+
+    The warm-up: calls made as the timed ones, untimed, in the same turns,
+    for ``opts.warmup_s`` (as triton.testing.do_bench's 25 ms), so that no
+    row is timed while the GPU's clocks still climb from lighter work (a row
+    of host-bound calls leaves a GPU mostly idle)."""
     flush = _wipe_buffer(device)
     start = time.perf_counter()
     while time.perf_counter() - start < opts.warmup_s:
-        _one_call(prepared, device, flush)
-    start = time.perf_counter()
-    while True:
-        times.append(_one_call(prepared, device, flush))
-        n = len(times)
-        elapsed = time.perf_counter() - start
-        if n >= opts.max_reps or (n >= opts.min_reps and elapsed >= opts.min_time_s):
-            break
-        if elapsed >= opts.max_time_s:
-            break
-    return statistics.median(times), len(times), min(times)
+        for p in prepared:
+            _one_call(p, device, flush)
+    times: List[List[float]] = [[] for _ in prepared]
+    spent = [0.0] * len(prepared)
+    running = list(range(len(prepared)))
+    while running:
+        for i in list(running):
+            t0 = time.perf_counter()
+            times[i].append(_one_call(prepared[i], device, flush))
+            spent[i] += time.perf_counter() - t0
+            n = len(times[i])
+            if (n >= opts.max_reps or (n >= opts.min_reps and spent[i] >= opts.min_time_s)
+                    or spent[i] >= opts.max_time_s):
+                running.remove(i)
+    return [(statistics.median(t), len(t), min(t)) for t in times]
+
+
+def time_calls(prepared, device: str, opts: Options) -> Tuple[float, int, float]:
+    """``time_interleaved`` of one row alone."""
+    return time_interleaved([prepared], device, opts)[0]
 
 
 #: calls ``device_split`` profiles per row
@@ -317,9 +337,12 @@ class _Progress:
         self.stream.flush()
 
 def _measured(prepared, device: str, opts: Options, peak_bytes: Optional[int] = None,
-              peak_method: Optional[str] = None) -> Timing:
-    """Times ``prepared``; the peak is CUDA's on a GPU, else the one given."""
-    median, reps, fastest = time_calls(prepared, device, opts)
+              peak_method: Optional[str] = None, timed: Optional[Tuple[float, int, float]] = None,
+              timer: str = "") -> Timing:
+    """The timing of ``prepared``: ``timed`` (``time_interleaved``'s figures
+    for it, taken with ``timer``: how) or, without, ``time_calls``' of it
+    alone; the peak is CUDA's on a GPU, else the one given."""
+    median, reps, fastest = timed if timed is not None else time_calls(prepared, device, opts)
     if device == "cuda":
         peak_bytes, peak_method = cuda_peak(prepared), "torch.cuda.max_memory_allocated above the memory held before"
     split = dict(device_s=None, device_ops=None, device_method=None)
@@ -334,27 +357,59 @@ def _measured(prepared, device: str, opts: Options, peak_bytes: Optional[int] = 
                 + ("device time of the call's kernels and copies" if device == "cuda"
                    else "its top-level aten ops"))
     return Timing(measured_s=median, measured_reps=reps, measured_min_s=fastest,
-                  timer=f"wall, synchronised, median ({device})",
+                  timer=f"wall, synchronised, median ({device}){timer}",
                   peak_bytes=peak_bytes, peak_method=peak_method, **split)
 
-def _torch_path(case, target, backend, value, device, opts, rec: Record, host=None) -> Tuple[Record, List]:
-    """A path whose every launch is an aten op: count exactly (when modelling),
-    then time. Returns the record and the call's per-launch counts (for the projection)."""
+class _ToTime(NamedTuple):
+    """A row to time (``_time_rows``): its prepared call, warmed up, and the
+    peak memory already taken of it, if any, with its method."""
+
+    prepared: object
+    peak_bytes: Optional[int] = None
+    peak_method: Optional[str] = None
+
+
+def _time_rows(rows: List[_ToTime], device: str, opts: Options) -> List[object]:
+    """The ``Timing`` of each row of one case and target (one per backend),
+    the rows timed in turns (``time_interleaved``); where that fails, each
+    row alone, a row that fails giving its exception in its place."""
+    timer = ", in turns with the case's other backends" if len(rows) > 1 else ""
+    try:
+        timed = time_interleaved([r.prepared for r in rows], device, opts)
+    except Exception:  # find which, timing each alone
+        timed, timer = [None] * len(rows), ""
+    out: List[object] = []
+    for row, t in zip(rows, timed):
+        try:
+            out.append(_measured(row.prepared, device, opts, row.peak_bytes, row.peak_method, t, timer))
+        except Exception as exc:
+            out.append(exc)
+    return out
+
+
+def _torch_path(case, target, backend, value, device, opts, rec: Record,
+                host=None) -> Tuple[Record, List, _ToTime]:
+    """A path whose every launch is an aten op: count exactly (when modelling).
+    Returns the record, the call's per-launch counts (for the projection)
+    and the row to time."""
     prepared = prepare(case, target, backend, device=device, value=value)
     if not opts.model or backend == "llmc":  # "llmc" is measured only (its GPU path is not all aten)
         _one_call(prepared, device)  # warm-up
-        timing = _measured(prepared, device, opts)
-        return rec.replace(timing=timing, status="measured"), []
+        return rec, [], _ToTime(prepared)
     counts, comp, _ = count_call(prepared, device, triton=False)  # also the warm-up
     d = counts.to_dict()
     d["count_method"] = "exact: aten ops counted at this shape"
     traffic, model = model_call(d, comp, opts.gpu, host=host)
-    timing = _measured(prepared, device, opts, counts.peak_bytes,
-                       "live storage of aten outputs during the call (TorchDispatchMode)")
-    return rec.replace(traffic=traffic, model=model, timing=timing, status="measured"), d["per_launch"]
+    return (rec.replace(traffic=traffic, model=model), d["per_launch"],
+            _ToTime(prepared, counts.peak_bytes,
+                    "live storage of aten outputs during the call (TorchDispatchMode)"))
+
 
 def _triton_path(case, target, backend, value, device, opts, rec: Record, modelled: Dict,
-                 sass: Optional[Dict] = None, host: Optional[Dict] = None) -> Record:
+                 sass: Optional[Dict] = None,
+                 host: Optional[Dict] = None) -> Tuple[Record, Optional[_ToTime]]:
+    """A Triton path: its model where it was modelled; on CUDA the row to
+    time (None where there is none to time)."""
     if modelled.get("status") == "ok":
         traffic, model = model_call(modelled, modelled.get("compulsory_bytes"), opts.gpu, sass, host)
         rec = rec.replace(traffic=traffic, model=model, status="modelled")
@@ -364,12 +419,13 @@ def _triton_path(case, target, backend, value, device, opts, rec: Record, modell
         if rec.status == "modelled":
             rec = rec.replace(note="not measured: no CUDA device (the interpreter's time means nothing)",
                               timing=_interpreter_peak(case, target, backend, value))
-        return rec
+        return rec, None
     if (rec.status or "").startswith(("unsupported", "n/a")):
-        return rec
+        return rec, None
     prepared = prepare(case, target, backend, device=device, value=value)
     _one_call(prepared, device)  # warm-up (compiles)
-    return rec.replace(timing=_measured(prepared, device, opts), status="measured")
+    return rec, _ToTime(prepared)
+
 
 def interpreter_peak_bytes(prepared) -> int:
     """Peak extra memory of one call of a Triton path run by triton's interpreter."""
@@ -457,6 +513,11 @@ def _host_paths(plan, unavailable, opts: Options) -> Dict[Tuple, Dict]:
                             f"{time.perf_counter() - t0:.0f} s\n")
     return out
 
+def _error(exc: Exception) -> str:
+    """A row's status after ``exc``."""
+    return f"error: {type(exc).__name__}: {str(exc)[:300]}"
+
+
 def run(opts: Options) -> List[Record]:
     """Runs the sweep; writes nothing (see report.write_all). Returns the records."""
     device = opts.device
@@ -512,39 +573,49 @@ def run(opts: Options) -> List[Record]:
     # 1c. the host path of every call, launches stubbed: the host term
     hosts = _host_paths(plan, unavailable, opts)
 
-    # 2. measure (and count the PyTorch paths exactly)
+    # 2. measure (and count the PyTorch paths exactly); a case and target's
+    # backends are timed together, in turns (``_time_rows``)
     records: List[Record] = []
     torch_launches: Dict[Tuple, List] = {}  # per-launch counts of the PyTorch paths
     progress = _Progress(opts.progress, len(plan))
     value_cache: Dict[Case, torch.Tensor] = {}
-    for case, target, backend in plan:
+    for (case, target), group in itertools.groupby(plan, key=lambda entry: entry[:2]):
         if case not in value_cache:
             value_cache.clear()
             value_cache[case] = make_value(case, device=device)
         value = value_cache[case]
-        rec = _base_record(case, target, backend, case.shape, ctx)
-        host = hosts.get((case, target, backend))
-        try:
-            if unavailable[backend]:
-                rec = rec.replace(status=f"unavailable: {unavailable[backend]}")
-            elif backend in ("triton", "llmc-triton"):
-                key = (case, target, backend, tuple(case.shape))
-                rec = _triton_path(case, target, backend, value, device, opts, rec,
-                                   modelled.get(key, {}), sass.get(key), host)
-            else:
-                rec, torch_launches[(case, target, backend)] = _torch_path(
-                    case, target, backend, value, device, opts, rec, host)
-        except NotApplicable as exc:
-            rec = rec.replace(status=f"n/a: {exc}")
-        except Exception as exc:
-            rec = rec.replace(status=f"error: {type(exc).__name__}: {str(exc)[:300]}")
-        rec = _with_peak_pct(_per_element(rec, target, case.shape), case)
-        if rec.timing.measured_s and rec.traffic.compulsory_bytes:
-            rec = rec.replace(timing=dataclasses.replace(
-                rec.timing, throughput_gbs=rec.traffic.compulsory_bytes / rec.timing.measured_s / 1e9))
-        rec = rec.replace(provenance=dataclasses.replace(rec.provenance, timestamp=_now()))
-        records.append(rec)
-        progress(rec)
+        rows: List[Tuple[Record, Optional[_ToTime]]] = []
+        for _, _, backend in group:
+            rec, row = _base_record(case, target, backend, case.shape, ctx), None
+            host = hosts.get((case, target, backend))
+            try:
+                if unavailable[backend]:
+                    rec = rec.replace(status=f"unavailable: {unavailable[backend]}")
+                elif backend in ("triton", "llmc-triton"):
+                    key = (case, target, backend, tuple(case.shape))
+                    rec, row = _triton_path(case, target, backend, value, device, opts, rec,
+                                            modelled.get(key, {}), sass.get(key), host)
+                else:
+                    rec, torch_launches[(case, target, backend)], row = _torch_path(
+                        case, target, backend, value, device, opts, rec, host)
+            except NotApplicable as exc:
+                rec = rec.replace(status=f"n/a: {exc}")
+            except Exception as exc:
+                rec = rec.replace(status=_error(exc))
+            rows.append((rec, row))
+        timings = iter(_time_rows([row for _, row in rows if row is not None], device, opts))
+        for rec, row in rows:
+            if row is not None:
+                timing = next(timings)
+                rec = (rec.replace(status=_error(timing)) if isinstance(timing, Exception)
+                       else rec.replace(timing=timing, status="measured"))
+            rec = _with_peak_pct(_per_element(rec, target, case.shape), case)
+            if rec.timing.measured_s and rec.traffic.compulsory_bytes:
+                rec = rec.replace(timing=dataclasses.replace(
+                    rec.timing, throughput_gbs=rec.traffic.compulsory_bytes / rec.timing.measured_s / 1e9))
+            rec = rec.replace(provenance=dataclasses.replace(rec.provenance, timestamp=_now()))
+            records.append(rec)
+            progress(rec)
 
     # 3. full-size projections of the scaled (quick) cases: modelled only
     by_key = {(r.case.label, r.op, r.backend): r for r in records}
