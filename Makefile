@@ -16,7 +16,12 @@ PYTHON ?= $(VENV)/bin/python
 # as a package named plain `kernels`, which transformers probes; the folder
 # stays empty under that name, and tests/test_packaging.py checks the import.)
 # Kernel tests run the Triton kernels on the CPU through triton's interpreter.
-TEST_ENV = TRITON_INTERPRET=1 OMP_NUM_THREADS=2 PYTHONSAFEPATH=1
+# The suite runs in JOBS worker processes (pytest-xdist; default one per logical
+# CPU, each on one thread; JOBS=1: one process on two threads): the interpreter
+# is single-threaded Python, so workers, not threads, use a machine's cores.
+JOBS ?= logical
+XDIST = $(if $(filter 1,$(JOBS)),,-n $(JOBS))
+TEST_ENV = TRITON_INTERPRET=1 OMP_NUM_THREADS=$(if $(filter 1,$(JOBS)),2,1) PYTHONSAFEPATH=1
 
 # One set-up stamp per interpreter, so switching PYTHON sets up the new one.
 ifeq ($(PYTHON),$(VENV)/bin/python)
@@ -59,11 +64,11 @@ triton-env: $(TRITON_LOW_STAMP)
 # The whole suite: reference, kernels under the interpreter, observers, DDP,
 # the compile check under both tritons.
 test: $(STAMP) $(TRITON_LOW_STAMP)
-	$(TEST_ENV) $(COMPILE_ENV) $(PYTHON) -m pytest -q -p no:cacheprovider
+	$(TEST_ENV) $(COMPILE_ENV) $(PYTHON) -m pytest -q -p no:cacheprovider $(XDIST)
 
 # Everything but the slow process-spawning tests.
 test-fast: $(STAMP) $(TRITON_LOW_STAMP)
-	$(TEST_ENV) $(COMPILE_ENV) $(PYTHON) -m pytest -q -p no:cacheprovider -m "not slow"
+	$(TEST_ENV) $(COMPILE_ENV) $(PYTHON) -m pytest -q -p no:cacheprovider $(XDIST) -m "not slow"
 
 bench: $(STAMP)
 	PYTHONSAFEPATH=1 $(PYTHON) -m obskernels.bench $(BENCH_ARGS)
