@@ -723,12 +723,19 @@ def test_cuda_host_times_per_call_from_the_clock(monkeypatch):
 def test_cuda_host_rounds_go_over_every_row_in_turn(monkeypatch):
     """cuda_host.measure times its rows in interleaved rounds (each round
     times every row), a row's loop figure the fastest round's and its sync
-    figure the quietest round's median; units over the unit row's loop.
-    Faked: CUDA, the rows' calls (each advancing a clock by its own cost)."""
+    and wiped figures the quietest round's median; units over the unit
+    row's loop. Faked: CUDA, the L2 wipe, the rows' calls (each advancing a
+    clock by its own cost, 0.5 more right after a wipe)."""
     from obskernels.bench import cuda_host, host
 
     clock = _FakeClock(step=0.0, sync=1.0)
     order = []
+    wiped = [False]
+
+    def wipe():
+        order.append("wipe")
+        wiped[0] = True
+        clock.now += 100.0  # untimed
 
     def row(name, cost, quiet=None):
         """A call costing ``cost``, or ``quiet`` in the second round."""
@@ -737,8 +744,9 @@ def test_cuda_host_rounds_go_over_every_row_in_turn(monkeypatch):
         def call():
             order.append(name)
             made.append(name)
-            second = quiet is not None and 5 + 4 < len(made) <= 5 + 8  # after 5 warm-up calls
-            clock.now += quiet if second else cost
+            second = quiet is not None and 5 + 6 < len(made) <= 5 + 12  # after 5 warm-up calls
+            clock.now += (quiet if second else cost) + (0.5 if wiped[0] else 0.0)
+            wiped[0] = False
         return call
 
     minmax = next(sc for sc in host.SCENARIOS if sc.name == "minmax call")
@@ -749,20 +757,23 @@ def test_cuda_host_rounds_go_over_every_row_in_turn(monkeypatch):
     monkeypatch.setattr(cuda_host, "_unit", lambda: row("unit", 2.0))
     monkeypatch.setattr(cuda_host, "_bare_launch", lambda: row("launch", 3.0))
     monkeypatch.setattr(cuda_host, "_through_triton", lambda fn: row("through triton", 7.0))
+    monkeypatch.setattr(cuda_host, "_lead_rows", lambda: [("lead call", row("lead", 9.0))])
     monkeypatch.setattr(cuda_host, "_activation_rows", lambda: [])
+    monkeypatch.setattr(cuda_host, "_wipe", lambda: wipe)
     monkeypatch.setattr(host, "SCENARIOS", (minmax,))
     monkeypatch.setattr(host, "_call_of", lambda sc, device="cpu": row(sc.name, 5.0, quiet=4.0))
     rows = cuda_host.measure(n=2, reps=6, rounds=3)
-    names = ["unit", "launch", "minmax call", "through triton"]
+    names = ["unit", "launch", "minmax call", "through triton", "lead"]
     assert [r["row"] for r in rows] == ["unit: one-element CUDA add_", "bare Triton launch",
-                                        "minmax call", "minmax call, Triton's launch path"]
-    warm, timed = order[:20], order[20:]
+                                        "minmax call", "minmax call, Triton's launch path", "lead call"]
+    warm, timed = order[:25], order[25:]
     assert warm == [name for name in names for _ in range(5)]
-    # a round: per row, 2 calls back to back, then 2 single calls
-    assert timed == [name for name in names for _ in range(4)] * 3
-    for r, cost in zip(rows, (2.0, 3.0, 4.0, 7.0)):  # the minmax call's quiet second round
+    # a round: per row, 2 calls back to back, 2 single calls, 2 single calls after a wipe each
+    assert timed == [step for name in names for step in [name] * 4 + ["wipe", name] * 2] * 3
+    for r, cost in zip(rows, (2.0, 3.0, 4.0, 7.0, 9.0)):  # the minmax call's quiet second round
         assert r["loop_us"] == pytest.approx((2 * cost + 1.0) / 2 * 1e6)  # one synchronisation timed
         assert r["sync_us"] == pytest.approx((cost + 1.0) * 1e6)
+        assert r["wiped_us"] == pytest.approx((cost + 0.5 + 1.0) * 1e6)
         assert r["units"] == pytest.approx(r["loop_us"] / rows[0]["loop_us"])
 
 
@@ -790,9 +801,12 @@ def test_cuda_host_measures_every_row():
     scenarios = [s.name for s in host.SCENARIOS if not s.drop_in or llmc_available()]
     assert names[2:2 + len(scenarios)] == scenarios
     assert "activation forward 2048x4096, CUDA graph replay" in names
+    assert [n for n in names if n.startswith("memoryless_minmax w4096x4096 bf16 ")] == [
+        f"memoryless_minmax w4096x4096 bf16 {scheme}" for scheme in bench_cases.WEIGHT_SCHEMES]
     assert {"minmax call, Triton's launch path", "activation forward 2048x4096, Triton's launch path"} <= set(names)
     assert rows[0]["units"] == 1.0
-    assert all(r["loop_us"] > 0 and r["sync_us"] > 0 and r["kind"] == "measured" for r in rows)
+    assert all(r["loop_us"] > 0 and r["sync_us"] > 0 and r["wiped_us"] > 0 and r["kind"] == "measured"
+               for r in rows)
 
 
 def test_oneshot_comparison_alternates_the_modes_repeated_calls(monkeypatch):

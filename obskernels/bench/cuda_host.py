@@ -7,13 +7,16 @@ The companion of ``obskernels.bench.host`` (the CPU proxy, launches stubbed):
 the same scenarios, on CUDA tensors with the kernels compiled for the GPU,
 timed on the wall, plus what the proxy and the bench's model take as given.
 
-Every row gives two times, in microseconds:
+Every row gives three times, in microseconds:
 - ``loop_us``: ``n`` calls back to back, then one synchronisation, divided by
   ``n`` -- what a calibration loop pays per call, the host issuing while the
   GPU runs earlier work (the fastest of the rounds);
 - ``sync_us``: one call and a synchronisation -- the latency of a single
   call (the quietest round's median, ``host.quiet_seconds``, of ``reps`` in
-  all).
+  all);
+- ``wiped_us``: the same after the L2 is wiped (256 MB zeroed) and the
+  device synchronised, as the bench's lead rows time a call
+  (``runner._one_call``): the quietest round's median of ``reps``.
 The rows are timed in 5 rounds that go over all of them in turn
 (``host.interleaved``), so that a stretch of other work on the GPU's host
 slows one round of every row rather than every call of one.
@@ -27,6 +30,9 @@ Rows:
   drop-in's where llm-compressor imports), and the minmax call again with
   every launch through Triton's launch path (launch replays off,
   kernels/_replay.py);
+- the lead table's min/max weight calls: a memoryless_minmax call (new,
+  observe, get_qparams) on the bench's 4096x4096 bf16 value of each weight
+  scheme, so that a lead row reads beside the same call timed here;
 - an fp8 activation's static_minmax forward at 2048x4096 bf16 (the
   calibration loop's repeated call): obskernels' observer eagerly (and with
   launch replays off), the same forward captured in a CUDA graph and replayed (``nonfinite="propagate"``,
@@ -46,7 +52,8 @@ import sys
 import time
 from typing import Callable, Dict, List, Optional
 
-__all__ = ["measure", "main", "ACTIVATION_SHAPE", "loop_seconds", "sync_times", "sync_seconds"]
+__all__ = ["measure", "main", "ACTIVATION_SHAPE", "LEAD_WEIGHT_SHAPE", "loop_seconds", "sync_times",
+           "wiped_times", "sync_seconds"]
 
 try:  # the bare launch's kernel (this module imports without triton too)
     import triton
@@ -62,6 +69,8 @@ if triton is not None:
 
 #: the activation of the bench's lead table (a2048x4096): tokens x hidden
 ACTIVATION_SHAPE = (2048, 4096)
+#: the weights of the bench's lead table (w4096x4096)
+LEAD_WEIGHT_SHAPE = (4096, 4096)
 
 
 def _sync() -> None:
@@ -88,6 +97,20 @@ def sync_times(fn: Callable[[], object], reps: int) -> List[float]:
     """Seconds of ``reps`` single calls, each synchronised."""
     times = []
     for _ in range(reps):
+        _sync()
+        t0 = time.perf_counter()
+        fn()
+        _sync()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def wiped_times(fn: Callable[[], object], reps: int, wipe: Callable[[], object]) -> List[float]:
+    """Seconds of ``reps`` single calls, each after ``wipe()`` (the L2 wiped)
+    and a synchronisation, synchronised."""
+    times = []
+    for _ in range(reps):
+        wipe()
         _sync()
         t0 = time.perf_counter()
         fn()
@@ -128,6 +151,35 @@ def _through_triton(fn: Callable[[], object]) -> Callable[[], object]:
             _replay.ENABLED = True
 
     return call
+
+
+def _wipe() -> Callable[[], object]:
+    """Zeroes 256 MB of the GPU (more than any L2), as the lead rows do."""
+    from obskernels.bench.runner import _wipe_buffer
+
+    return _wipe_buffer("cuda").zero_
+
+
+def _lead_rows() -> List[tuple]:
+    """(name, call) of the lead table's memoryless_minmax weight calls: a new
+    observer, observe, get_qparams on each weight scheme's 4096x4096 bf16
+    bench value."""
+    from obskernels import Observer
+    from obskernels.bench.cases import SCHEMES, WEIGHT_SCHEMES, Case, make_value
+
+    def call_of(value, args):
+        def call():
+            obs = Observer.load_from_registry("memoryless_minmax", base_name="weight", args=args)
+            obs(value)
+            return obs.get_qparams()
+        return call
+
+    rows = []
+    for name in WEIGHT_SCHEMES:
+        case = Case("weight", LEAD_WEIGHT_SHAPE, "bf16", name)
+        rows.append((f"memoryless_minmax {case.label}",
+                     call_of(make_value(case, device="cuda"), SCHEMES[name].qargs())))
+    return rows
 
 
 def _activation_value():
@@ -203,24 +255,29 @@ def measure(n: int = 200, reps: int = 50, progress=None, rounds: int = 5) -> Lis
         minmax = next(sc for sc in host.SCENARIOS if sc.name == "minmax call")
         rows.append(("minmax call, Triton's launch path",
                      _through_triton(host._call_of(minmax, device="cuda"))))
+        rows += _lead_rows()
         rows += _activation_rows()
+        wipe = _wipe()
         for _, fn in rows:
             for _ in range(5):
                 fn()  # compiled, planned and allocated before timing
 
         def figures(done) -> Dict:
-            return {"loop_us": min(loop for loop, _ in done) * 1e6,
-                    "sync_us": host.quiet_seconds([times for _, times in done]) * 1e6}
+            return {"loop_us": min(loop for loop, _, _ in done) * 1e6,
+                    "sync_us": host.quiet_seconds([times for _, times, _ in done]) * 1e6,
+                    "wiped_us": host.quiet_seconds([times for _, _, times in done]) * 1e6}
 
         def time_round(fn):
-            return loop_seconds(fn, n, rounds=1), sync_times(fn, per_round)
+            return (loop_seconds(fn, n, rounds=1), sync_times(fn, per_round),
+                    wiped_times(fn, per_round, wipe))
 
         def report(r: int, timed) -> None:
             if progress:
                 progress.write(f"  round {r + 1} of {rounds}:\n")
                 for (name, _), done in zip(rows, timed):
                     f = figures(done)
-                    progress.write(f"    {name}: loop {f['loop_us']:.1f} us, sync {f['sync_us']:.1f} us\n")
+                    progress.write(f"    {name}: loop {f['loop_us']:.1f} us, sync {f['sync_us']:.1f} us, "
+                                   f"wiped {f['wiped_us']:.1f} us\n")
                 progress.flush()
 
         timed = host.interleaved([fn for _, fn in rows], rounds, time_round, report)
@@ -259,9 +316,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     print(f"MEASURED on {rows[0]['device']}: wall time per call; unit = one 1-element CUDA add_ "
           f"= {rows[0]['unit_us']:.2f} us (back to back)")
-    print(f"{'row':58} {'loop us':>9} {'sync us':>9} {'units':>7}")
+    print(f"{'row':58} {'loop us':>9} {'sync us':>9} {'wiped us':>9} {'units':>7}")
     for r in rows:
-        print(f"{r['row']:58} {r['loop_us']:9.1f} {r['sync_us']:9.1f} {r['units']:7.1f}")
+        print(f"{r['row']:58} {r['loop_us']:9.1f} {r['sync_us']:9.1f} {r['wiped_us']:9.1f} "
+              f"{r['units']:7.1f}")
     return 0
 
 
