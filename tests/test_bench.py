@@ -1014,3 +1014,21 @@ def test_a_row_that_fails_in_turns_leaves_the_others_timed_alone(monkeypatch):
     assert ref.status == "measured" and ref.timing.measured_reps == 4
     assert ref.timing.timer == "wall, synchronised, median (cpu)"  # alone
     assert llmc.status == "error: RuntimeError: the call broke" and llmc.timing.measured_s is None
+
+
+def test_the_sm90a_compiles_run_beside_the_counts_and_end_before_the_host_is_timed(monkeypatch):
+    """The SASS worker starts before the interpreter's counts (a second core
+    compiles meanwhile) and is collected before the host paths are timed
+    (which a busy machine would slow)."""
+    from obskernels.bench import runner
+
+    events = []
+    monkeypatch.setattr(runner, "start_sass",
+                        lambda jobs, progress, python=None: events.append(("start", len(jobs))) or "run")
+    monkeypatch.setattr(runner, "model_counts", lambda c, t, b, s: events.append("count") or {"status": "x"})
+    monkeypatch.setattr(runner, "sass_results", lambda run: events.append(("collect", run)) or [{}])
+    monkeypatch.setattr(runner, "_host_paths", lambda plan, unavailable, opts: events.append("host") or {})
+    case = bench_cases.Case("weight", (16, 256), "bf16", "int4-group128", (4096, 4096))
+    run(Options(mode="tiny", ops=("min_max",), observers=(), backends=("triton",), cases=[case],
+                project_full=False, min_reps=1, max_reps=1, min_time_s=0.0, progress=None))
+    assert events == [("start", 1), "count", ("collect", "run"), "host"]

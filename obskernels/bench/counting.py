@@ -21,9 +21,10 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
-from typing import Dict, List, Optional, TextIO, Tuple
+from typing import Dict, List, NamedTuple, Optional, TextIO, Tuple
 
 from obskernels.bench.backends import NotApplicable, prepare
 from obskernels.bench.cases import OBSERVERS, OPS, Case, Target
@@ -32,7 +33,8 @@ from obskernels.bench.traffic import Counts, count_traffic
 from obskernels.spec.search import IMATRIX_DEFAULTS, MSE_DEFAULTS, NVFP4_EXPANDED, num_steps
 
 __all__ = ["count_call", "model_counts", "search_steps", "count_worker", "sass_worker",
-           "model_in_subprocess", "sass_in_subprocess", "DIRECT_COUNT_LIMIT"]
+           "model_in_subprocess", "start_sass", "sass_results", "SassRun",
+           "DIRECT_COUNT_LIMIT"]
 
 # a Triton count runs directly at the record's shape up to this many elements;
 # above it, at two reduced shapes (the interpreter is slow)
@@ -221,13 +223,29 @@ def _extrapolate_launches(points, n: int) -> List[List]:
     return out
 
 
-def sass_in_subprocess(jobs: List[Tuple[Case, Target, str, Tuple[int, int]]], progress,
-                       python: Optional[str] = None) -> List[Dict]:
-    """Runs ``sass_worker`` in a child process WITHOUT the interpreter: each
+#: the longest a SASS worker may take (its calls compiled one after another)
+SASS_TIMEOUT_S = 1800
+
+
+class SassRun(NamedTuple):
+    """A ``--sass-worker`` child under way (``start_sass``): its process, the
+    file its jobs are read from, how many jobs, and when it started."""
+
+    proc: object
+    jobs_file: object
+    n_jobs: int
+    started: float
+
+
+def start_sass(jobs: List[Tuple[Case, Target, str, Tuple[int, int]]], progress,
+               python: Optional[str] = None) -> SassRun:
+    """Starts ``sass_worker`` in a child process WITHOUT the interpreter: each
     Triton call is recorded at its shape with the GPU's launch configuration
     and its kernels compiled to sm_90a (obskernels.tools.kernel_report) by the
     triton of ``python`` (default: this interpreter; e.g. an environment with
-    the triton the GPU runs)."""
+    the triton the GPU runs). It runs while this process goes on (the
+    interpreter's counts: a second core compiles meanwhile); ``sass_results``
+    collects it."""
     payload = [
         {"case": dataclasses.asdict(c), "target": t.label if t.kind == "op" else t.name,
          "target_kind": t.kind, "backend": b, "shape": list(s)}
@@ -235,17 +253,32 @@ def sass_in_subprocess(jobs: List[Tuple[Case, Target, str, Tuple[int, int]]], pr
     ]
     env = dict(os.environ, PYTHONSAFEPATH="1")
     env.pop("TRITON_INTERPRET", None)
+    jobs_file = tempfile.TemporaryFile("w+")  # the jobs: no pipe to fill while the child waits
+    json.dump(payload, jobs_file)
+    jobs_file.seek(0)
+    proc = subprocess.Popen(
+        [python or sys.executable, "-m", "obskernels.bench", "--sass-worker"],
+        stdin=jobs_file, stdout=subprocess.PIPE, text=True, env=env,
+        stderr=subprocess.DEVNULL if progress is None else None,
+    )
+    return SassRun(proc, jobs_file, len(jobs), time.monotonic())
+
+
+def sass_results(run: SassRun) -> List[Dict]:
+    """The per-launch SASS profiles of a ``start_sass`` child, one per job
+    (each an error status where the child failed or passed its time)."""
+    left = max(SASS_TIMEOUT_S - (time.monotonic() - run.started), 1.0)
     try:
-        proc = subprocess.run(
-            [python or sys.executable, "-m", "obskernels.bench", "--sass-worker"],
-            input=json.dumps(payload), stdout=subprocess.PIPE, text=True, env=env,
-            stderr=subprocess.DEVNULL if progress is None else None, timeout=1800,
-        )
+        out, _ = run.proc.communicate(timeout=left)
     except subprocess.TimeoutExpired:
-        return [{"status": "error: the SASS worker timed out"} for _ in jobs]
-    if proc.returncode != 0:
-        return [{"status": f"error: the SASS worker exited with {proc.returncode}"} for _ in jobs]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+        run.proc.kill()
+        run.proc.communicate()
+        return [{"status": "error: the SASS worker timed out"}] * run.n_jobs
+    finally:
+        run.jobs_file.close()
+    if run.proc.returncode != 0:
+        return [{"status": f"error: the SASS worker exited with {run.proc.returncode}"}] * run.n_jobs
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def _decode_job(job: Dict) -> Tuple[Case, Target]:

@@ -45,7 +45,8 @@ from obskernels.bench.counting import (
     count_call,
     model_counts,
     model_in_subprocess,
-    sass_in_subprocess,
+    sass_results,
+    start_sass,
     search_steps,
 )
 from obskernels.bench.model import H100_SXM, GpuModel, model_call
@@ -543,6 +544,15 @@ def run(opts: Options) -> List[Record]:
                 projections.append((c, t, b))
         jobs += [(c, t, b, c.full_shape) for c, t, b in projections if b in triton_backends]
     modelled: Dict[Tuple, Dict] = {}
+    # 1b (started first, collected after 1). the same Triton calls recorded
+    # with the GPU's launch configuration and compiled to sm_90a in a child
+    # process, while this one counts: the compute term of the model
+    sass_run = None
+    if jobs and opts.sass:
+        if opts.progress:
+            opts.progress.write(f"compiling the kernels of {len(jobs)} Triton calls for sm_90a "
+                                "in a child process, meanwhile...\n")
+        sass_run = start_sass(jobs, opts.progress, opts.sass_python)
     if jobs:
         if opts.progress:
             opts.progress.write(f"modelling {len(jobs)} Triton calls in triton's interpreter...\n")
@@ -562,15 +572,14 @@ def run(opts: Options) -> List[Record]:
                     )
         for (c, t, b, s), r in zip(jobs, results):
             modelled[(c, t, b, tuple(s))] = r
-    # 1b. the same Triton calls recorded with the GPU's launch configuration and
-    # compiled to sm_90a: the compute term of the model
     sass: Dict[Tuple, Dict] = {}
-    if jobs and opts.sass:
+    if sass_run is not None:
         if opts.progress:
-            opts.progress.write(f"compiling the kernels of {len(jobs)} Triton calls for sm_90a...\n")
-        for (c, t, b, s), r in zip(jobs, sass_in_subprocess(jobs, opts.progress, opts.sass_python)):
+            opts.progress.write("waiting for the sm_90a compiles...\n")
+        for (c, t, b, s), r in zip(jobs, sass_results(sass_run)):
             sass[(c, t, b, tuple(s))] = r
-    # 1c. the host path of every call, launches stubbed: the host term
+    # 1c. the host path of every call, launches stubbed: the host term (timed
+    # on a machine the compiles no longer share)
     hosts = _host_paths(plan, unavailable, opts)
 
     # 2. measure (and count the PyTorch paths exactly); a case and target's
