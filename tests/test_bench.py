@@ -1032,3 +1032,22 @@ def test_the_sm90a_compiles_run_beside_the_counts_and_end_before_the_host_is_tim
     run(Options(mode="tiny", ops=("min_max",), observers=(), backends=("triton",), cases=[case],
                 project_full=False, min_reps=1, max_reps=1, min_time_s=0.0, progress=None))
     assert events == [("start", 1), "count", ("collect", "run"), "host"]
+
+
+def test_a_sass_worker_that_fails_or_overruns_gives_every_job_its_status(tmp_path, monkeypatch):
+    from obskernels.bench import counting
+
+    case = bench_cases.Case("weight", (16, 256), "bf16", "int4-group128")
+    jobs = [(case, bench_cases.OPS["min_max"], "triton", case.shape)] * 2
+    failing = tmp_path / "failing"
+    failing.write_text("#!/bin/sh\nexit 3\n")
+    stuck = tmp_path / "stuck"
+    stuck.write_text("#!/bin/sh\nexec sleep 30\n")
+    for script in (failing, stuck):
+        script.chmod(0o755)
+    got = counting.sass_results(counting.start_sass(jobs, None, str(failing)))
+    assert got == [{"status": "error: the SASS worker exited with 3"}] * 2 and got[0] is not got[1]
+    monkeypatch.setattr(counting, "SASS_TIMEOUT_S", 0.5)
+    run = counting.start_sass(jobs, None, str(stuck))
+    assert counting.sass_results(run) == [{"status": "error: the SASS worker timed out"}] * 2
+    assert run.proc.returncode is not None  # killed, not left running

@@ -273,11 +273,12 @@ def sass_results(run: SassRun) -> List[Dict]:
     except subprocess.TimeoutExpired:
         run.proc.kill()
         run.proc.communicate()
-        return [{"status": "error: the SASS worker timed out"}] * run.n_jobs
+        return [{"status": "error: the SASS worker timed out"} for _ in range(run.n_jobs)]
     finally:
         run.jobs_file.close()
     if run.proc.returncode != 0:
-        return [{"status": f"error: the SASS worker exited with {run.proc.returncode}"}] * run.n_jobs
+        return [{"status": f"error: the SASS worker exited with {run.proc.returncode}"}
+                for _ in range(run.n_jobs)]
     return json.loads(out.strip().splitlines()[-1])
 
 

@@ -53,7 +53,7 @@ import time
 from typing import Callable, Dict, List, Optional
 
 __all__ = ["measure", "main", "ACTIVATION_SHAPE", "LEAD_WEIGHT_SHAPE", "loop_seconds", "sync_times",
-           "wiped_times", "sync_seconds"]
+           "sync_seconds"]
 
 try:  # the bare launch's kernel (this module imports without triton too)
     import triton
@@ -93,24 +93,14 @@ def loop_seconds(fn: Callable[[], object], n: int, rounds: int = 5) -> float:
     return best
 
 
-def sync_times(fn: Callable[[], object], reps: int) -> List[float]:
-    """Seconds of ``reps`` single calls, each synchronised."""
+def sync_times(fn: Callable[[], object], reps: int,
+               wipe: Optional[Callable[[], object]] = None) -> List[float]:
+    """Seconds of ``reps`` single calls, each synchronised (and, with
+    ``wipe``, made after ``wipe()``, the L2 wiped, and a synchronisation)."""
     times = []
     for _ in range(reps):
-        _sync()
-        t0 = time.perf_counter()
-        fn()
-        _sync()
-        times.append(time.perf_counter() - t0)
-    return times
-
-
-def wiped_times(fn: Callable[[], object], reps: int, wipe: Callable[[], object]) -> List[float]:
-    """Seconds of ``reps`` single calls, each after ``wipe()`` (the L2 wiped)
-    and a synchronisation, synchronised."""
-    times = []
-    for _ in range(reps):
-        wipe()
+        if wipe is not None:
+            wipe()
         _sync()
         t0 = time.perf_counter()
         fn()
@@ -269,7 +259,7 @@ def measure(n: int = 200, reps: int = 50, progress=None, rounds: int = 5) -> Lis
 
         def time_round(fn):
             return (loop_seconds(fn, n, rounds=1), sync_times(fn, per_round),
-                    wiped_times(fn, per_round, wipe))
+                    sync_times(fn, per_round, wipe))
 
         def report(r: int, timed) -> None:
             if progress:
