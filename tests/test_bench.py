@@ -1051,3 +1051,24 @@ def test_a_sass_worker_that_fails_or_overruns_gives_every_job_its_status(tmp_pat
     run = counting.start_sass(jobs, None, str(stuck))
     assert counting.sass_results(run) == [{"status": "error: the SASS worker timed out"}] * 2
     assert run.proc.returncode is not None  # killed, not left running
+
+
+def test_a_run_that_fails_while_counting_stops_its_sass_worker(monkeypatch):
+    from obskernels.bench import runner
+
+    stopped = []
+
+    class FakeRun:
+        def stop(self):
+            stopped.append(True)
+
+    def broken(c, t, b, s):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "start_sass", lambda jobs, progress, python=None: FakeRun())
+    monkeypatch.setattr(runner, "model_counts", broken)
+    case = bench_cases.Case("weight", (16, 256), "bf16", "int4-group128", (4096, 4096))
+    with pytest.raises(KeyboardInterrupt):
+        run(Options(mode="tiny", ops=("min_max",), observers=(), backends=("triton",), cases=[case],
+                    project_full=False, progress=None))
+    assert stopped == [True]

@@ -236,6 +236,12 @@ class SassRun(NamedTuple):
     n_jobs: int
     started: float
 
+    def stop(self) -> None:
+        """Kills the child (if still running) and closes its jobs' file."""
+        self.proc.kill()
+        self.proc.communicate()
+        self.jobs_file.close()
+
 
 def start_sass(jobs: List[Tuple[Case, Target, str, Tuple[int, int]]], progress,
                python: Optional[str] = None) -> SassRun:
@@ -271,11 +277,9 @@ def sass_results(run: SassRun) -> List[Dict]:
     try:
         out, _ = run.proc.communicate(timeout=left)
     except subprocess.TimeoutExpired:
-        run.proc.kill()
-        run.proc.communicate()
+        run.stop()
         return [{"status": "error: the SASS worker timed out"} for _ in range(run.n_jobs)]
-    finally:
-        run.jobs_file.close()
+    run.jobs_file.close()
     if run.proc.returncode != 0:
         return [{"status": f"error: the SASS worker exited with {run.proc.returncode}"}
                 for _ in range(run.n_jobs)]

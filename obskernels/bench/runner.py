@@ -514,6 +514,31 @@ def _host_paths(plan, unavailable, opts: Options) -> Dict[Tuple, Dict]:
                             f"{time.perf_counter() - t0:.0f} s\n")
     return out
 
+def _modelled(jobs, device: str, progress) -> Dict[Tuple, Dict]:
+    """``model_counts`` of each job, by (case, target, backend, shape): in
+    this process on a CPU (its progress written per job), in a child process
+    with the interpreter on CUDA."""
+    if not jobs:
+        return {}
+    if progress:
+        progress.write(f"modelling {len(jobs)} Triton calls in triton's interpreter...\n")
+    if device == "cuda":
+        results = model_in_subprocess(jobs, progress)
+    else:
+        results = []
+        for i, (c, t, b, s) in enumerate(jobs):
+            results.append(model_counts(c, t, b, s))
+            if progress:
+                r = results[-1]
+                progress.write(
+                    f"  [{i + 1}/{len(jobs)}] {c.label} @ {s[0]}x{s[1]} {t.label} {b}: "
+                    f"{r['status'][:70]}"
+                    + (f" ({r['count_seconds']} s)" if "count_seconds" in r else "")
+                    + "\n"
+                )
+    return {(c, t, b, tuple(s)): r for (c, t, b, s), r in zip(jobs, results)}
+
+
 def _error(exc: Exception) -> str:
     """A row's status after ``exc``."""
     return f"error: {type(exc).__name__}: {str(exc)[:300]}"
@@ -543,7 +568,6 @@ def run(opts: Options) -> List[Record]:
                 seen.add((c, t, b))
                 projections.append((c, t, b))
         jobs += [(c, t, b, c.full_shape) for c, t, b in projections if b in triton_backends]
-    modelled: Dict[Tuple, Dict] = {}
     # 1b (started first, collected after 1). the same Triton calls recorded
     # with the GPU's launch configuration and compiled to sm_90a in a child
     # process, while this one counts: the compute term of the model
@@ -553,25 +577,12 @@ def run(opts: Options) -> List[Record]:
             opts.progress.write(f"compiling the kernels of {len(jobs)} Triton calls for sm_90a "
                                 "in a child process, meanwhile...\n")
         sass_run = start_sass(jobs, opts.progress, opts.sass_python)
-    if jobs:
-        if opts.progress:
-            opts.progress.write(f"modelling {len(jobs)} Triton calls in triton's interpreter...\n")
-        if device == "cuda":
-            results = model_in_subprocess(jobs, opts.progress)
-        else:
-            results = []
-            for i, (c, t, b, s) in enumerate(jobs):
-                results.append(model_counts(c, t, b, s))
-                if opts.progress:
-                    r = results[-1]
-                    opts.progress.write(
-                        f"  [{i + 1}/{len(jobs)}] {c.label} @ {s[0]}x{s[1]} {t.label} {b}: "
-                        f"{r['status'][:70]}"
-                        + (f" ({r['count_seconds']} s)" if "count_seconds" in r else "")
-                        + "\n"
-                    )
-        for (c, t, b, s), r in zip(jobs, results):
-            modelled[(c, t, b, tuple(s))] = r
+    try:
+        modelled = _modelled(jobs, device, opts.progress)
+    except BaseException:
+        if sass_run is not None:
+            sass_run.stop()  # no child left compiling after this process gives up
+        raise
     sass: Dict[Tuple, Dict] = {}
     if sass_run is not None:
         if opts.progress:
