@@ -52,7 +52,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from obskernels import ops
 from obskernels.backends import use_backend
 from obskernels.bench.cases import SCHEMES, Case, make_importance, make_value
-from obskernels.bench.traffic import count_traffic, interpreter_active
+from obskernels.bench.traffic import count_traffic, host_reads_seen, interpreter_active
 from obskernels.observers import Observer
 from obskernels.spec.checks import all_finite, check_g_idx
 
@@ -80,26 +80,15 @@ def counted():
     made in it, each as (method, 'file:line' of the caller)."""
     reads = []
 
-    def wrap(name, original):
-        def read(self, *args, **kwargs):
-            if self.device.type != "meta" and not interpreter_active():
-                frame = traceback.extract_stack(limit=2)[0]
-                reads.append((name, f"{os.path.basename(frame.filename)}:{frame.lineno}"))
-            return original(self, *args, **kwargs)
-
-        return read
+    def read(name, tensor):
+        if tensor.device.type != "meta" and not interpreter_active():
+            frame = traceback.extract_stack(limit=3)[0]  # the caller of the read's method
+            reads.append((name, f"{os.path.basename(frame.filename)}:{frame.lineno}"))
 
     # the counters' own hooks (a tolist counted as a sync) inside these, so
     # that a read's caller is the code under test
-    with count_traffic("cpu", triton=True) as counts:
-        originals = {name: getattr(torch.Tensor, name) for name in READS}
-        try:
-            for name, original in originals.items():
-                setattr(torch.Tensor, name, wrap(name, original))
-            yield counts, reads
-        finally:
-            for name, original in originals.items():
-                setattr(torch.Tensor, name, original)
+    with count_traffic("cpu", triton=True) as counts, host_reads_seen(read, READS):
+        yield counts, reads
 
 
 def value_of(kind, shape, scheme, dtype="bf16"):

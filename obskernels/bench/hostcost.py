@@ -95,7 +95,7 @@ class _Clock:
             self.first = now - self.start - self.spent
         self.read = None  # the GPU has work after that read
 
-    def note_read(self, _tensor=None):
+    def note_read(self, _name=None, _tensor=None):
         """A read starts now (``traffic.host_reads_seen``'s hook; its own time left out)."""
         now = time.perf_counter()
         self.read = now - self.start - self.spent

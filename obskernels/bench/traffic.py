@@ -488,20 +488,23 @@ HOST_READS = ("tolist", "numpy")
 
 
 @contextlib.contextmanager
-def host_reads_seen(on_read: Callable[[torch.Tensor], None]) -> Iterator[None]:
-    """Within the block every ``HOST_READS`` call on a tensor first calls
-    ``on_read(tensor)``."""
-    saved = [(name, torch.Tensor.__dict__.get(name)) for name in HOST_READS]  # None: a C method
+def host_reads_seen(on_read: Callable[[str, torch.Tensor], None],
+                    names=HOST_READS) -> Iterator[None]:
+    """Within the block every call of a Tensor method of ``names`` (default
+    ``HOST_READS``) first calls ``on_read(name, tensor)``; each method is
+    restored as it was after it (one defined by torch's C class removed
+    from ``torch.Tensor`` again)."""
+    saved = [(name, torch.Tensor.__dict__.get(name)) for name in names]  # None: a C method
 
-    def seeing(original):
+    def seeing(name, original):
         def read(tensor, *args, **kwargs):
-            on_read(tensor)
+            on_read(name, tensor)
             return original(tensor, *args, **kwargs)
 
         return read
 
     for name, _ in saved:
-        setattr(torch.Tensor, name, seeing(getattr(torch.Tensor, name)))
+        setattr(torch.Tensor, name, seeing(name, getattr(torch.Tensor, name)))
     try:
         yield
     finally:
@@ -527,7 +530,7 @@ def count_traffic(device: str = "cpu", triton: bool = False) -> Iterator[Counts]
             stack.enter_context(TritonTraffic(counts))
         stack.enter_context(AtenTraffic(device, counts))
 
-        def read(tensor):  # a sync, unless triton's interpreter reads a kernel's argument
+        def read(_name, tensor):  # a sync, unless triton's interpreter reads a kernel's argument
             if tensor.device.type == device and not interpreter_active():
                 counts.syncs += 1
 
