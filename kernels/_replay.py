@@ -36,6 +36,7 @@ kernel is looked up by name at each call), every call is ``kernel[grid]``.
 
 from __future__ import annotations
 
+import functools
 import operator
 import os
 
@@ -111,6 +112,43 @@ def _getter(positions):
     return operator.itemgetter(*positions)
 
 
+class _Fields:
+    """A tuple argument holding tensors in its own fields (a kernel's
+    output pointers with its constants): what a call's tuple in its place
+    must match but for those tensors -- its type, length, and its other
+    fields (the kept objects themselves, or fields matching their
+    ``_model``) -- checked without walking it field by field; ``tensors``
+    returns the tuple's tensors then (their dtypes and alignment are checked
+    with the call's other tensors), None where it does not match."""
+
+    __slots__ = ("type", "len", "tensors_of", "others_of", "others", "models")
+
+    @classmethod
+    def of(cls, value):
+        """The ``_Fields`` of a tuple holding tensors in its own fields, none
+        in deeper tuples; None for any other tuple."""
+        kinds = [_model(v) for v in value]
+        if not any(k[0] is _TENSOR for k in kinds) or any(k[0] is _TUPLE and k[1] is None for k in kinds):
+            return None
+        self = cls()
+        self.type, self.len = type(value), len(value)
+        self.tensors_of = _getter([i for i, k in enumerate(kinds) if k[0] is _TENSOR])
+        others = [i for i, k in enumerate(kinds) if k[0] is not _TENSOR]
+        self.others_of = _getter(others)
+        self.others = self.others_of(value)
+        self.models = tuple(kinds[i] for i in others)
+        return self
+
+    def tensors(self, value):
+        if type(value) is not self.type or len(value) != self.len:
+            return None
+        others = self.others_of(value)
+        if not all(map(operator.is_, others, self.others)) \
+                and not all(map(_matches, others, self.models)):
+            return None
+        return self.tensors_of(value)
+
+
 class _Kept:
     """A compiled kernel and what a call must match to launch it directly.
 
@@ -122,8 +160,8 @@ class _Kept:
     objects at every call."""
 
     __slots__ = ("fn", "n_args", "keys", "tail", "args_of", "fixed_of", "fixed", "fixed_types",
-                 "free_of", "free_types", "ints_of", "tuples", "tensors_of", "dtypes", "aligned",
-                 "device", "knobs", "globals", "runner")
+                 "free_of", "free", "free_types", "ints_of", "fields", "tuples", "tensors_of", "dtypes",
+                 "aligned", "all_aligned", "device", "knobs", "globals", "runner")
 
     def __init__(self, fn, kernel, grid, args, kwargs, bound, device):
         self.fn, self.device = fn, device
@@ -154,13 +192,21 @@ class _Kept:
         self.fixed_of, self.free_of, self.ints_of = map(_getter, (fixed, free_ints + floats, free_ints))
         self.fixed = self.fixed_of(flat)
         self.fixed_types = tuple(map(type, self.fixed))
-        self.free_types = tuple(map(type, self.free_of(flat)))
-        self.tuples = tuple((i, _model(flat[i])) for i in tuples)
+        self.free = self.free_of(flat)
+        self.free_types = tuple(map(type, self.free))
+        # a tuple holding tensors in its own fields has them checked with the
+        # call's other tensors (``_Fields``); any other tuple as a whole
+        fields = [(i, _Fields.of(flat[i])) for i in tuples]
+        self.fields = tuple(f for f in fields if f[1] is not None)
+        self.tuples = tuple((i, _model(flat[i])) for i, f in fields if f is None)
         self.tensors_of = _getter(tensors)
-        self.dtypes = tuple(map(_dtype, self.tensors_of(flat)))
+        kept = self._tensors(flat)
+        self.dtypes = tuple(map(_dtype, kept))
         # which tensors are 16-byte aligned, which Triton specialises on (the
-        # compiled code may assume it): a call whose pattern differs takes its path
-        self.aligned = _aligned(self.tensors_of(flat))
+        # compiled code may assume it): a call whose pattern differs takes its
+        # path (where all were, one test of their pointers' bits together)
+        self.aligned = _aligned(kept)
+        self.all_aligned = all(self.aligned)
         self.knobs = _knobs()
         # the globals the kernel read when it compiled, per module, as bound
         # now (Triton's launch has just checked them against their values then)
@@ -182,17 +228,36 @@ class _Kept:
         self.runner(*vals, stream=_stream(device))
         return True
 
+    def _tensors(self, flat):
+        """The call's tensor arguments, then those in the fields of its
+        tuples that hold some (``fields``), in the kept call's order; None
+        where such a tuple does not match its kept one but for its tensors."""
+        tensors = self.tensors_of(flat)
+        for i, fields in self.fields:
+            held = fields.tensors(flat[i])
+            if held is None:
+                return None
+            tensors += held
+        return tensors
+
     def _matching(self, args, kwargs, device):
         """The call's kernel arguments in signature order where it matches; None otherwise."""
         if len(args) != self.n_args or tuple(kwargs) != self.keys:
             return None
         flat = args + tuple(kwargs.values()) + self.tail if kwargs else args + self.tail
-        fixed, ints, tensors = self.fixed_of(flat), self.ints_of(flat), self.tensors_of(flat)
-        if (fixed != self.fixed
-                or tuple(map(type, fixed)) != self.fixed_types  # 1 == True == 1.0
-                or tuple(map(type, self.free_of(flat))) != self.free_types
-                or (ints and not (_I32_MIN <= min(ints) and max(ints) <= _I32_MAX))
-                or tuple(map(_dtype, tensors)) != self.dtypes or _aligned(tensors) != self.aligned
+        fixed, free, tensors = self.fixed_of(flat), self.free_of(flat), self._tensors(flat)
+        # scalars that are the kept call's own objects match at once (a
+        # launcher's layout, an observation index that is a small int)
+        if not (all(map(operator.is_, fixed, self.fixed)) and all(map(operator.is_, free, self.free))):
+            ints = self.ints_of(flat)
+            if (fixed != self.fixed
+                    or tuple(map(type, fixed)) != self.fixed_types  # 1 == True == 1.0
+                    or tuple(map(type, free)) != self.free_types
+                    or (ints and not (_I32_MIN <= min(ints) and max(ints) <= _I32_MAX))):
+                return None
+        if (tensors is None or tuple(map(_dtype, tensors)) != self.dtypes
+                or (functools.reduce(operator.or_, map(_data_ptr, tensors), 0) & 15
+                    if self.all_aligned else _aligned(tensors) != self.aligned)
                 or device != self.device or _knobs() != self.knobs or self.fn.pre_run_hooks):
             return None
         for i, model in self.tuples:

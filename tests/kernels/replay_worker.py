@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import NamedTuple
 
 import torch
 import triton
@@ -23,12 +24,17 @@ import triton.language as tl
 _OFFSET: tl.constexpr = tl.constexpr(1)
 
 
+class _Pair(NamedTuple):
+    ptr: torch.Tensor
+    scale: int
+
+
 @triton.jit(do_not_specialize=["free_n"])
 def _probe(x_ptr, y_ptr, n, one, free_n, f, geo, pair, B: tl.constexpr, FLAG: tl.constexpr = False):
     offs = tl.arange(0, B)
     mask = offs < n
     out = tl.load(x_ptr + offs, mask=mask, other=0.0) * f + one + free_n + geo[0] + geo[1]
-    out += tl.load(pair[0] + offs, mask=mask, other=0.0) + _OFFSET
+    out += tl.load(pair[0] + offs, mask=mask, other=0.0) * pair[1] + _OFFSET
     if FLAG:
         out += 1
     tl.store(y_ptr + offs, out, mask=mask)
@@ -60,7 +66,7 @@ def probe_cases(recorder, runs) -> list:
 
     def base():
         x, y, p = (torch.zeros(64) for _ in range(3))
-        return [x, y, 64, 1, 5, 0.5, (16, 1), (p,)], {"B": 64}
+        return [x, y, 64, 1, 5, 0.5, (16, 1), (p, 2)], {"B": 64}
 
     def with_(i, v):
         def change(args, kw):
@@ -86,7 +92,11 @@ def probe_cases(recorder, runs) -> list:
         "tuple field becomes a bool": with_(6, (16, True)),
         "dtype changes": with_(0, torch.zeros(64, dtype=torch.float16)),
         "misaligned tensor": with_(0, buf[1:65]),
-        "misaligned tensor in a tuple": with_(7, (buf[1:65],)),
+        "misaligned tensor in a tuple": with_(7, (buf[1:65], 2)),
+        "new tensor in an equal tuple": with_(7, (torch.zeros(64), 2)),
+        "dtype changes in a tuple": with_(7, (torch.zeros(64, dtype=torch.float16), 2)),
+        "scalar beside a tensor in a tuple changes": with_(7, (torch.zeros(64), 3)),
+        "tuple of tensors of another type": with_(7, _Pair(torch.zeros(64), 2)),
         "constexpr changes": kw_("B", 128),
         "default constexpr given": kw_("FLAG", False),
         "constexpr default changes": kw_("FLAG", True),
