@@ -8,7 +8,8 @@
    guard across two GPUs when present);
 2. the host path on the GPU (`python -m obskernels.bench.cuda_host`): wall
    time per observer call (the lead rows' memoryless_minmax weight calls
-   among them, also after an L2 wipe) and per activation forward (eager, replayed from a
+   among them, also after an L2 wipe, with the host's time until the first
+   launch is issued) and per activation forward (eager, replayed from a
    CUDA graph, llm-compressor's own and through the drop-in where it
    imports), the GPU host's unit and a bare Triton launch; and a first call
    in a fresh process by part (`python -m obskernels.bench.launch --first-use`);

@@ -724,9 +724,13 @@ def test_cuda_host_rounds_go_over_every_row_in_turn(monkeypatch):
     """cuda_host.measure times its rows in interleaved rounds (each round
     times every row), a row's loop figure the fastest round's and its sync
     and wiped figures the quietest round's median; units over the unit
-    row's loop. Faked: CUDA, the L2 wipe, the rows' calls (each advancing a
-    clock by its own cost, 0.5 more right after a wipe)."""
+    row's loop; issued: in separate wiped calls, the time until the call's
+    first launch site returned (None for a row that launches through none).
+    Faked: CUDA, the L2 wipe, the launch sites, the rows' calls (each
+    advancing a clock by its own cost, 0.5 more right after a wipe; the lead
+    call's launch 2.0 after its start and 0.25 long, part of its cost)."""
     from obskernels.bench import cuda_host, host
+    from obskernels.kernels import _replay
 
     clock = _FakeClock(step=0.0, sync=1.0)
     order = []
@@ -737,15 +741,23 @@ def test_cuda_host_rounds_go_over_every_row_in_turn(monkeypatch):
         wiped[0] = True
         clock.now += 100.0  # untimed
 
-    def row(name, cost, quiet=None):
-        """A call costing ``cost``, or ``quiet`` in the second round."""
+    def site(self, *args):
+        clock.now += 0.25
+
+    def row(name, cost, quiet=None, launch_at=None):
+        """A call costing ``cost``, or ``quiet`` in the second round;
+        launching through a site ``launch_at`` after its start."""
         made = []
 
         def call():
             order.append(name)
             made.append(name)
-            second = quiet is not None and 5 + 6 < len(made) <= 5 + 12  # after 5 warm-up calls
+            second = quiet is not None and 5 + 7 < len(made) <= 5 + 14  # after 5 warm-up calls
             clock.now += (quiet if second else cost) + (0.5 if wiped[0] else 0.0)
+            if launch_at is not None:
+                clock.now -= cost - launch_at
+                _replay.Replay.__call__(None)
+                clock.now += cost - launch_at - 0.25
             wiped[0] = False
         return call
 
@@ -757,7 +769,8 @@ def test_cuda_host_rounds_go_over_every_row_in_turn(monkeypatch):
     monkeypatch.setattr(cuda_host, "_unit", lambda: row("unit", 2.0))
     monkeypatch.setattr(cuda_host, "_bare_launch", lambda: row("launch", 3.0))
     monkeypatch.setattr(cuda_host, "_through_triton", lambda fn: row("through triton", 7.0))
-    monkeypatch.setattr(cuda_host, "_lead_rows", lambda: [("lead call", row("lead", 9.0))])
+    monkeypatch.setattr(cuda_host, "_lead_rows", lambda: [("lead call", row("lead", 9.0, launch_at=2.0))])
+    monkeypatch.setattr(_replay.Replay, "__call__", site)
     monkeypatch.setattr(cuda_host, "_activation_rows", lambda: [])
     monkeypatch.setattr(cuda_host, "_wipe", lambda: wipe)
     monkeypatch.setattr(host, "SCENARIOS", (minmax,))
@@ -768,13 +781,17 @@ def test_cuda_host_rounds_go_over_every_row_in_turn(monkeypatch):
                                         "minmax call", "minmax call, Triton's launch path", "lead call"]
     warm, timed = order[:25], order[25:]
     assert warm == [name for name in names for _ in range(5)]
-    # a round: per row, 2 calls back to back, 2 single calls, 2 single calls after a wipe each
-    assert timed == [step for name in names for step in [name] * 4 + ["wipe", name] * 2] * 3
+    # a round: per row, 2 calls back to back, 2 single calls, 2 single calls
+    # after a wipe each, then 1 more after a wipe (issued)
+    assert timed == [step for name in names for step in [name] * 4 + ["wipe", name] * 3] * 3
     for r, cost in zip(rows, (2.0, 3.0, 4.0, 7.0, 9.0)):  # the minmax call's quiet second round
         assert r["loop_us"] == pytest.approx((2 * cost + 1.0) / 2 * 1e6)  # one synchronisation timed
         assert r["sync_us"] == pytest.approx((cost + 1.0) * 1e6)
         assert r["wiped_us"] == pytest.approx((cost + 0.5 + 1.0) * 1e6)
         assert r["units"] == pytest.approx(r["loop_us"] / rows[0]["loop_us"])
+    assert [r["issued_us"] for r in rows[:-1]] == [None] * 4
+    assert rows[-1]["issued_us"] == pytest.approx((0.5 + 2.0 + 0.25) * 1e6)
+    assert _replay.Replay.__call__ is site  # the sites unwrapped after
 
 
 def test_cuda_host_refuses_without_cuda(monkeypatch, capsys):
@@ -807,6 +824,12 @@ def test_cuda_host_measures_every_row():
     assert rows[0]["units"] == 1.0
     assert all(r["loop_us"] > 0 and r["sync_us"] > 0 and r["wiped_us"] > 0 and r["kind"] == "measured"
                for r in rows)
+    # the first launch issued before the call's end; none in the unit, the bare launch, the graph
+    lead = [r for r in rows if r["row"].startswith("memoryless_minmax w4096x4096")]
+    assert all(0 < r["issued_us"] < r["wiped_us"] for r in lead)
+    by_name = {r["row"]: r for r in rows}
+    assert by_name["unit: one-element CUDA add_"]["issued_us"] is None
+    assert by_name["activation forward 2048x4096, CUDA graph replay"]["issued_us"] is None
 
 
 def test_oneshot_comparison_alternates_the_modes_repeated_calls(monkeypatch):

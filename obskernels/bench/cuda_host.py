@@ -16,7 +16,13 @@ Every row gives three times, in microseconds:
   all);
 - ``wiped_us``: the same after the L2 is wiped (256 MB zeroed) and the
   device synchronised, as the bench's lead rows time a call
-  (``runner._one_call``): the quietest round's median of ``reps``.
+  (``runner._one_call``): the quietest round's median of ``reps``;
+- ``issued_us``: in calls made as ``wiped_us``' (half as many, timed apart
+  from those), the host's time from the call's start until its first kernel
+  launch through a launch site (``kernels/_replay.Replay``) has been issued:
+  what an idle GPU waits before it has work (the model's "host before the
+  first launch"); None for a row with no such launch (the unit, the bare
+  launch, a CUDA graph's replay, llm-compressor's own observer).
 The rows are timed in 5 rounds that go over all of them in turn
 (``host.interleaved``), so that a stretch of other work on the GPU's host
 slows one round of every row rather than every call of one.
@@ -53,7 +59,7 @@ import time
 from typing import Callable, Dict, List, Optional
 
 __all__ = ["measure", "main", "ACTIVATION_SHAPE", "LEAD_WEIGHT_SHAPE", "loop_seconds", "sync_times",
-           "sync_seconds"]
+           "sync_seconds", "issued_times"]
 
 try:  # the bare launch's kernel (this module imports without triton too)
     import triton
@@ -106,6 +112,38 @@ def sync_times(fn: Callable[[], object], reps: int,
         fn()
         _sync()
         times.append(time.perf_counter() - t0)
+    return times
+
+
+def issued_times(fn: Callable[[], object], reps: int,
+                 wipe: Callable[[], object]) -> List[Optional[float]]:
+    """Per call of ``reps`` single calls, each after ``wipe()`` and a
+    synchronisation: the seconds from its start until its first launch
+    through a launch site (``Replay``) returned, None where it made none.
+    The sites are wrapped only within this function."""
+    from obskernels.kernels import _replay
+
+    site_call = _replay.Replay.__call__
+    issued: List[float] = []
+
+    def marked(self, *args, **kwargs):
+        site_call(self, *args, **kwargs)
+        if not issued:
+            issued.append(time.perf_counter())
+
+    times: List[Optional[float]] = []
+    _replay.Replay.__call__ = marked
+    try:
+        for _ in range(reps):
+            wipe()
+            _sync()
+            issued.clear()
+            t0 = time.perf_counter()
+            fn()
+            times.append(issued[0] - t0 if issued else None)
+            _sync()
+    finally:
+        _replay.Replay.__call__ = site_call
     return times
 
 
@@ -253,13 +291,15 @@ def measure(n: int = 200, reps: int = 50, progress=None, rounds: int = 5) -> Lis
                 fn()  # compiled, planned and allocated before timing
 
         def figures(done) -> Dict:
-            return {"loop_us": min(loop for loop, _, _ in done) * 1e6,
-                    "sync_us": host.quiet_seconds([times for _, times, _ in done]) * 1e6,
-                    "wiped_us": host.quiet_seconds([times for _, _, times in done]) * 1e6}
+            issued = [[t for t in times if t is not None] for _, _, _, times in done]
+            return {"loop_us": min(loop for loop, _, _, _ in done) * 1e6,
+                    "sync_us": host.quiet_seconds([times for _, times, _, _ in done]) * 1e6,
+                    "wiped_us": host.quiet_seconds([times for _, _, times, _ in done]) * 1e6,
+                    "issued_us": host.quiet_seconds(issued) * 1e6 if all(issued) else None}
 
         def time_round(fn):
             return (loop_seconds(fn, n, rounds=1), sync_times(fn, per_round),
-                    sync_times(fn, per_round, wipe))
+                    sync_times(fn, per_round, wipe), issued_times(fn, max(per_round // 2, 1), wipe))
 
         def report(r: int, timed) -> None:
             if progress:
@@ -267,7 +307,7 @@ def measure(n: int = 200, reps: int = 50, progress=None, rounds: int = 5) -> Lis
                 for (name, _), done in zip(rows, timed):
                     f = figures(done)
                     progress.write(f"    {name}: loop {f['loop_us']:.1f} us, sync {f['sync_us']:.1f} us, "
-                                   f"wiped {f['wiped_us']:.1f} us\n")
+                                   f"wiped {f['wiped_us']:.1f} us, issued {_us(f['issued_us'])}\n")
                 progress.flush()
 
         timed = host.interleaved([fn for _, fn in rows], rounds, time_round, report)
@@ -277,6 +317,10 @@ def measure(n: int = 200, reps: int = 50, progress=None, rounds: int = 5) -> Lis
     for r in out:
         r.update(units=r["loop_us"] / unit, unit_us=unit, device=device, kind="measured")
     return out
+
+
+def _us(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.1f}"
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -306,10 +350,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     print(f"MEASURED on {rows[0]['device']}: wall time per call; unit = one 1-element CUDA add_ "
           f"= {rows[0]['unit_us']:.2f} us (back to back)")
-    print(f"{'row':58} {'loop us':>9} {'sync us':>9} {'wiped us':>9} {'units':>7}")
+    print(f"{'row':58} {'loop us':>9} {'sync us':>9} {'wiped us':>9} {'issued us':>9} {'units':>7}")
     for r in rows:
         print(f"{r['row']:58} {r['loop_us']:9.1f} {r['sync_us']:9.1f} {r['wiped_us']:9.1f} "
-              f"{r['units']:7.1f}")
+              f"{_us(r['issued_us']):>9} {r['units']:7.1f}")
     return 0
 
 
