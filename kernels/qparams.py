@@ -56,7 +56,7 @@ from obskernels.kernels.launch import (
 from obskernels.kernels.stats import as_bits, load_stat
 from obskernels.spec.calls import QParamsCall
 from obskernels.spec.checks import FLOAT_DTYPES
-from obskernels.spec.record import STATUS_FIRST_BAD, STATUS_INIT, new_record
+from obskernels.spec.record import STATUS_FIRST_BAD, STATUS_INIT, fresh_copy, new_record
 from obskernels.spec.errors import KernelUnsupportedError
 
 __all__ = ["calculate_qparams", "prepare", "group_qparams", "store_qparams", "store_scale_flag",
@@ -415,7 +415,7 @@ class EpilogueQParams(NamedTuple):
     def outputs(self):
         """(``QParamsOut`` of new outputs, a fresh status) for one call."""
         return (QParamsOut(self.new_scale(), self.new_zero_point(), self.constants),
-                self.template.clone())
+                fresh_copy(self.template))
 
 
 def _status_template(flags: int, tickets: int, device) -> torch.Tensor:
@@ -517,7 +517,7 @@ class PartsQParams(NamedTuple):
     kernel: object  # the launch site (kernels/_replay.py)
 
     def status(self) -> torch.Tensor:
-        return self.template.clone() if self.fresh else self.new_status()
+        return fresh_copy(self.template) if self.fresh else self.new_status()
 
     def launch(self, min_vals, max_vals, parts, status):
         """(scale, zero_point, global_scale) into new outputs; status: ``status()``'s."""

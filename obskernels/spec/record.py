@@ -18,9 +18,17 @@ into ``calculate_qparams``, whose status output the observer reads once:
 
 Both backends write the same layout; ``spec.checks`` checks a record's type
 and shape where an operation takes one.
+
+A record, and a status that a launch counts into, starts as a copy of a
+template (``fresh_copy``): ``template.clone()``, an allocation and a device
+copy for every one. With ``OBSKERNELS_STATUS_POOL=1`` (read at import;
+``POOL_ENABLED``), a CUDA one is taken from a chunk of pre-initialised
+copies instead (``StatusPool``): one allocation and one copy per chunk.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -38,6 +46,9 @@ __all__ = [
     "IMPORTANCE_NEGATIVE",
     "IMPORTANCE_ZEROS",
     "new_record",
+    "fresh_copy",
+    "StatusPool",
+    "POOL_ENABLED",
 ]
 
 STATUS_NAN, STATUS_POSINF, STATUS_NEGINF = 0, 1, 2
@@ -62,4 +73,85 @@ def new_record(device) -> torch.Tensor:
     fresh = _FRESH.get(device)
     if fresh is None:
         fresh = _FRESH[device] = torch.tensor(STATUS_INIT, dtype=torch.int64, device=device)
-    return fresh.clone()
+    return fresh_copy(fresh)
+
+
+#: CUDA records and statuses taken from pre-initialised chunks (opt-in until
+#: a GPU run has checked and timed it: a call's clone is an allocation and a
+#: device copy issued before its launch, on the path an idle GPU waits on)
+POOL_ENABLED = os.environ.get("OBSKERNELS_STATUS_POOL", "0") == "1"
+#: copies per chunk, and the most bytes a chunk takes (a status with a ticket
+#: per program is long: fewer copies per chunk, down to one)
+POOL_SLOTS = 256
+POOL_CHUNK_BYTES = 64 << 10
+#: templates pooled at once before the pool starts afresh
+POOL_TEMPLATES = 256
+
+
+class StatusPool:
+    """Fresh copies of templates, taken from chunks made ahead.
+
+    ``take(template)``: a contiguous tensor holding the template's words,
+    one of a chunk of copies made at once (one allocation and one device
+    copy per chunk), each copy 16-byte aligned as an allocation is (a
+    launch's specialisation is unchanged) and written by nobody before it is
+    taken. A chunk serves one template on one stream (``stream(device)``:
+    its identity): it is made by a copy on that stream, so the launches of
+    that stream that count into its copies come after that copy. Where
+    ``unpooled(device)`` says so (a stream capturing a CUDA graph, whose
+    replays must re-initialise what they count into: a copy outside the
+    graph would be initialised once), ``template.clone()``."""
+
+    def __init__(self, unpooled, stream):
+        self._unpooled, self._stream = unpooled, stream
+        self._chunks: dict = {}  # (id(template), stream) -> (template, copies left)
+
+    def take(self, template: torch.Tensor) -> torch.Tensor:
+        device = template.device
+        if self._unpooled(device):
+            return template.clone()
+        key = (id(template), self._stream(device))
+        entry = self._chunks.get(key)
+        if entry is not None and entry[0] is template:  # (an id is reused once its object is gone)
+            try:
+                return entry[1].pop()
+            except IndexError:  # used up (by another thread, too)
+                pass
+        return self._refill(key, template).pop()
+
+    def _refill(self, key, template: torch.Tensor) -> list:
+        n, size = template.numel(), template.element_size()
+        row = -(-n * size // 16) * 16 // size  # elements per 16-byte aligned copy
+        slots = max(1, min(POOL_SLOTS, POOL_CHUNK_BYTES // (row * size)))
+        chunk = template.new_empty((slots, row))
+        chunk[:, :n] = template  # one copy on the current stream
+        copies = list(chunk[:, :n].unbind(0))
+        copies.reverse()
+        if len(self._chunks) >= POOL_TEMPLATES:
+            self._chunks.clear()
+        self._chunks[key] = (template, copies)
+        return copies
+
+
+def _cuda_unpooled(device) -> bool:
+    """A CUDA copy that must be a clone: its device's current stream
+    captures a graph, or the device is not the current one (whose stream
+    torch reports the capture of)."""
+    return device.index != torch.cuda.current_device() or torch.cuda.is_current_stream_capturing()
+
+
+def _cuda_stream(device) -> int:
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(device.index) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+
+
+#: the pool of each device type that has one
+_POOLS = {"cuda": StatusPool(_cuda_unpooled, _cuda_stream)}
+
+
+def fresh_copy(template: torch.Tensor) -> torch.Tensor:
+    """A new tensor holding ``template``'s words (a fresh record, a status
+    template), for a launch to count into: from its device type's pool where
+    ``POOL_ENABLED`` (CUDA's), else ``template.clone()``."""
+    pool = _POOLS.get(template.device.type) if POOL_ENABLED else None
+    return template.clone() if pool is None else pool.take(template)

@@ -1,0 +1,270 @@
+"""Records and statuses from pre-initialised chunks (``spec.record.StatusPool``,
+``OBSKERNELS_STATUS_POOL=1``) and the status read through a pinned buffer
+(``observers.report``, ``OBSKERNELS_PINNED_READ=1``): both opt-in, CUDA's.
+
+On the CPU the pool is checked on CPU templates (its chunks, their copies'
+words, alignment and independence, the capture and stream rules), and an
+observer's path through the kernels with every record and status taken
+from a CPU pool is checked against the reference backend without one (bit
+for bit, the same errors). On a GPU (``gpu``): the same with CUDA's own
+pool and the pinned read, on the current stream and on a side stream, and
+a captured ``get_qparams`` whose replays count afresh.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from obskernels.backends import use_backend
+from obskernels.bench.cases import SCHEMES, Case, make_value
+from obskernels.observers import Observer
+from obskernels.observers import report
+from obskernels.spec import record
+from obskernels.spec.record import POOL_SLOTS, STATUS_INIT, StatusPool
+
+INTERPRETER = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _template(words=1):
+    """A status template: the record, then ``words`` zeroed words."""
+    return torch.tensor(STATUS_INIT + (0,) * words, dtype=torch.int64)
+
+
+def _pool(unpooled=lambda device: False, stream=lambda device: 0):
+    return StatusPool(unpooled, stream)
+
+
+@pytest.mark.parametrize("words", [1, 2])  # 7 and 8 words: a row padded to 16 bytes, and not
+def test_a_pool_hands_out_fresh_aligned_copies_a_chunk_at_a_time(words):
+    template = _template(words)
+    pool = _pool()
+    got = [pool.take(template) for _ in range(2 * POOL_SLOTS + 1)]
+    assert all(g.tolist() == template.tolist() for g in got)
+    assert all(g.shape == template.shape and g.dtype == template.dtype and g.is_contiguous() for g in got)
+    assert len({g.data_ptr() for g in got}) == len(got)
+    assert all(g.data_ptr() % 16 == 0 for g in got)  # as an allocation: a launch specialises alike
+    assert len({g.untyped_storage().data_ptr() for g in got}) == 3  # a chunk per POOL_SLOTS copies
+    got[0].add_(5)  # a launch counting into one copy
+    got[-1][0] = 9
+    assert got[1].tolist() == template.tolist() and got[-2].tolist() == template.tolist()
+    assert template.tolist() == list(STATUS_INIT) + [0] * words
+
+
+def test_a_pool_clones_where_a_copy_must_be_made_in_place():
+    """Where the stream captures a graph (a replay must initialise the copy
+    again), a clone of its own, no chunk."""
+    template = _template()
+    pool = _pool(unpooled=lambda device: True)
+    got = pool.take(template)
+    assert got.tolist() == template.tolist()
+    assert got.untyped_storage().nbytes() == template.untyped_storage().nbytes()
+    assert not pool._chunks
+
+
+def test_a_pool_keeps_a_chunk_per_stream_and_template():
+    template, other = _template(), _template(3)
+    stream = [1]
+    pool = _pool(stream=lambda device: stream[0])
+    first = pool.take(template)
+    stream[0] = 2
+    second = pool.take(template)
+    stream[0] = 1
+    third = pool.take(template)
+    fourth = pool.take(other)
+    chunk = first.untyped_storage().data_ptr
+    assert second.untyped_storage().data_ptr() != chunk()
+    assert third.untyped_storage().data_ptr() == chunk()
+    assert fourth.untyped_storage().data_ptr() not in (chunk(), second.untyped_storage().data_ptr())
+    assert fourth.tolist() == other.tolist()
+
+
+def test_a_pool_does_not_hand_out_another_templates_copies():
+    """A chunk is kept under its template's id; a new template that takes
+    the id of one gone gets copies of its own words."""
+    old, new = _template(), torch.tensor((1, 2, 3, 4, 5, 6, 7), dtype=torch.int64)
+    pool = _pool()
+    pool._chunks[(id(new), 0)] = (old, [old.clone()])  # as if ``old`` had had new's id
+    assert pool.take(new).tolist() == new.tolist()
+
+
+def test_a_long_template_takes_a_chunk_of_its_own_per_copy():
+    template = torch.zeros(record.POOL_CHUNK_BYTES // 8 + 1, dtype=torch.int64)
+    pool = _pool()
+    a, b = pool.take(template), pool.take(template)
+    assert a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()
+    assert a.untyped_storage().nbytes() <= template.untyped_storage().nbytes() + 16
+
+
+def test_fresh_copy_clones_without_a_pool(monkeypatch):
+    """Off (the default) every copy is a clone; on, a device type without a
+    pool (the CPU) still clones."""
+    template = _template()
+    for enabled in (False, True):
+        monkeypatch.setattr(record, "POOL_ENABLED", enabled)
+        got = record.fresh_copy(template)
+        assert got.tolist() == template.tolist()
+        assert got.untyped_storage().data_ptr() != template.untyped_storage().data_ptr()
+        assert got.untyped_storage().nbytes() == template.untyped_storage().nbytes()
+
+
+# observers whose records and statuses come from a template: a weight's first
+# observation with its qparams (TENSOR_GROUP's two launches among them), an
+# activation's record with a split reduction's tickets, the search
+OBSERVED = [
+    ("memoryless_minmax", "weight", (8, 256), "int4-group128"),
+    ("memoryless_minmax", "weight", (8, 64), "nvfp4-tg16"),
+    ("static_minmax", "weight", (8, 256), "int8-channel"),
+    ("static_minmax", "activation", (4, 64, 256), "fp8-tensor-act"),
+    ("static_minmax", "activation", (16, 64), "nvfp4-tg16-act"),
+    ("memoryless_mse", "weight", (8, 256), "int4-group128"),
+]
+
+
+def _observe(name, kind, shape, scheme, poison=False):
+    """The observer's qparams after two observations of an activation (one
+    of a weight), or the ValueError its get_qparams raises."""
+    case = Case(kind, shape, "bf16", scheme)
+    value = make_value(case)
+    if poison:
+        value = value.clone()
+        value.view(-1)[3] = float("nan")
+    obs = Observer.load_from_registry(name, base_name=case.base_name, args=SCHEMES[scheme].qargs())
+    for _ in range(2 if kind == "activation" else 1):
+        obs(value)
+    try:
+        return {k: v.clone() for k, v in obs.get_qparams().items() if v is not None}
+    except ValueError as exc:
+        return str(exc)
+
+
+@pytest.mark.kernel
+@pytest.mark.skipif(not INTERPRETER, reason="the kernels run in triton's interpreter here")
+@pytest.mark.parametrize("name,kind,shape,scheme", OBSERVED)
+def test_observers_counting_into_pooled_copies_agree_with_the_reference(monkeypatch, name, kind,
+                                                                       shape, scheme):
+    """Every record and status of the triton backend's path taken from a
+    pool (a CPU one here: CUDA's rules, its chunks on the CPU): the qparams
+    and the non-finite error of the reference backend without a pool, call
+    after call (a copy counted into twice would count a NaN twice, or raise
+    for a clean value after a poisoned one)."""
+    pytest.importorskip("triton")
+    want = {}
+    for poison in (False, True):
+        with use_backend("reference"):
+            want[poison] = _observe(name, kind, shape, scheme, poison)
+    pool = _pool()
+    taken = []
+
+    def take(template):
+        taken.append(template.numel())
+        return StatusPool.take(pool, template)
+
+    monkeypatch.setattr(pool, "take", take)
+    monkeypatch.setattr(record, "_POOLS", {"cpu": pool})
+    monkeypatch.setattr(record, "POOL_ENABLED", True)
+    for poison in (False, True, True, False):
+        with use_backend("triton"):
+            got = _observe(name, kind, shape, scheme, poison)
+        if poison:
+            assert isinstance(want[poison], str) and got == want[poison]
+        else:
+            assert not isinstance(got, str), got
+            assert got.keys() == want[poison].keys()
+            for key in got:
+                assert got[key].dtype == want[poison][key].dtype, key
+                assert torch.equal(got[key].view(torch.uint8), want[poison][key].view(torch.uint8)), key
+    assert taken, "no record or status was taken from the pool"
+
+
+def test_the_status_read_stays_pageable_off_cuda(monkeypatch):
+    """Where PINNED_READ is on, a CPU status is still read as it is."""
+    monkeypatch.setattr(report, "PINNED_READ", True)
+    status = _template(2)
+    status[-1] = 1
+    assert report.read_status(status) == (list(STATUS_INIT), True)
+
+
+# --------------------------------------------------------------------------- #
+# on a GPU
+# --------------------------------------------------------------------------- #
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name,kind,shape,scheme", OBSERVED)
+def test_cuda_pool_and_pinned_read_agree_with_the_default_path(monkeypatch, name, kind, shape, scheme):
+    """CUDA's pool and the pinned read, on the current stream and on a side
+    stream: the qparams and errors of the default path (clones, pageable reads)."""
+    def run(poison):
+        case = Case(kind, shape, "bf16", scheme)
+        value = make_value(case, device="cuda")
+        if poison:
+            value = value.clone()
+            value.view(-1)[3] = float("nan")
+        obs = Observer.load_from_registry(name, base_name=case.base_name, args=SCHEMES[scheme].qargs())
+        for _ in range(2 if kind == "activation" else 1):
+            obs(value)
+        try:
+            return {k: v.cpu() for k, v in obs.get_qparams().items() if v is not None}
+        except ValueError as exc:
+            return str(exc)
+
+    want = {poison: run(poison) for poison in (False, True)}
+    monkeypatch.setattr(record, "POOL_ENABLED", True)
+    monkeypatch.setattr(report, "PINNED_READ", True)
+    side = torch.cuda.Stream()
+    for stream in (torch.cuda.current_stream(), side):
+        with torch.cuda.stream(stream):
+            for _ in range(3):  # copies of one chunk, one after another
+                for poison in (False, True):
+                    got = run(poison)
+                    if poison:
+                        assert got == want[poison]
+                    else:
+                        assert got.keys() == want[poison].keys()
+                        for key in got:
+                            assert torch.equal(got[key].view(torch.uint8), want[poison][key].view(torch.uint8))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_captured_first_observation_starts_from_a_fresh_status_at_every_replay(monkeypatch):
+    """With the pool on, a weight observer's first observation (its qparams
+    computed with it) captured in a CUDA graph (``nonfinite="propagate"``):
+    the status it writes is made in the graph (a clone, not a pooled copy
+    initialised once at capture), so a replay over a value with an infinite
+    element flags its scale and the next replay over a finite value does
+    not, and that replay's qparams are the eager call's."""
+    monkeypatch.setattr(record, "POOL_ENABLED", True)
+    case = Case("weight", (64, 256), "bf16", "int4-group128")
+    clean = make_value(case, device="cuda")
+    bad = clean.clone()
+    bad.view(-1)[5] = float("inf")
+    args = SCHEMES["int4-group128"].qargs()
+
+    def observe(value):
+        obs = Observer.load_from_registry("memoryless_minmax", base_name="weight", args=args,
+                                          nonfinite="propagate")
+        obs(value)
+        return obs
+
+    eager = observe(clean).get_qparams()
+    static = clean.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        observe(static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        obs = observe(static)
+    scale, zero_point, _, status = obs._ahead.qparams
+    flags = []
+    for value in (bad, clean, bad, clean):
+        static.copy_(value)
+        graph.replay()
+        torch.cuda.synchronize()
+        flags.append(report.read_status(status)[1])
+    assert flags == [True, False, True, False]
+    assert torch.equal(scale, eager["scale"]) and torch.equal(zero_point, eager["zero_point"])
