@@ -123,11 +123,11 @@ OBSERVED = [
 ]
 
 
-def _observe(name, kind, shape, scheme, poison=False):
+def _observe(name, kind, shape, scheme, poison=False, device="cpu"):
     """The observer's qparams after two observations of an activation (one
-    of a weight), or the ValueError its get_qparams raises."""
+    of a weight) on ``device``, or the ValueError its get_qparams raises."""
     case = Case(kind, shape, "bf16", scheme)
-    value = make_value(case)
+    value = make_value(case, device=device)
     if poison:
         value = value.clone()
         value.view(-1)[3] = float("nan")
@@ -197,18 +197,7 @@ def test_cuda_pool_and_pinned_read_agree_with_the_default_path(monkeypatch, name
     """CUDA's pool and the pinned read, on the current stream and on a side
     stream: the qparams and errors of the default path (clones, pageable reads)."""
     def run(poison):
-        case = Case(kind, shape, "bf16", scheme)
-        value = make_value(case, device="cuda")
-        if poison:
-            value = value.clone()
-            value.view(-1)[3] = float("nan")
-        obs = Observer.load_from_registry(name, base_name=case.base_name, args=SCHEMES[scheme].qargs())
-        for _ in range(2 if kind == "activation" else 1):
-            obs(value)
-        try:
-            return {k: v.cpu() for k, v in obs.get_qparams().items() if v is not None}
-        except ValueError as exc:
-            return str(exc)
+        return _observe(name, kind, shape, scheme, poison, device="cuda")
 
     want = {poison: run(poison) for poison in (False, True)}
     monkeypatch.setattr(record, "POOL_ENABLED", True)
