@@ -100,7 +100,11 @@ class StatusPool:
     that stream that count into its copies come after that copy. Where
     ``unpooled(device)`` says so (a stream capturing a CUDA graph, whose
     replays must re-initialise what they count into: a copy outside the
-    graph would be initialised once), ``template.clone()``."""
+    graph would be initialised once), ``template.clone()``. The copies are
+    views of their chunk and share its version counter: a torch op writing
+    one in place advances every copy's (a kernel's writes advance none), so
+    a caller that compares versions (``ops.Repeat``) takes its usual path
+    once more."""
 
     def __init__(self, unpooled, stream):
         self._unpooled, self._stream = unpooled, stream
