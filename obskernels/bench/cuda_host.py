@@ -132,16 +132,16 @@ def issued_times(fn: Callable[[], object], reps: int,
             issued.append(time.perf_counter())
 
     times: List[Optional[float]] = []
+
+    def call():
+        issued.clear()
+        t0 = time.perf_counter()
+        fn()
+        times.append(issued[0] - t0 if issued else None)
+
     _replay.Replay.__call__ = marked
     try:
-        for _ in range(reps):
-            wipe()
-            _sync()
-            issued.clear()
-            t0 = time.perf_counter()
-            fn()
-            times.append(issued[0] - t0 if issued else None)
-            _sync()
+        sync_times(call, reps, wipe)  # each call made as sync_times makes them
     finally:
         _replay.Replay.__call__ = site_call
     return times

@@ -144,9 +144,14 @@ def _cuda_unpooled(device) -> bool:
     return device.index != torch.cuda.current_device() or torch.cuda.is_current_stream_capturing()
 
 
+# the current stream's handle without a Stream object (as Triton's launcher reads it)
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def _cuda_stream(device) -> int:
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return raw(device.index) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+    if _RAW_STREAM is not None:
+        return _RAW_STREAM(device.index)
+    return torch.cuda.current_stream(device).cuda_stream
 
 
 #: the pool of each device type that has one
