@@ -1,19 +1,20 @@
-"""Records and statuses from pre-initialised chunks (``spec.record.StatusPool``,
-``OBSKERNELS_STATUS_POOL=1``) and the status read through a pinned buffer
-(``observers.report``, ``OBSKERNELS_PINNED_READ=1``): both opt-in, CUDA's.
+"""Records and statuses from pre-initialised chunks (``spec.record.StatusPool``):
+CUDA's by default, every copy a clone with ``OBSKERNELS_STATUS_POOL=0``.
 
 On the CPU the pool is checked on CPU templates (its chunks, their copies'
 words, alignment and independence, the capture and stream rules), and an
 observer's path through the kernels with every record and status taken
 from a CPU pool is checked against the reference backend without one (bit
-for bit, the same errors). On a GPU (``gpu``): the same with CUDA's own
-pool and the pinned read, on the current stream and on a side stream, and
-a captured ``get_qparams`` whose replays count afresh.
+for bit, the same errors). On a GPU (``gpu``): CUDA's own pool against
+clones, on the current stream and on a side stream, and a captured
+``get_qparams`` whose replays count afresh.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -99,8 +100,8 @@ def test_a_long_template_takes_a_chunk_of_its_own_per_copy():
 
 
 def test_fresh_copy_clones_without_a_pool(monkeypatch):
-    """Off (the default) every copy is a clone; on, a device type without a
-    pool (the CPU) still clones."""
+    """Off, every copy is a clone; on, a device type without a pool (the
+    CPU) still clones."""
     template = _template()
     for enabled in (False, True):
         monkeypatch.setattr(record, "POOL_ENABLED", enabled)
@@ -108,6 +109,17 @@ def test_fresh_copy_clones_without_a_pool(monkeypatch):
         assert got.tolist() == template.tolist()
         assert got.untyped_storage().data_ptr() != template.untyped_storage().data_ptr()
         assert got.untyped_storage().nbytes() == template.untyped_storage().nbytes()
+
+
+@pytest.mark.parametrize("env,enabled", [(None, True), ("0", False), ("1", True)])
+def test_the_pool_is_on_unless_switched_off(env, enabled):
+    """``POOL_ENABLED`` as a fresh process reads OBSKERNELS_STATUS_POOL at import."""
+    environ = {k: v for k, v in os.environ.items() if k != "OBSKERNELS_STATUS_POOL"}
+    if env is not None:
+        environ["OBSKERNELS_STATUS_POOL"] = env
+    out = subprocess.run([sys.executable, "-c", "import obskernels.spec.record as r; print(r.POOL_ENABLED)"],
+                         env=environ, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == str(enabled)
 
 
 # observers whose records and statuses come from a template: a weight's first
@@ -179,29 +191,21 @@ def test_observers_counting_into_pooled_copies_agree_with_the_reference(monkeypa
     assert taken, "no record or status was taken from the pool"
 
 
-def test_the_status_read_stays_pageable_off_cuda(monkeypatch):
-    """Where PINNED_READ is on, a CPU status is still read as it is."""
-    monkeypatch.setattr(report, "PINNED_READ", True)
-    status = _template(2)
-    status[-1] = 1
-    assert report.read_status(status) == (list(STATUS_INIT), True)
-
-
 # --------------------------------------------------------------------------- #
 # on a GPU
 # --------------------------------------------------------------------------- #
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("name,kind,shape,scheme", OBSERVED)
-def test_cuda_pool_and_pinned_read_agree_with_the_default_path(monkeypatch, name, kind, shape, scheme):
-    """CUDA's pool and the pinned read, on the current stream and on a side
-    stream: the qparams and errors of the default path (clones, pageable reads)."""
+def test_cuda_pool_agrees_with_clones(monkeypatch, name, kind, shape, scheme):
+    """CUDA's pool, on the current stream and on a side stream: the qparams
+    and errors of every record and status cloned (the pool off)."""
     def run(poison):
         return _observe(name, kind, shape, scheme, poison, device="cuda")
 
+    monkeypatch.setattr(record, "POOL_ENABLED", False)
     want = {poison: run(poison) for poison in (False, True)}
     monkeypatch.setattr(record, "POOL_ENABLED", True)
-    monkeypatch.setattr(report, "PINNED_READ", True)
     side = torch.cuda.Stream()
     for stream in (torch.cuda.current_stream(), side):
         with torch.cuda.stream(stream):
@@ -219,7 +223,7 @@ def test_cuda_pool_and_pinned_read_agree_with_the_default_path(monkeypatch, name
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_captured_first_observation_starts_from_a_fresh_status_at_every_replay(monkeypatch):
-    """With the pool on, a weight observer's first observation (its qparams
+    """With the pool on (the default), a weight observer's first observation (its qparams
     computed with it) captured in a CUDA graph (``nonfinite="propagate"``):
     the status it writes is made in the graph (a clone, not a pooled copy
     initialised once at capture), so a replay over a value with an infinite

@@ -27,15 +27,13 @@ The same moment on every backend: errors about a value's data come from
 from __future__ import annotations
 
 import math
-import os
-import threading
 
 import torch
 
 from obskernels.spec.checks import count_nonfinite, describe_nonfinite
 from obskernels.spec.record import STATUS_BAD_STATS, STATUS_FIRST_BAD, STATUS_INIT, STATUS_NAN
 
-__all__ = ["Report", "read_status", "PINNED_READ"]
+__all__ = ["Report", "read_status"]
 
 #: a status longer than this is judged through numpy: written whole by the
 #: qparams kernel it holds one non-finite-scale flag per program after the
@@ -46,35 +44,10 @@ __all__ = ["Report", "read_status", "PINNED_READ"]
 LIST_READ_MAX = 128
 
 
-#: a CUDA status read through this thread's page-locked buffer (a copy on
-#: the status's current stream, then that stream synchronised) rather than
-#: torch's copy into pageable memory (staged by the driver); opt-in
-#: (``OBSKERNELS_PINNED_READ=1``, read at import) until a GPU run has timed it
-PINNED_READ = os.environ.get("OBSKERNELS_PINNED_READ", "0") == "1"
-#: words of a thread's buffer at the least
-PINNED_WORDS = 1024
-_PINNED = threading.local()
-
-
-def _pinned_copy(status: torch.Tensor) -> torch.Tensor:
-    """``status``'s words in this thread's page-locked buffer (a view of it,
-    valid until the thread's next read), its stream synchronised."""
-    buf = getattr(_PINNED, "buf", None)
-    if buf is None or buf.numel() < status.numel() or buf.dtype != status.dtype:
-        buf = _PINNED.buf = torch.empty(max(status.numel(), PINNED_WORDS), dtype=status.dtype,
-                                        pin_memory=True)
-    host = buf[:status.numel()]
-    host.copy_(status, non_blocking=True)
-    torch.cuda.current_stream(status.device).synchronize()
-    return host
-
-
 def read_status(status: torch.Tensor) -> tuple:
     """The one read of a status: (its record as a list of ints, whether any
     program flagged a non-finite scale)."""
     n = len(STATUS_INIT)
-    if PINNED_READ and status.is_cuda:
-        status = _pinned_copy(status)
     if status.numel() <= LIST_READ_MAX:
         words = status.tolist()
         return words[:n], any(words[n:])
