@@ -37,6 +37,7 @@ import triton.language as tl
 
 from obskernels.spec.errors import KernelUnsupportedError
 from obskernels.spec.layout import Geometry, GroupLayout, coalesce, group_layout
+from obskernels.spec.record import current_cuda_device
 
 __all__ = [
     "Geometry",
@@ -88,7 +89,7 @@ def _cuda_context(index: int):
     """Nothing where CUDA device ``index`` is already current (the common
     case: a ``torch.cuda.device`` block costs a device exchange on entry and
     on exit, each launch), else a ``torch.cuda.device`` block making it so."""
-    if torch.cuda.current_device() == index:
+    if current_cuda_device() == index:
         return _NOTHING
     return torch.cuda.device(index)
 

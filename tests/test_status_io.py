@@ -111,6 +111,29 @@ def test_fresh_copy_clones_without_a_pool(monkeypatch):
         assert got.untyped_storage().nbytes() == template.untyped_storage().nbytes()
 
 
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_cuda_copy_is_pooled_on_the_current_device_outside_a_capture(monkeypatch, fast):
+    """``_cuda_unpooled`` on torch's C functions where torch has them, else
+    on ``torch.cuda``'s (faked here: the device current, the capture)."""
+    state = {"device": 1, "capturing": False}
+    if fast:
+        monkeypatch.setattr(record, "_CURRENT_DEVICE", lambda: state["device"])
+        monkeypatch.setattr(record, "_CAPTURING", lambda: state["capturing"])
+    else:
+        monkeypatch.setattr(record, "_CURRENT_DEVICE", None)
+        monkeypatch.setattr(record, "_CAPTURING", None)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: state["device"])
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: state["capturing"])
+    device = torch.device("cuda", 1)
+    assert record.current_cuda_device() == 1
+    assert not record._cuda_unpooled(device)
+    state["capturing"] = True
+    assert record._cuda_unpooled(device)
+    state["capturing"], state["device"] = False, 0
+    assert record.current_cuda_device() == 0
+    assert record._cuda_unpooled(device)
+
+
 @pytest.mark.parametrize("env,enabled", [(None, True), ("0", False), ("1", True)])
 def test_the_pool_is_on_unless_switched_off(env, enabled):
     """``POOL_ENABLED`` as a fresh process reads OBSKERNELS_STATUS_POOL at import."""

@@ -52,6 +52,7 @@ __all__ = [
     "fresh_copy",
     "StatusPool",
     "POOL_ENABLED",
+    "current_cuda_device",
 ]
 
 STATUS_NAN, STATUS_POSINF, STATUS_NEGINF = 0, 1, 2
@@ -139,18 +140,24 @@ class StatusPool:
 
 
 # torch.cuda.current_device() and is_current_stream_capturing() without their
-# Python frames (CUDA is initialised: the template lives there)
+# Python frames (three to four per call), for callers holding a CUDA tensor
+# (CUDA is initialised then, which is all the frames make sure of)
 _CURRENT_DEVICE = getattr(torch._C, "_cuda_getDevice", None)
 _CAPTURING = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+
+
+def current_cuda_device() -> int:
+    """``torch.cuda.current_device()``, once CUDA is initialised."""
+    return _CURRENT_DEVICE() if _CURRENT_DEVICE is not None else torch.cuda.current_device()
 
 
 def _cuda_unpooled(device) -> bool:
     """A CUDA copy that must be a clone: its device's current stream
     captures a graph, or the device is not the current one (whose stream
     torch reports the capture of)."""
-    if _CURRENT_DEVICE is None or _CAPTURING is None:
-        return device.index != torch.cuda.current_device() or torch.cuda.is_current_stream_capturing()
-    return device.index != _CURRENT_DEVICE() or _CAPTURING()
+    if device.index != current_cuda_device():
+        return True
+    return _CAPTURING() if _CAPTURING is not None else torch.cuda.is_current_stream_capturing()
 
 
 # the current stream's handle without a Stream object (as Triton's launcher reads it)
