@@ -514,6 +514,7 @@ def _host_paths(plan, unavailable, opts: Options) -> Dict[Tuple, Dict]:
                             f"{time.perf_counter() - t0:.0f} s\n")
     return out
 
+
 def _modelled(jobs, device: str, progress) -> Dict[Tuple, Dict]:
     """``model_counts`` of each job, by (case, target, backend, shape): in
     this process on a CPU (its progress written per job), in a child process
