@@ -261,7 +261,7 @@ def test_a_host_path_takes_the_quietest_of_its_rounds():
     got = hostcost.quietest([rec(10.0, 2.5), rec(14.0, 2.0), rec(5.0, 6.0)])  # 25, 28, 30 us
     assert got["unit_us"] == 2.0 and got["units"] == pytest.approx(12.5)  # 25 us / 2 us
     assert got["before_units"] == pytest.approx(6.25) and got["after_units"] == pytest.approx(1.25)
-    assert got["reps"] == 12 and "12 in 3 rounds" in got["method"]
+    assert got["reps"] == 12 and "fastest of 12 calls in 3 rounds" in got["method"]
 
 
 def test_host_paths_go_in_rounds_over_every_path(monkeypatch):
@@ -272,8 +272,9 @@ def test_host_paths_go_in_rounds_over_every_path(monkeypatch):
 
     order = []
 
-    def measure(case, target, backend, budget_s):
+    def measure(case, target, backend, budget_s, partner):
         assert budget_s == runner.HOST_BUDGET_S
+        assert partner is None  # llm-compressor's backends cannot run: measured alone
         order.append((case.scheme, backend))
         if backend == "reference":
             raise ValueError("n/a")
@@ -287,12 +288,76 @@ def test_host_paths_go_in_rounds_over_every_path(monkeypatch):
     a_full = dataclasses.replace(a, shape=(4096, 4096))  # the same scheme: measured once
     plan = [(a, obs, "triton"), (b, obs, "triton"), (a_full, obs, "triton"), (a, obs, "reference")]
     opts = Options(model=True, host=True, progress=None)
+    monkeypatch.setattr(runner, "backend_unavailable_reason", lambda backend, device: "not here")
     got = runner._host_paths(plan, {"triton": None, "reference": None}, opts)
     assert order == [("int4-group128", "triton"), ("int8-channel", "triton"),
                      ("int4-group128", "reference")] + [("int4-group128", "triton"),
                                                         ("int8-channel", "triton")] * 2
     assert set(got) == {(a, obs, "triton"), (b, obs, "triton"), (a_full, obs, "triton")}
     assert got[(a, obs, "triton")]["units"] == 11.0 and got[(a, obs, "triton")]["reps"] == 9
+
+
+def test_host_paths_take_turns_with_the_other_library_where_it_runs(monkeypatch):
+    """Where llm-compressor can run, each host path is measured after a call
+    of the other library's path for the same observer: its Triton search
+    where it has one, else its eager body, for obskernels' paths; obskernels'
+    triton backend for llm-compressor's."""
+    from obskernels.bench import hostcost, runner
+
+    seen = {}
+
+    def measure(case, target, backend, budget_s, partner):
+        seen[(target.label, backend)] = partner
+        return {"units": 10.0, "unit_us": 2.0, "before_units": None, "after_units": None,
+                "aten_ops": 0, "shape": [2, 256], "reps": 3, "partner": partner, "method": "m"}
+
+    monkeypatch.setattr(hostcost, "measure", measure)
+    monkeypatch.setattr(runner, "backend_unavailable_reason", lambda backend, device: None)
+    case = bench_cases.Case("weight", (16, 256), "bf16", "int4-group128", (4096, 4096))
+    minmax, mse = bench_cases.OBSERVERS["memoryless_minmax"], bench_cases.OBSERVERS["memoryless_mse"]
+    plan = [(case, t, b) for t in (minmax, mse) for b in ("triton", "reference", "llmc-eager", "llmc-triton")]
+    runner._host_paths(plan, dict.fromkeys(("triton", "reference", "llmc-eager", "llmc-triton")),
+                       Options(model=True, host=True, progress=None))
+    assert seen == {
+        (minmax.label, "triton"): "llmc-eager", (minmax.label, "reference"): "llmc-eager",
+        (minmax.label, "llmc-eager"): "triton", (minmax.label, "llmc-triton"): "triton",
+        (mse.label, "triton"): "llmc-triton", (mse.label, "reference"): "llmc-triton",
+        (mse.label, "llmc-eager"): "triton", (mse.label, "llmc-triton"): "triton",
+    }
+
+
+@needs_interpreter
+def test_a_host_path_in_turns_follows_each_call_of_its_partner(monkeypatch):
+    """``hostcost.measure`` with a partner makes one partner call (untimed)
+    right before every call it times, as the lead rows take turns; a partner
+    without the call leaves the path measured alone, and the record says so."""
+    from obskernels.bench import backends, hostcost
+
+    events = []
+
+    def prepare(case, target, backend, **kwargs):
+        prepared = backends.prepare(case, target, backend, **kwargs)
+        fn = prepared.fn
+
+        def logged():
+            events.append(backend)
+            return fn()
+
+        return dataclasses.replace(prepared, fn=logged)
+
+    monkeypatch.setattr(hostcost, "prepare", prepare)
+    case = bench_cases.Case("weight", (16, 256), "bf16", "int4-group128", (4096, 4096))
+    obs = bench_cases.OBSERVERS["memoryless_minmax"]
+    got = hostcost.measure(case, obs, "triton", max_reps=6, budget_s=0.0, partner="reference")
+    assert got["partner"] == "reference" and "each after a call of reference's" in got["method"]
+    assert got["units"] > 0 and got["reps"] == 3
+    # the partner's first try; the warm-up's and the timed calls each after a
+    # partner call; between them the call counted for its aten ops, alone
+    assert events == ["reference"] + ["reference", "triton"] * 3 + ["triton"] + ["reference", "triton"] * 3
+    events.clear()
+    alone = hostcost.measure(case, obs, "triton", max_reps=6, budget_s=0.0, partner="llmc-triton")
+    assert alone["partner"] is None and "after a call" not in alone["method"]
+    assert "llmc-triton" not in events
 
 
 @needs_interpreter

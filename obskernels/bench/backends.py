@@ -40,6 +40,7 @@ __all__ = [
     "Prepared",
     "prepare",
     "llmc_available",
+    "llmc_searches_in_triton",
     "backend_unavailable_reason",
 ]
 
@@ -48,6 +49,12 @@ LLMC_BACKENDS = ("llmc", "llmc-eager", "llmc-triton")
 _LLMC_TRITON_TARGETS = ("mse_search[mse]", "memoryless_mse", "mse", "nvfp4_expanded_mse")
 # tokens of the activations fed to an imatrix observer before it observes its weight
 IMATRIX_TOKENS = 64
+
+
+def llmc_searches_in_triton(target: Target) -> bool:
+    """Whether llm-compressor's default path on a GPU runs ``target`` with its
+    Triton MSE-search kernel (else its eager body)."""
+    return target.name in _LLMC_TRITON_TARGETS or target.label in _LLMC_TRITON_TARGETS
 
 
 class NotApplicable(Exception):
@@ -275,7 +282,7 @@ def _llmc(case: Case, target: Target, backend: str, value: torch.Tensor) -> Prep
     from compressed_tensors.quantization import QuantizationStrategy
 
     path = {"llmc": None, "llmc-eager": "eager", "llmc-triton": "triton"}[backend]
-    if path == "triton" and target.name not in _LLMC_TRITON_TARGETS and target.label not in _LLMC_TRITON_TARGETS:
+    if path == "triton" and not llmc_searches_in_triton(target):
         raise NotApplicable("llm-compressor has a Triton path for the MSE search only")
 
     def wrap(f):

@@ -21,6 +21,17 @@ launch follows it, and the aten ops of the measured call: the
 model scales a PyTorch path whose op count grows with the shape (a search
 that stops early on small data) by the op count at the modelled shape.
 
+The lead rows time a case's backends in turns, one call each
+(``runner.time_interleaved``), so each of their calls runs after the other
+library's: its code and data come back to the host's caches from farther
+away. That costs the host the same on a CPU: each path stubbed here took
+1.6-1.85x its time alone, right after llm-compressor's call of the same
+observer (the development CPU, every lead case), and llm-compressor's call
+before ours on an H200's host added 46-92 us to a 4096x4096 min/max call
+that took 119-199 us alone. ``measure`` therefore times a path as the lead
+rows do where the other library is installed: each call right after one
+call of its ``turn_partner`` (stubbed as well, untimed).
+
 A proxy: the CPU ops of the stubbed call run on small tensors (their compute
 is part of the time), and a CPU host is not the GPU host; the unit carries
 the machine's speed over.
@@ -32,17 +43,17 @@ import contextlib
 import importlib
 import time
 import warnings
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
-from obskernels.bench.backends import prepare
+from obskernels.bench.backends import LLMC_BACKENDS, llmc_searches_in_triton, prepare
 from obskernels.bench.cases import Case, Target
 from obskernels.bench.host import zero_integers
 from obskernels.bench.traffic import count_traffic, host_reads_seen
 
-__all__ = ["host_shape", "stubbed", "measure", "quietest", "METHOD"]
+__all__ = ["host_shape", "turn_partner", "stubbed", "measure", "quietest", "METHOD"]
 
 METHOD = ("stubbed host path: the call on CPU tensors of {shape}, Triton launches replaced by "
-          "no-ops, fastest of {reps} calls, in units of a one-element add_ ({unit_us:.2f} us here)")
+          "no-ops, {turns}fastest of {reps}, in units of a one-element add_ ({unit_us:.2f} us here)")
 
 
 def host_shape(case: Case, backend: str) -> Tuple[int, int]:
@@ -56,6 +67,21 @@ def host_shape(case: Case, backend: str) -> Tuple[int, int]:
     if strategy == "block":
         return (128, 128)
     return (128, 512) if strategy == "tensor" and backend == "triton" else (2, 256)
+
+
+def turn_partner(target: Target, backend: str) -> str:
+    """The backend whose call precedes each of ``backend``'s in the lead rows'
+    turns: llm-compressor's path as a GPU user gets it for obskernels' (its
+    Triton search where it has one, else its eager body; "llmc" itself runs
+    its eager search on a CPU), obskernels' triton backend for
+    llm-compressor's."""
+    if backend in LLMC_BACKENDS:
+        return "triton"
+    return "llmc-triton" if llmc_searches_in_triton(target) else "llmc-eager"
+
+
+def _turns(partner) -> str:
+    return "" if partner is None else f"each after a call of {partner}'s (untimed), "
 
 
 class _Stub:
@@ -158,26 +184,58 @@ def stubbed(backend: str, clock: _Clock):
                 setattr(owner, attr, fn)
 
 
+def _turn(case: Case, target: Target, partner: str):
+    """One untimed call of ``target`` by ``partner`` (its launches stubbed
+    while ``stubbed(partner, ...)`` is entered), or None where that backend
+    has no such call (a target it does not implement) or its call fails."""
+    try:
+        other = prepare(case, target, partner, shape=host_shape(case, partner), device="cpu")
+        with stubbed(partner, _Clock()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            other.setup()
+            other.call()
+    except Exception:
+        return None
+
+    def turn():
+        other.setup()
+        other.call()
+
+    return turn
+
+
 def measure(case: Case, target: Target, backend: str, min_reps: int = 3, max_reps: int = 200,
-            budget_s: float = 0.15) -> Dict:
+            budget_s: float = 0.15, partner: Optional[str] = None) -> Dict:
     """Host cost of one call of ``target`` on ``case`` by ``backend``, launches
     stubbed: ``units`` (fastest host time / ``unit_seconds()``), ``before_units``
     (host time until the first Triton launch; None without one),
     ``after_units`` (obskernels' triton backend: host time after the last
     read that no launch follows; None without one, and on other backends,
     whose aten ops after a read would be GPU work), ``aten_ops`` of the call,
-    ``unit_us``, the shape and the method."""
+    ``unit_us``, the shape, ``partner`` and the method. With ``partner`` (a
+    backend, see ``turn_partner``) each call is made right after one call of
+    the same target by that backend, its launches stubbed too, untimed (alone,
+    ``partner`` None in the record, where that backend has no such call)."""
     shape = host_shape(case, backend)
     clock = _Clock()
     prepared = prepare(case, target, backend, shape=shape, device="cpu")
+    turn = None if partner is None else _turn(case, target, partner)
+    if turn is None:
+        partner = None
 
     def once():
+        if turn is not None:
+            turn()
         prepared.setup()
         clock.begin()
         prepared.call()
         return clock.host_seconds()
 
-    with stubbed(backend, clock), warnings.catch_warnings():
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(stubbed(backend, clock))
+        if partner is not None:
+            stack.enter_context(stubbed(partner, _Clock()))
+        stack.enter_context(warnings.catch_warnings())
         warnings.simplefilter("ignore")
         for _ in range(3):  # warm-up: first-call caches
             once()
@@ -200,8 +258,9 @@ def measure(case: Case, target: Target, backend: str, min_reps: int = 3, max_rep
             "before_units": None if firsts[fastest] is None else firsts[fastest] / unit,
             "after_units": None if afters[fastest] is None else afters[fastest] / unit,
             "aten_ops": counts.aten_ops, "unit_us": unit * 1e6, "shape": list(shape),
-            "reps": len(times),
-            "method": METHOD.format(shape=f"{shape[0]}x{shape[1]}", reps=len(times), unit_us=unit * 1e6)}
+            "reps": len(times), "partner": partner,
+            "method": METHOD.format(shape=f"{shape[0]}x{shape[1]}", turns=_turns(partner), reps=f"{len(times)} calls",
+                                    unit_us=unit * 1e6)}
 
 
 def quietest(records: List[Dict]) -> Dict:
@@ -216,6 +275,6 @@ def quietest(records: List[Dict]) -> Dict:
     for key in ("before_units", "after_units"):
         if out[key] is not None:
             out[key] *= scale
-    out["method"] = METHOD.format(shape="x".join(map(str, out["shape"])),
-                                  reps=f"{out['reps']} in {len(records)} rounds", unit_us=unit_us)
+    out["method"] = METHOD.format(shape="x".join(map(str, out["shape"])), turns=_turns(out.get("partner")),
+                                  reps=f"{out['reps']} calls in {len(records)} rounds", unit_us=unit_us)
     return out

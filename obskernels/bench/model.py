@@ -16,7 +16,8 @@ value (an observer's one read of its status, in ``get_qparams``) waits until
 the GPU is done, and what the host does after that read comes after both.
 ``host_units`` is the call's host path measured on the running machine with
 every launch stubbed (``hostcost.measure``: units of a one-element CPU
-``add_``), scaled by the GPU host's unit (a small torch CUDA op: 10 us on
+``add_``; each call right after the other library's, as the lead rows take
+turns, where llm-compressor is installed), scaled by the GPU host's unit (a small torch CUDA op: 10 us on
 the H100 host); each Triton launch adds its issue cost (17 us there).
 Without a host measurement the host is ``aten_ops * aten_op_s +
 triton_launches * triton_launch_s``. A host sync (``.item()``, ``.tolist()``)

@@ -484,7 +484,10 @@ def _host_paths(plan, unavailable, opts: Options) -> Dict[Tuple, Dict]:
     scheme (``hostcost.measure``; the host cost does not depend on the size)
     in each of ``HOST_ROUNDS`` rounds that go over all the paths in turn, a
     path's figure its ``hostcost.quietest`` of them: a stretch of other work
-    on a shared machine slows one round of every path, not every call of one."""
+    on a shared machine slows one round of every path, not every call of one.
+    Each call is measured right after a call of its ``hostcost.turn_partner``
+    where that backend can run here, as the lead rows take turns with the
+    other library; alone where it cannot."""
     out: Dict[Tuple, Dict] = {}
     if not (opts.model and opts.host):
         return out
@@ -493,6 +496,14 @@ def _host_paths(plan, unavailable, opts: Options) -> Dict[Tuple, Dict]:
     paths: Dict[Tuple, Tuple] = {}
     for call, key in keys.items():
         paths.setdefault(key, call)
+    can_run: Dict[str, bool] = {}
+
+    def partner_of(target, backend) -> Optional[str]:
+        partner = hostcost.turn_partner(target, backend)
+        if partner not in can_run:
+            can_run[partner] = backend_unavailable_reason(partner, opts.device) is None
+        return partner if can_run[partner] else None
+
     t0 = time.perf_counter()
     if opts.progress and todo:
         opts.progress.write(f"measuring the host path of {len(todo)} calls (launches stubbed)...\n")
@@ -502,7 +513,8 @@ def _host_paths(plan, unavailable, opts: Options) -> Dict[Tuple, Dict]:
             if taken[key] is None:
                 continue
             try:
-                taken[key].append(hostcost.measure(case, target, backend, budget_s=HOST_BUDGET_S))
+                taken[key].append(hostcost.measure(case, target, backend, budget_s=HOST_BUDGET_S,
+                                                   partner=partner_of(target, backend)))
             except Exception:  # n/a, unsupported...: the row says why; no host term
                 taken[key] = None
     done = {key: None if not got else hostcost.quietest(got) for key, got in taken.items()}
