@@ -7,7 +7,7 @@ The companion of ``obskernels.bench.host`` (the CPU proxy, launches stubbed):
 the same scenarios, on CUDA tensors with the kernels compiled for the GPU,
 timed on the wall, plus what the proxy and the bench's model take as given.
 
-Every row gives four times, in microseconds:
+Every row gives four times in microseconds (the lead weight calls five):
 - ``loop_us``: ``n`` calls back to back, then one synchronisation, divided by
   ``n`` -- what a calibration loop pays per call, the host issuing while the
   GPU runs earlier work (the fastest of the rounds);
@@ -22,7 +22,12 @@ Every row gives four times, in microseconds:
   launch through a launch site (``kernels/_replay.Replay``) has been issued:
   what an idle GPU waits before it has work (the model's "host before the
   first launch"); None for a row with no such launch (the unit, the bare
-  launch, a CUDA graph's replay, llm-compressor's own observer).
+  launch, a CUDA graph's replay, llm-compressor's own observer);
+- ``turns_us``: as ``wiped_us``, each call right after llm-compressor's own
+  call of the same observer on the same value (untimed, before the wipe),
+  as the bench's lead rows take turns: what the other library's call,
+  having pushed ours out of the host's caches, costs it (the lead table's
+  weight calls, where llm-compressor imports; None elsewhere).
 The rows are timed in 5 rounds that go over all of them in turn
 (``host.interleaved``), so that a stretch of other work on the GPU's host
 slows one round of every row rather than every call of one.
@@ -189,15 +194,21 @@ def _wipe() -> Callable[[], object]:
 
 
 def _lead_rows() -> List[tuple]:
-    """(name, call) of the lead table's memoryless_minmax weight calls: a new
-    observer, observe, get_qparams on each weight scheme's 4096x4096 bf16
-    bench value."""
+    """(name, call, partner) of the lead table's memoryless_minmax weight
+    calls: a new observer, observe, get_qparams on each weight scheme's
+    4096x4096 bf16 bench value; ``partner`` the same call by llm-compressor's
+    own observer (None where it does not import)."""
     from obskernels import Observer
+    from obskernels.bench.backends import llmc_available
     from obskernels.bench.cases import SCHEMES, WEIGHT_SCHEMES, Case, make_value
 
-    def call_of(value, args):
+    registry = None
+    if llmc_available():
+        from llmcompressor.observers import Observer as registry
+
+    def call_of(observers, value, args):
         def call():
-            obs = Observer.load_from_registry("memoryless_minmax", base_name="weight", args=args)
+            obs = observers.load_from_registry("memoryless_minmax", base_name="weight", args=args)
             obs(value)
             return obs.get_qparams()
         return call
@@ -205,8 +216,9 @@ def _lead_rows() -> List[tuple]:
     rows = []
     for name in WEIGHT_SCHEMES:
         case = Case("weight", LEAD_WEIGHT_SHAPE, "bf16", name)
-        rows.append((f"memoryless_minmax {case.label}",
-                     call_of(make_value(case, device="cuda"), SCHEMES[name].qargs())))
+        value, args = make_value(case, device="cuda"), SCHEMES[name].qargs()
+        rows.append((f"memoryless_minmax {case.label}", call_of(Observer, value, args),
+                     None if registry is None else call_of(registry, value, args)))
     return rows
 
 
@@ -283,23 +295,36 @@ def measure(n: int = 200, reps: int = 50, progress=None, rounds: int = 5) -> Lis
         minmax = next(sc for sc in host.SCENARIOS if sc.name == "minmax call")
         rows.append(("minmax call, Triton's launch path",
                      _through_triton(host._call_of(minmax, device="cuda"))))
-        rows += _lead_rows()
+        lead = _lead_rows()
+        rows += [(name, fn) for name, fn, _ in lead]
         rows += _activation_rows()
         wipe = _wipe()
+        partners = {id(fn): partner for _, fn, partner in lead if partner is not None}
         for _, fn in rows:
             for _ in range(5):
                 fn()  # compiled, planned and allocated before timing
+        for partner in partners.values():
+            partner()
 
         def figures(done) -> Dict:
-            issued = [[t for t in times if t is not None] for _, _, _, times in done]
-            return {"loop_us": min(loop for loop, _, _, _ in done) * 1e6,
-                    "sync_us": host.quiet_seconds([times for _, times, _, _ in done]) * 1e6,
-                    "wiped_us": host.quiet_seconds([times for _, _, times, _ in done]) * 1e6,
-                    "issued_us": host.quiet_seconds(issued) * 1e6 if all(issued) else None}
+            issued = [[t for t in times if t is not None] for _, _, _, times, _ in done]
+            turns = [times for *_, times in done]
+            return {"loop_us": min(loop for loop, *_ in done) * 1e6,
+                    "sync_us": host.quiet_seconds([times for _, times, *_ in done]) * 1e6,
+                    "wiped_us": host.quiet_seconds([times for _, _, times, *_ in done]) * 1e6,
+                    "issued_us": host.quiet_seconds(issued) * 1e6 if all(issued) else None,
+                    "turns_us": host.quiet_seconds(turns) * 1e6 if all(turns) else None}
 
         def time_round(fn):
+            partner = partners.get(id(fn))
+
+            def after_partner():
+                partner()
+                wipe()
+
             return (loop_seconds(fn, n, rounds=1), sync_times(fn, per_round),
-                    sync_times(fn, per_round, wipe), issued_times(fn, max(per_round // 2, 1), wipe))
+                    sync_times(fn, per_round, wipe), issued_times(fn, max(per_round // 2, 1), wipe),
+                    None if partner is None else sync_times(fn, per_round, after_partner))
 
         def report(r: int, timed) -> None:
             if progress:
@@ -307,7 +332,8 @@ def measure(n: int = 200, reps: int = 50, progress=None, rounds: int = 5) -> Lis
                 for (name, _), done in zip(rows, timed):
                     f = figures(done)
                     progress.write(f"    {name}: loop {f['loop_us']:.1f} us, sync {f['sync_us']:.1f} us, "
-                                   f"wiped {f['wiped_us']:.1f} us, issued {_us(f['issued_us'])}\n")
+                                   f"wiped {f['wiped_us']:.1f} us, issued {_us(f['issued_us'])}, "
+                                   f"turns {_us(f['turns_us'])}\n")
                 progress.flush()
 
         timed = host.interleaved([fn for _, fn in rows], rounds, time_round, report)
@@ -350,10 +376,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     print(f"MEASURED on {rows[0]['device']}: wall time per call; unit = one 1-element CUDA add_ "
           f"= {rows[0]['unit_us']:.2f} us (back to back)")
-    print(f"{'row':58} {'loop us':>9} {'sync us':>9} {'wiped us':>9} {'issued us':>9} {'units':>7}")
+    print(f"{'row':58} {'loop us':>9} {'sync us':>9} {'wiped us':>9} {'issued us':>9} {'turns us':>9} "
+          f"{'units':>7}")
     for r in rows:
         print(f"{r['row']:58} {r['loop_us']:9.1f} {r['sync_us']:9.1f} {r['wiped_us']:9.1f} "
-              f"{_us(r['issued_us']):>9} {r['units']:7.1f}")
+              f"{_us(r['issued_us']):>9} {_us(r['turns_us']):>9} {r['units']:7.1f}")
     return 0
 
 
