@@ -301,7 +301,7 @@ def test_host_paths_take_turns_with_the_other_library_where_it_runs(monkeypatch)
     """Where llm-compressor can run, each host path is measured after a call
     of the other library's path for the same observer: its Triton search
     where it has one, else its eager body, for obskernels' paths; obskernels'
-    triton backend for llm-compressor's."""
+    triton backend for llm-compressor's. ``--host-alone``: none."""
     from obskernels.bench import hostcost, runner
 
     seen = {}
@@ -316,14 +316,39 @@ def test_host_paths_take_turns_with_the_other_library_where_it_runs(monkeypatch)
     case = bench_cases.Case("weight", (16, 256), "bf16", "int4-group128", (4096, 4096))
     minmax, mse = bench_cases.OBSERVERS["memoryless_minmax"], bench_cases.OBSERVERS["memoryless_mse"]
     plan = [(case, t, b) for t in (minmax, mse) for b in ("triton", "reference", "llmc-eager", "llmc-triton")]
-    runner._host_paths(plan, dict.fromkeys(("triton", "reference", "llmc-eager", "llmc-triton")),
-                       Options(model=True, host=True, progress=None))
+    available = dict.fromkeys(("triton", "reference", "llmc-eager", "llmc-triton"))
+    runner._host_paths(plan, available, Options(model=True, host=True, host_turns=False, progress=None))
+    assert set(seen) == {(t.label, b) for _, t, b in plan} and set(seen.values()) == {None}  # --host-alone
+    seen.clear()
+    runner._host_paths(plan, available, Options(model=True, host=True, progress=None))
     assert seen == {
         (minmax.label, "triton"): "llmc-eager", (minmax.label, "reference"): "llmc-eager",
         (minmax.label, "llmc-eager"): "triton", (minmax.label, "llmc-triton"): "triton",
         (mse.label, "triton"): "llmc-triton", (mse.label, "reference"): "llmc-triton",
         (mse.label, "llmc-eager"): "triton", (mse.label, "llmc-triton"): "triton",
     }
+
+
+@needs_interpreter
+def test_host_alone_reaches_the_runner(monkeypatch):
+    """``--host-alone`` turns the host term's turns off; without it they are on."""
+    from obskernels.bench import __main__ as cli, runner
+
+    class Stop(Exception):
+        pass
+
+    got = []
+
+    def run(opts):
+        got.append(opts.host_turns)
+        raise Stop
+
+    monkeypatch.setattr(runner, "run", run)
+    keep = ["--device", "cpu", "--tiny", "--quiet", "--threads", str(torch.get_num_threads())]
+    for flags in ([], ["--host-alone"]):
+        with pytest.raises(Stop):
+            cli.main(keep + flags)
+    assert got == [True, False]
 
 
 @needs_interpreter

@@ -62,6 +62,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         "adds minutes). Always on without CUDA")
     p.add_argument("--no-host", action="store_true",
                    help="model: skip measuring the host paths (each aten op / launch at its issue cost)")
+    p.add_argument("--host-alone", action="store_true",
+                   help="model: time each host path's calls back to back, not each after the other "
+                        "library's call (the lead rows' turns): to compare with rows timed alone")
     p.add_argument("--sass-python", default=None,
                    help="model: compile the kernels with this interpreter's triton (e.g. "
                         ".venv-triton36/bin/python for the triton an H100 run used)")
@@ -159,6 +162,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         sass=not args.no_sass,
         sass_python=args.sass_python,
         host=not args.no_host,
+        host_turns=not args.host_alone,
         split=args.split,
         progress=None if args.quiet else sys.stderr,
     )

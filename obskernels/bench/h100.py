@@ -15,7 +15,9 @@ llm-compressor's default path there (its own Triton MSE search for
 the MSE observers). The table puts each beside the model's full-size figure
 from a bench run (``modelled_s`` of the triton row, and of llm-compressor's
 default path as the model prices it: its Triton search where the row has one,
-else its eager body), with the ratio model / measured.
+else its eager body), with the ratio model / measured. Both runs timed each
+row alone (before the lead rows took turns with llm-compressor's): model
+them with ``--host-alone``.
 """
 
 from __future__ import annotations

@@ -101,6 +101,9 @@ class Options:
     sass: bool = True  # compile the Triton calls for sm_90a: the model's compute term
     sass_python: Optional[str] = None  # compile with this interpreter's triton (default: this one's)
     host: bool = True  # measure each call's host path (the model's host term)
+    # ... each call after the other library's, as the lead rows take turns
+    # (False: alone, for measurements timed that way: the runs before the turns)
+    host_turns: bool = True
     split: bool = False  # also profile each measured row's device work (``device_split``)
     warmup_s: float = 0.025  # untimed calls before the timed ones, for at least this long
     cases: Optional[List[Case]] = None  # overrides the sweep (tests)
@@ -487,7 +490,7 @@ def _host_paths(plan, unavailable, opts: Options) -> Dict[Tuple, Dict]:
     on a shared machine slows one round of every path, not every call of one.
     Each call is measured right after a call of its ``hostcost.turn_partner``
     where that backend can run here, as the lead rows take turns with the
-    other library; alone where it cannot."""
+    other library; alone where it cannot, or with ``opts.host_turns`` off."""
     out: Dict[Tuple, Dict] = {}
     if not (opts.model and opts.host):
         return out
@@ -499,6 +502,8 @@ def _host_paths(plan, unavailable, opts: Options) -> Dict[Tuple, Dict]:
     can_run: Dict[str, bool] = {}
 
     def partner_of(target, backend) -> Optional[str]:
+        if not opts.host_turns:
+            return None
         partner = hostcost.turn_partner(target, backend)
         if partner not in can_run:
             can_run[partner] = backend_unavailable_reason(partner, opts.device) is None
