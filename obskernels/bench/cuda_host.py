@@ -7,7 +7,7 @@ The companion of ``obskernels.bench.host`` (the CPU proxy, launches stubbed):
 the same scenarios, on CUDA tensors with the kernels compiled for the GPU,
 timed on the wall, plus what the proxy and the bench's model take as given.
 
-Every row gives four times in microseconds (the lead weight calls five):
+Every row gives four times in microseconds (the lead weight calls six):
 - ``loop_us``: ``n`` calls back to back, then one synchronisation, divided by
   ``n`` -- what a calibration loop pays per call, the host issuing while the
   GPU runs earlier work (the fastest of the rounds);
@@ -26,8 +26,10 @@ Every row gives four times in microseconds (the lead weight calls five):
 - ``turns_us``: as ``wiped_us``, each call right after llm-compressor's own
   call of the same observer on the same value (untimed, before the wipe),
   as the bench's lead rows take turns: what the other library's call,
-  having pushed ours out of the host's caches, costs it (the lead table's
-  weight calls, where llm-compressor imports; None elsewhere).
+  having pushed ours out of the host's caches, costs it; and
+  ``turns_issued_us``, ``issued_us`` of such calls: whether that cost comes
+  before the first launch (the host) or after it (the lead table's weight
+  calls, where llm-compressor imports; None elsewhere).
 The rows are timed in 5 rounds that go over all of them in turn
 (``host.interleaved``), so that a stretch of other work on the GPU's host
 slows one round of every row rather than every call of one.
@@ -307,13 +309,13 @@ def measure(n: int = 200, reps: int = 50, progress=None, rounds: int = 5) -> Lis
             partner()
 
         def figures(done) -> Dict:
-            issued = [[t for t in times if t is not None] for _, _, _, times, _ in done]
-            turns = [times for *_, times in done]
-            return {"loop_us": min(loop for loop, *_ in done) * 1e6,
-                    "sync_us": host.quiet_seconds([times for _, times, *_ in done]) * 1e6,
-                    "wiped_us": host.quiet_seconds([times for _, _, times, *_ in done]) * 1e6,
-                    "issued_us": host.quiet_seconds(issued) * 1e6 if all(issued) else None,
-                    "turns_us": host.quiet_seconds(turns) * 1e6 if all(turns) else None}
+            loops, syncs, wipes, issues, turns, turns_issues = zip(*done)
+            return {"loop_us": min(loops) * 1e6,
+                    "sync_us": host.quiet_seconds(syncs) * 1e6,
+                    "wiped_us": host.quiet_seconds(wipes) * 1e6,
+                    "issued_us": _issued_us(issues),
+                    "turns_us": host.quiet_seconds(turns) * 1e6 if all(turns) else None,
+                    "turns_issued_us": _issued_us(turns_issues)}
 
         def time_round(fn):
             partner = partners.get(id(fn))
@@ -322,9 +324,11 @@ def measure(n: int = 200, reps: int = 50, progress=None, rounds: int = 5) -> Lis
                 partner()
                 wipe()
 
+            issued_reps = max(per_round // 2, 1)
             return (loop_seconds(fn, n, rounds=1), sync_times(fn, per_round),
-                    sync_times(fn, per_round, wipe), issued_times(fn, max(per_round // 2, 1), wipe),
-                    None if partner is None else sync_times(fn, per_round, after_partner))
+                    sync_times(fn, per_round, wipe), issued_times(fn, issued_reps, wipe),
+                    None if partner is None else sync_times(fn, per_round, after_partner),
+                    None if partner is None else issued_times(fn, issued_reps, after_partner))
 
         def report(r: int, timed) -> None:
             if progress:
@@ -333,7 +337,7 @@ def measure(n: int = 200, reps: int = 50, progress=None, rounds: int = 5) -> Lis
                     f = figures(done)
                     progress.write(f"    {name}: loop {f['loop_us']:.1f} us, sync {f['sync_us']:.1f} us, "
                                    f"wiped {f['wiped_us']:.1f} us, issued {_us(f['issued_us'])}, "
-                                   f"turns {_us(f['turns_us'])}\n")
+                                   f"turns {_us(f['turns_us'])}, issued in turns {_us(f['turns_issued_us'])}\n")
                 progress.flush()
 
         timed = host.interleaved([fn for _, fn in rows], rounds, time_round, report)
@@ -343,6 +347,17 @@ def measure(n: int = 200, reps: int = 50, progress=None, rounds: int = 5) -> Lis
     for r in out:
         r.update(units=r["loop_us"] / unit, unit_us=unit, device=device, kind="measured")
     return out
+
+
+def _issued_us(rounds) -> Optional[float]:
+    """``issued_us`` from the rounds' ``issued_times`` (None where a round is
+    missing or made no launch through a site)."""
+    from obskernels.bench import host
+
+    if not all(rounds):
+        return None
+    issued = [[t for t in times if t is not None] for times in rounds]
+    return host.quiet_seconds(issued) * 1e6 if all(issued) else None
 
 
 def _us(value: Optional[float]) -> str:
@@ -377,10 +392,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"MEASURED on {rows[0]['device']}: wall time per call; unit = one 1-element CUDA add_ "
           f"= {rows[0]['unit_us']:.2f} us (back to back)")
     print(f"{'row':58} {'loop us':>9} {'sync us':>9} {'wiped us':>9} {'issued us':>9} {'turns us':>9} "
-          f"{'units':>7}")
+          f"{'t-issued':>9} {'units':>7}")
     for r in rows:
         print(f"{r['row']:58} {r['loop_us']:9.1f} {r['sync_us']:9.1f} {r['wiped_us']:9.1f} "
-              f"{_us(r['issued_us']):>9} {_us(r['turns_us']):>9} {r['units']:7.1f}")
+              f"{_us(r['issued_us']):>9} {_us(r['turns_us']):>9} {_us(r['turns_issued_us']):>9} "
+              f"{r['units']:7.1f}")
     return 0
 
 
