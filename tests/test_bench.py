@@ -917,14 +917,15 @@ def test_cuda_host_measures_every_row():
     scenarios = [s.name for s in host.SCENARIOS if not s.drop_in or llmc_available()]
     assert names[2:2 + len(scenarios)] == scenarios
     assert "activation forward 2048x4096, CUDA graph replay" in names
-    assert [n for n in names if n.startswith("memoryless_minmax w4096x4096 bf16 ")] == [
-        f"memoryless_minmax w4096x4096 bf16 {scheme}" for scheme in bench_cases.WEIGHT_SCHEMES]
+    assert [n for n in names if n.startswith("memoryless_minmax ")] == [
+        f"memoryless_minmax w4096x4096 bf16 {scheme}" for scheme in bench_cases.WEIGHT_SCHEMES] + [
+        f"memoryless_minmax a2048x4096 bf16 {scheme}" for scheme in bench_cases.ACTIVATION_SCHEMES]
     assert {"minmax call, Triton's launch path", "activation forward 2048x4096, Triton's launch path"} <= set(names)
     assert rows[0]["units"] == 1.0
     assert all(r["loop_us"] > 0 and r["sync_us"] > 0 and r["wiped_us"] > 0 and r["kind"] == "measured"
                for r in rows)
     # the first launch issued before the call's end; none in the unit, the bare launch, the graph
-    lead = [r for r in rows if r["row"].startswith("memoryless_minmax w4096x4096")]
+    lead = [r for r in rows if r["row"].startswith("memoryless_minmax ")]
     assert all(0 < r["issued_us"] < r["wiped_us"] for r in lead)
     # after llm-compressor's call where it imports; none where it does not, nor for other rows
     assert all((0 < r["turns_issued_us"] < r["turns_us"]) if llmc_available()

@@ -7,7 +7,7 @@ The companion of ``obskernels.bench.host`` (the CPU proxy, launches stubbed):
 the same scenarios, on CUDA tensors with the kernels compiled for the GPU,
 timed on the wall, plus what the proxy and the bench's model take as given.
 
-Every row gives four times in microseconds (the lead weight calls six):
+Every row gives four times in microseconds (the lead calls six):
 - ``loop_us``: ``n`` calls back to back, then one synchronisation, divided by
   ``n`` -- what a calibration loop pays per call, the host issuing while the
   GPU runs earlier work (the fastest of the rounds);
@@ -28,8 +28,8 @@ Every row gives four times in microseconds (the lead weight calls six):
   as the bench's lead rows take turns: what the other library's call,
   having pushed ours out of the host's caches, costs it; and
   ``turns_issued_us``, ``issued_us`` of such calls: whether that cost comes
-  before the first launch (the host) or after it (the lead table's weight
-  calls, where llm-compressor imports; None elsewhere).
+  before the first launch (the host) or after it (the lead table's calls,
+  where llm-compressor imports; None elsewhere).
 The rows are timed in 5 rounds that go over all of them in turn
 (``host.interleaved``), so that a stretch of other work on the GPU's host
 slows one round of every row rather than every call of one.
@@ -43,9 +43,10 @@ Rows:
   drop-in's where llm-compressor imports), and the minmax call again with
   every launch through Triton's launch path (launch replays off,
   kernels/_replay.py);
-- the lead table's min/max weight calls: a memoryless_minmax call (new,
-  observe, get_qparams) on the bench's 4096x4096 bf16 value of each weight
-  scheme, so that a lead row reads beside the same call timed here;
+- the lead table's min/max calls: a memoryless_minmax call (new, observe,
+  get_qparams) on the bench's 4096x4096 bf16 value of each weight scheme
+  and its 2048x4096 bf16 value of each activation scheme, so that a lead
+  row reads beside the same call timed here;
 - an fp8 activation's static_minmax forward at 2048x4096 bf16 (the
   calibration loop's repeated call): obskernels' observer eagerly (and with
   launch replays off), the same forward captured in a CUDA graph and replayed (``nonfinite="propagate"``,
@@ -196,31 +197,33 @@ def _wipe() -> Callable[[], object]:
 
 
 def _lead_rows() -> List[tuple]:
-    """(name, call, partner) of the lead table's memoryless_minmax weight
-    calls: a new observer, observe, get_qparams on each weight scheme's
-    4096x4096 bf16 bench value; ``partner`` the same call by llm-compressor's
-    own observer (None where it does not import)."""
+    """(name, call, partner) of the lead table's memoryless_minmax calls: a
+    new observer, observe, get_qparams on each weight scheme's 4096x4096
+    bf16 bench value, then on each activation scheme's 2048x4096 one;
+    ``partner`` the same call by llm-compressor's own observer (None where
+    it does not import)."""
     from obskernels import Observer
     from obskernels.bench.backends import llmc_available
-    from obskernels.bench.cases import SCHEMES, WEIGHT_SCHEMES, Case, make_value
+    from obskernels.bench.cases import ACTIVATION_SCHEMES, SCHEMES, WEIGHT_SCHEMES, Case, make_value
 
     registry = None
     if llmc_available():
         from llmcompressor.observers import Observer as registry
 
-    def call_of(observers, value, args):
+    def call_of(observers, value, base_name, args):
         def call():
-            obs = observers.load_from_registry("memoryless_minmax", base_name="weight", args=args)
+            obs = observers.load_from_registry("memoryless_minmax", base_name=base_name, args=args)
             obs(value)
             return obs.get_qparams()
         return call
 
+    cases = ([Case("weight", LEAD_WEIGHT_SHAPE, "bf16", name) for name in WEIGHT_SCHEMES]
+             + [Case("activation", ACTIVATION_SHAPE, "bf16", name) for name in ACTIVATION_SCHEMES])
     rows = []
-    for name in WEIGHT_SCHEMES:
-        case = Case("weight", LEAD_WEIGHT_SHAPE, "bf16", name)
-        value, args = make_value(case, device="cuda"), SCHEMES[name].qargs()
-        rows.append((f"memoryless_minmax {case.label}", call_of(Observer, value, args),
-                     None if registry is None else call_of(registry, value, args)))
+    for case in cases:
+        value, args = make_value(case, device="cuda"), SCHEMES[case.scheme].qargs()
+        rows.append((f"memoryless_minmax {case.label}", call_of(Observer, value, case.base_name, args),
+                     None if registry is None else call_of(registry, value, case.base_name, args)))
     return rows
 
 
