@@ -38,6 +38,7 @@ Budgets (triton backend, kernels in the interpreter on the CPU):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import math
 import os
@@ -705,6 +706,45 @@ def test_host_proxy_interleaves_its_rounds_over_the_scenarios(monkeypatch):
     assert warm == [a.name, b.name]
     assert timed == [a.name, a.name, b.name, b.name] * 3
     assert order[14:] == [a.name, b.name]  # each call's Python calls, counted once
+
+
+@needs_interpreter
+def test_host_proxy_times_a_scenario_in_turns_after_its_partner(monkeypatch):
+    """Where a scenario has a partner (llm-compressor's own observer making
+    the same call), the proxy times it once more in each round, each call
+    right after a partner call, untimed: the turns figures; None for a
+    scenario without one."""
+    from obskernels.bench import host
+
+    order, now = [], [0.0]
+    costs = {"a": 2.0, "b": 3.0}
+    after_partner = [False]
+
+    def call_of(sc):
+        def call():
+            order.append(sc.name)
+            now[0] += costs[sc.name] + (5.0 if after_partner[0] else 0.0)  # colder after the partner
+            after_partner[0] = False
+        return call
+
+    def partner():
+        order.append("partner")
+        now[0] += 100.0  # untimed
+        after_partner[0] = True
+
+    monkeypatch.setattr(host, "unit_seconds", lambda: 1.0)
+    monkeypatch.setattr(host, "check_default_is_triton", lambda: None)
+    monkeypatch.setattr(host.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(host, "_python_calls", lambda fn: 0)
+    monkeypatch.setattr(host, "_call_of", call_of)
+    monkeypatch.setattr(host, "_partner_of", lambda sc: partner if sc.name == "a" else None)
+    a, b = (dataclasses.replace(host.SCENARIOS[0], name=n) for n in ("a", "b"))
+    rows = host.measure((a, b), reps=4, warmup=1, rounds=2)
+    # warm-up: each call once, then its partner; each round: a and b alone, then a in turns
+    assert order == ["a", "partner", "b"] + (["a"] * 2 + ["b"] * 2 + ["partner", "a"] * 2) * 2
+    assert [(r["scenario"], r["host_us"], r["turns_us"]) for r in rows] == [
+        ("a", 2e6, 7e6), ("b", 3e6, None)]
+    assert rows[0]["turns_units"] == 7.0 and rows[1]["turns_units"] is None  # the unit: 1 s
 
 
 @needs_interpreter

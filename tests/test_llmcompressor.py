@@ -6,6 +6,8 @@ that environment); elsewhere the module is skipped with the reason.
 """
 
 import copy
+import inspect
+import math
 
 import pytest
 import torch
@@ -718,6 +720,48 @@ def test_host_proxy_measures_the_drop_in_forward():
     assert [r["scenario"] for r in rows] == [s.name for s in scenarios]
     for row in rows:
         assert row["python_calls"] <= budgets[row["scenario"]], row
+    assert not drop_in.is_enabled()
+
+
+def test_host_proxy_partners_are_llmcompressors_own_min_max_calls():
+    """obskernels.bench.host times its min/max scenarios in turns after
+    llm-compressor's own observer (the drop-in off) making the same call on
+    a value of the scenario's shape, its rows cut to PARTNER_NUMEL elements
+    where larger; no partner for the drop-in, the hook, the searches."""
+    from llmcompressor.observers import Observer as registry
+
+    from obskernels.bench import host
+
+    drop_in.disable()
+    made = []
+    real = registry.load_from_registry.__func__
+
+    def load(cls, name, **kwargs):
+        obs = real(cls, name, **kwargs)
+        made.append((name, type(obs).__module__.split(".")[0]))
+        return obs
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(registry, "load_from_registry", classmethod(load))
+        for sc in host.SCENARIOS:
+            partner = host._partner_of(sc)
+            wanted = sc.observer in host.TURNS_OBSERVERS and not (sc.drop_in or sc.hook)
+            assert (partner is not None) == wanted, sc.name
+            if partner is None:
+                continue
+            value = inspect.getclosurevars(partner).nonlocals["value"]
+            rows = host.PARTNER_NUMEL // sc.shape[-1]
+            assert tuple(value.shape) == (sc.shape if math.prod(sc.shape) <= host.PARTNER_NUMEL
+                                          else (rows, sc.shape[-1])), sc.name
+            made.clear()
+            out = partner()
+            if sc.repeat:
+                out = partner()  # its forward again, on the observer it made once
+                assert made == [] and isinstance(out, torch.nn.Module)
+            else:
+                assert made == [(sc.observer, "llmcompressor")] and {"scale", "zero_point"} <= set(out)
+    # the 4096x4096 scenario's partner works on 16 of its rows
+    assert any(math.prod(sc.shape) > host.PARTNER_NUMEL for sc in host.SCENARIOS if host._partner_of(sc))
     assert not drop_in.is_enabled()
 
 

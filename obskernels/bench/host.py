@@ -43,6 +43,15 @@ flag word, as at any size), and, where llm-compressor is installed
 (``.venv-llmcompressor/bin/python -m obskernels.bench.host``), its
 static_minmax activation forward and memoryless_minmax weight call through
 the drop-in.
+
+These are a hot host's figures: each scenario called over and over. Where
+llm-compressor is installed, the min/max scenarios are also timed in turns
+(``turns_us``, ``turns_units``): each call right after llm-compressor's own
+observer made the same call on a value of the same shape (untimed), as the
+bench's lead rows take turns with it, the other library's code and data
+having pushed ours out of the host's caches (None for the other scenarios:
+llm-compressor's MSE search would run its eager body on a CPU, where a GPU
+user gets its Triton kernel).
 """
 
 from __future__ import annotations
@@ -50,6 +59,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -234,6 +244,46 @@ def _call_of(sc: Scenario, device: str = "cpu") -> Callable[[], object]:
     return call
 
 
+#: the observers whose scenarios are also timed in turns with llm-compressor's own
+TURNS_OBSERVERS = ("memoryless_minmax", "static_minmax", "minmax")
+#: the most elements the partner's value holds (see ``_partner_of``)
+PARTNER_NUMEL = 65536
+
+
+def _partner_of(sc: Scenario) -> Optional[Callable[[], object]]:
+    """llm-compressor's own observer making ``sc``'s call (new, observe,
+    get_qparams; a forward where ``sc`` repeats one) on a value of the same
+    shape (of its last dimension and fewer rows where it is larger than
+    ``PARTNER_NUMEL``): the call before each of ours in turns. None where llm-compressor
+    does not import, and for the drop-in's scenarios, the forward hook and
+    the observers not in ``TURNS_OBSERVERS``."""
+    import torch
+
+    from obskernels.bench.backends import llmc_available
+
+    if sc.drop_in or sc.hook or sc.observer not in TURNS_OBSERVERS or not llmc_available():
+        return None
+    from llmcompressor.observers import Observer as registry
+
+    # at most PARTNER_NUMEL elements (rows dropped): on a CPU its eager call
+    # computes on the value, and a large one would flush the host's caches
+    # with data, which on a GPU stays on the device
+    shape = sc.shape if math.prod(sc.shape) <= PARTNER_NUMEL else (
+        max(1, PARTNER_NUMEL // sc.shape[-1]), sc.shape[-1])
+    value = torch.randn(*shape, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    args = _qargs(sc.args)
+    if sc.repeat:
+        obs = registry.load_from_registry(sc.observer, base_name=sc.base_name, args=args)
+        return lambda: obs(value)
+
+    def call():
+        new = registry.load_from_registry(sc.observer, base_name=sc.base_name, args=args)
+        new(value)
+        return new.get_qparams()
+
+    return call
+
+
 def _python_calls(fn: Callable[[], object]) -> int:
     """Python function calls made by one ``fn()`` (the stub's excluded)."""
     count = 0
@@ -277,7 +327,7 @@ def quiet_seconds(rounds: List[List[float]]) -> float:
     return min(statistics.median(times) for times in rounds)
 
 
-def interleaved(calls: List[Callable[[], object]], rounds: int, time_round: Callable,
+def interleaved(calls: List, rounds: int, time_round: Callable,
                 progress=None) -> List[List]:
     """``time_round(fn)`` for every call of ``calls`` in each of ``rounds``
     rounds, the rounds going over the calls in turn (so a stretch of other
@@ -297,7 +347,9 @@ def measure(scenarios=SCENARIOS, reps: int = 300, warmup: int = 20, rounds: int 
     """One record per scenario: host microseconds per call (``quiet_seconds``
     of ``rounds`` rounds of ``reps // rounds`` calls, stub time excluded,
     ``interleaved`` over the scenarios), the same in units of
-    ``unit_seconds()``, and Python calls."""
+    ``unit_seconds()``, the same again in turns where the scenario has a
+    partner (``_partner_of``: each call right after the partner's, untimed;
+    None otherwise), and Python calls."""
     import warnings
 
     from obskernels.bench.backends import llmc_available
@@ -307,9 +359,12 @@ def measure(scenarios=SCENARIOS, reps: int = 300, warmup: int = 20, rounds: int 
     rounds = max(rounds, 1)
     per_round = max(reps // rounds, 1)
 
-    def time_round(fn) -> List[float]:
+    def time_round(timed) -> List[float]:
+        fn, before = timed
         times = []
         for _ in range(per_round):
+            if before is not None:
+                before()
             _Stub.spent = 0.0
             t0 = time.perf_counter()
             fn()
@@ -320,15 +375,24 @@ def measure(scenarios=SCENARIOS, reps: int = 300, warmup: int = 20, rounds: int 
     with stubbed_launches(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         calls = [(sc, _call_of(sc)) for sc in scenarios if not (sc.drop_in and not llmc_available())]
-        for _, fn in calls:
+        partners = [_partner_of(sc) for sc, _ in calls]
+        for (_, fn), partner in zip(calls, partners):
             for _ in range(warmup):
                 fn()
-        timed = interleaved([fn for _, fn in calls], rounds, time_round)
-        for (sc, fn), done in zip(calls, timed):
+                if partner is not None:
+                    partner()
+        # each scenario alone, then in turns where it has a partner, in the same rounds
+        runs = [(fn, None) for _, fn in calls] + [(fn, p) for (_, fn), p in zip(calls, partners) if p]
+        timed = iter(interleaved(runs, rounds, time_round))
+        alone = [next(timed) for _ in calls]
+        for (sc, fn), partner, done in zip(calls, partners, alone):
             seconds = quiet_seconds(done)
+            turns = None if partner is None else quiet_seconds(next(timed))
             out.append({
                 "scenario": sc.name, "observer": sc.observer, "repeat": sc.repeat,
                 "host_us": seconds * 1e6, "units": seconds / unit,
+                "turns_us": None if turns is None else turns * 1e6,
+                "turns_units": None if turns is None else turns / unit,
                 "python_calls": _python_calls(fn), "unit_us": unit * 1e6,
             })
     return out
@@ -383,10 +447,18 @@ def emit(rows: List[Dict], as_json: bool, table: Callable[..., None], **extra) -
 def _print_table(rows: List[Dict]) -> None:
     unit = rows[0]["unit_us"] if rows else 0.0
     print(f"host cost per call, launches stubbed (a proxy; unit = one 1-element add_ = {unit:.2f} us)")
-    print(f"{'scenario':32} {'observer':22} {'us':>8} {'units':>7} {'py calls':>9}")
+    turns = any(r.get("turns_us") is not None for r in rows)
+    print(f"{'scenario':32} {'observer':22} {'us':>8} {'units':>7} {'py calls':>9}"
+          + (f" {'in turns us':>12} {'units':>7}" if turns else ""))
     for r in rows:
-        print(f"{r['scenario']:32} {r['observer']:22} {r['host_us']:8.1f} {r['units']:7.1f} "
-              f"{r['python_calls']:9d}")
+        line = f"{r['scenario']:32} {r['observer']:22} {r['host_us']:8.1f} {r['units']:7.1f} {r['python_calls']:9d}"
+        if turns:
+            t = r.get("turns_us")
+            line += f" {'-':>12} {'-':>7}" if t is None else f" {t:12.1f} {r['turns_units']:7.1f}"
+        print(line)
+    if turns:
+        print("in turns: each call right after llm-compressor's own observer made the same call "
+              "(untimed), as the bench's lead rows take turns")
 
 
 def main(argv: Optional[List[str]] = None) -> int:

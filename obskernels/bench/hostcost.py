@@ -25,7 +25,7 @@ The lead rows time a case's backends in turns, one call each
 (``runner.time_interleaved``), so each of their calls runs after the other
 library's, which has pushed its code and data out of the host's caches.
 The same shows on a CPU: each path stubbed here took
-1.6-1.85x its time alone, right after llm-compressor's call of the same
+1.6-1.9x its time alone, right after llm-compressor's call of the same
 observer (the development CPU, every lead case), and llm-compressor's call
 before ours on an H200's host added 46-92 us to a 4096x4096 min/max call
 that took 119-199 us alone. ``measure`` therefore times a path as the lead
