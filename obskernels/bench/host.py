@@ -47,11 +47,11 @@ the drop-in.
 These are a hot host's figures: each scenario called over and over. Where
 llm-compressor is installed, the min/max scenarios are also timed in turns
 (``turns_us``, ``turns_units``): each call right after llm-compressor's own
-observer made the same call on a value of the same shape (untimed), as the
-bench's lead rows take turns with it, the other library's code and data
-having pushed ours out of the host's caches (None for the other scenarios:
-llm-compressor's MSE search would run its eager body on a CPU, where a GPU
-user gets its Triton kernel).
+observer made the same call on a value of the same shape (untimed; at most
+``PARTNER_NUMEL`` elements of it), as the bench's lead rows take turns with
+it, the other library's code and data having pushed ours out of the host's
+caches (None for the other scenarios: llm-compressor's MSE search would run
+its eager body on a CPU, where a GPU user gets its Triton kernel).
 """
 
 from __future__ import annotations
@@ -254,9 +254,9 @@ def _partner_of(sc: Scenario) -> Optional[Callable[[], object]]:
     """llm-compressor's own observer making ``sc``'s call (new, observe,
     get_qparams; a forward where ``sc`` repeats one) on a value of the same
     shape (of its last dimension and fewer rows where it is larger than
-    ``PARTNER_NUMEL``): the call before each of ours in turns. None where llm-compressor
-    does not import, and for the drop-in's scenarios, the forward hook and
-    the observers not in ``TURNS_OBSERVERS``."""
+    ``PARTNER_NUMEL``): the call before each of ours in turns. None where
+    llm-compressor does not import, and for the drop-in's scenarios, the
+    forward hook and the observers not in ``TURNS_OBSERVERS``."""
     import torch
 
     from obskernels.bench.backends import llmc_available
