@@ -205,17 +205,14 @@ def _lead_rows() -> List[tuple]:
     from obskernels import Observer
     from obskernels.bench.backends import llmc_available
     from obskernels.bench.cases import ACTIVATION_SCHEMES, SCHEMES, WEIGHT_SCHEMES, Case, make_value
+    from obskernels.bench.host import observer_call
 
     registry = None
     if llmc_available():
         from llmcompressor.observers import Observer as registry
 
     def call_of(observers, value, base_name, args):
-        def call():
-            obs = observers.load_from_registry("memoryless_minmax", base_name=base_name, args=args)
-            obs(value)
-            return obs.get_qparams()
-        return call
+        return observer_call(observers, "memoryless_minmax", base_name, args, value)
 
     cases = ([Case("weight", LEAD_WEIGHT_SHAPE, "bf16", name) for name in WEIGHT_SCHEMES]
              + [Case("activation", ACTIVATION_SHAPE, "bf16", name) for name in ACTIVATION_SCHEMES])

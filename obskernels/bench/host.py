@@ -244,6 +244,18 @@ def _call_of(sc: Scenario, device: str = "cpu") -> Callable[[], object]:
     return call
 
 
+def observer_call(registry, name: str, base_name: str, args, value) -> Callable[[], object]:
+    """One observer call as the bench times it: ``registry``'s observer
+    ``name`` made anew, ``value`` observed, its qparams returned."""
+
+    def call():
+        obs = registry.load_from_registry(name, base_name=base_name, args=args)
+        obs(value)
+        return obs.get_qparams()
+
+    return call
+
+
 #: the observers whose scenarios are also timed in turns with llm-compressor's own
 TURNS_OBSERVERS = ("memoryless_minmax", "static_minmax", "minmax")
 #: the most elements the partner's value holds (see ``_partner_of``)
@@ -275,13 +287,7 @@ def _partner_of(sc: Scenario) -> Optional[Callable[[], object]]:
     if sc.repeat:
         obs = registry.load_from_registry(sc.observer, base_name=sc.base_name, args=args)
         return lambda: obs(value)
-
-    def call():
-        new = registry.load_from_registry(sc.observer, base_name=sc.base_name, args=args)
-        new(value)
-        return new.get_qparams()
-
-    return call
+    return observer_call(registry, sc.observer, sc.base_name, args, value)
 
 
 def _python_calls(fn: Callable[[], object]) -> int:
