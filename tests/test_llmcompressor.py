@@ -723,43 +723,68 @@ def test_host_proxy_measures_the_drop_in_forward():
     assert not drop_in.is_enabled()
 
 
-def test_host_proxy_partners_are_llmcompressors_own_min_max_calls():
-    """obskernels.bench.host times its min/max scenarios in turns after
-    llm-compressor's own observer (the drop-in off) making the same call on
-    a value of the scenario's shape, its rows cut to PARTNER_NUMEL elements
-    where larger; no partner for the drop-in, the hook, the searches."""
+def test_host_proxy_partners_are_llmcompressors_own_calls():
+    """obskernels.bench.host times its min/max and MSE scenarios in turns
+    after llm-compressor's own observer (the drop-in off) making the same
+    call on a value of the scenario's shape, its rows cut to PARTNER_NUMEL
+    elements where larger; an MSE observer's search on llm-compressor's
+    Triton path (a GPU user's), its kernel stubbed for the call and restored
+    after it; no partner for the drop-in, the hook, imatrix_mse."""
+    from compressed_tensors.utils import impl_backend
     from llmcompressor.observers import Observer as registry
+    import triton
+    from llmcompressor.observers import mse_quant
 
-    from obskernels.bench import host
+    from obskernels.bench import host, hostcost
 
     drop_in.disable()
-    made = []
+    made, searches = [], []
     real = registry.load_from_registry.__func__
+    real_search = impl_backend.ImplBackend._backends["_grid_search_mse"]
+    kernels = {name: fn for name, fn in vars(mse_quant).items()
+               if isinstance(fn, triton.runtime.jit.KernelInterface)}  # jitted or interpreted
+    assert kernels
 
     def load(cls, name, **kwargs):
         obs = real(cls, name, **kwargs)
         made.append((name, type(obs).__module__.split(".")[0]))
         return obs
 
+    stub_launch = hostcost._Stub._launch
+
+    def launch(self, *args, **kwargs):  # the partner's stub, launched
+        searches.append(any(getattr(mse_quant, k) is self for k in kernels))
+        stub_launch(self, *args, **kwargs)
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(registry, "load_from_registry", classmethod(load))
+        mp.setattr(hostcost._Stub, "_launch", launch)
         for sc in host.SCENARIOS:
             partner = host._partner_of(sc)
-            wanted = sc.observer in host.TURNS_OBSERVERS and not (sc.drop_in or sc.hook)
+            wanted = not (sc.drop_in or sc.hook or sc.observer == "imatrix_mse")
             assert (partner is not None) == wanted, sc.name
             if partner is None:
                 continue
-            value = inspect.getclosurevars(partner).nonlocals["value"]
+            call = inspect.getclosurevars(partner).nonlocals.get("call", partner)
+            value = inspect.getclosurevars(call).nonlocals["value"]
             rows = host.PARTNER_NUMEL // sc.shape[-1]
             assert tuple(value.shape) == (sc.shape if math.prod(sc.shape) <= host.PARTNER_NUMEL
                                           else (rows, sc.shape[-1])), sc.name
             made.clear()
+            searches.clear()
             out = partner()
             if sc.repeat:
                 out = partner()  # its forward again, on the observer it made once
                 assert made == [] and isinstance(out, torch.nn.Module)
             else:
                 assert made == [(sc.observer, "llmcompressor")] and {"scale", "zero_point"} <= set(out)
+            # a search launched llm-compressor's Triton kernel, stubbed; a min/max call nothing
+            if "mse" in sc.observer:
+                assert searches and all(searches), sc.name
+            else:
+                assert searches == [], sc.name
+            assert all(getattr(mse_quant, k) is fn for k, fn in kernels.items())
+            assert impl_backend.ImplBackend._backends["_grid_search_mse"] is real_search
     # the 4096x4096 scenario's partner works on 16 of its rows
     assert any(math.prod(sc.shape) > host.PARTNER_NUMEL for sc in host.SCENARIOS if host._partner_of(sc))
     assert not drop_in.is_enabled()

@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -41,6 +41,7 @@ __all__ = [
     "prepare",
     "llmc_available",
     "llmc_searches_in_triton",
+    "llmc_path",
     "backend_unavailable_reason",
 ]
 
@@ -51,9 +52,12 @@ _LLMC_TRITON_TARGETS = ("mse_search[mse]", "memoryless_mse", "mse", "nvfp4_expan
 IMATRIX_TOKENS = 64
 
 
-def llmc_searches_in_triton(target: Target) -> bool:
-    """Whether llm-compressor's default path on a GPU runs ``target`` with its
-    Triton MSE-search kernel (else its eager body)."""
+def llmc_searches_in_triton(target: Union[Target, str]) -> bool:
+    """Whether llm-compressor's default path on a GPU runs ``target`` (or the
+    observer of that name) with its Triton MSE-search kernel (else its eager
+    body)."""
+    if isinstance(target, str):
+        return target in _LLMC_TRITON_TARGETS
     return target.name in _LLMC_TRITON_TARGETS or target.label in _LLMC_TRITON_TARGETS
 
 
@@ -245,7 +249,7 @@ def _observer_prepared(registry, case: Case, target: Target, value, wrap) -> Pre
 
 
 @contextlib.contextmanager
-def _llmc_path(path: Optional[str]):
+def llmc_path(path: Optional[str]):
     """Forces llm-compressor's ``_grid_search_mse`` onto "eager" or "triton"
     (None: as installed, nothing switched).
 
@@ -287,7 +291,7 @@ def _llmc(case: Case, target: Target, backend: str, value: torch.Tensor) -> Prep
 
     def wrap(f):
         def run():
-            with _llmc_path(path):
+            with llmc_path(path):
                 return f()
 
         return run

@@ -45,13 +45,16 @@ static_minmax activation forward and memoryless_minmax weight call through
 the drop-in.
 
 These are a hot host's figures: each scenario called over and over. Where
-llm-compressor is installed, the min/max scenarios are also timed in turns
-(``turns_us``, ``turns_units``): each call right after llm-compressor's own
-observer made the same call on a value of the same shape (untimed; at most
-``PARTNER_NUMEL`` elements of it), as the bench's lead rows take turns with
-it, the other library's code and data having pushed ours out of the host's
-caches (None for the other scenarios: llm-compressor's MSE search would run
-its eager body on a CPU, where a GPU user gets its Triton kernel).
+llm-compressor is installed, the min/max and MSE scenarios are also timed in
+turns (``turns_us``, ``turns_units``): each call right after
+llm-compressor's own observer made the same call on a value of the same
+shape (untimed; at most ``PARTNER_NUMEL`` elements of it), as the bench's
+lead rows take turns with it, the other library's code and data having
+pushed ours out of the host's caches. Its MSE observers take the path a GPU
+user gets, their Triton search, its kernel stubbed as ours are (on a CPU
+they would run their eager body). None for the drop-in's scenarios, the
+forward hook and imatrix_mse (whose importance llm-compressor gathers in
+hooks of its own).
 """
 
 from __future__ import annotations
@@ -257,7 +260,9 @@ def observer_call(registry, name: str, base_name: str, args, value) -> Callable[
 
 
 #: the observers whose scenarios are also timed in turns with llm-compressor's own
-TURNS_OBSERVERS = ("memoryless_minmax", "static_minmax", "minmax")
+#: (the searches: those whose search llm-compressor runs in Triton on a GPU)
+TURNS_OBSERVERS = ("memoryless_minmax", "static_minmax", "minmax", "memoryless_mse", "mse",
+                   "nvfp4_expanded_mse")
 #: the most elements the partner's value holds (see ``_partner_of``)
 PARTNER_NUMEL = 65536
 
@@ -266,12 +271,14 @@ def _partner_of(sc: Scenario) -> Optional[Callable[[], object]]:
     """llm-compressor's own observer making ``sc``'s call (new, observe,
     get_qparams; a forward where ``sc`` repeats one) on a value of the same
     shape (of its last dimension and fewer rows where it is larger than
-    ``PARTNER_NUMEL``): the call before each of ours in turns. None where
-    llm-compressor does not import, and for the drop-in's scenarios, the
-    forward hook and the observers not in ``TURNS_OBSERVERS``."""
+    ``PARTNER_NUMEL``): the call before each of ours in turns. A search
+    takes llm-compressor's path as a GPU user gets it, its Triton search, the
+    kernel stubbed as ours are (its eager body would run on a CPU). None
+    where llm-compressor does not import, and for the drop-in's scenarios,
+    the forward hook and the observers not in ``TURNS_OBSERVERS``."""
     import torch
 
-    from obskernels.bench.backends import llmc_available
+    from obskernels.bench.backends import llmc_available, llmc_searches_in_triton
 
     if sc.drop_in or sc.hook or sc.observer not in TURNS_OBSERVERS or not llmc_available():
         return None
@@ -287,7 +294,19 @@ def _partner_of(sc: Scenario) -> Optional[Callable[[], object]]:
     if sc.repeat:
         obs = registry.load_from_registry(sc.observer, base_name=sc.base_name, args=args)
         return lambda: obs(value)
-    return observer_call(registry, sc.observer, sc.base_name, args, value)
+    call = observer_call(registry, sc.observer, sc.base_name, args, value)
+    if not llmc_searches_in_triton(sc.observer):
+        return call
+    from obskernels.bench.backends import llmc_path
+    from obskernels.bench.hostcost import kernel_stubs
+
+    stubs = kernel_stubs("llmc-triton")
+
+    def searched():
+        with llmc_path("triton"), stubs():
+            return call()
+
+    return searched
 
 
 def _python_calls(fn: Callable[[], object]) -> int:
@@ -464,7 +483,8 @@ def _print_table(rows: List[Dict]) -> None:
         print(line)
     if turns:
         print("in turns: each call right after llm-compressor's own observer made the same call "
-              "(untimed), as the bench's lead rows take turns")
+              "(untimed; its MSE search on its Triton path, the kernel stubbed), as the bench's "
+              "lead rows take turns")
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -50,7 +50,7 @@ from obskernels.bench.cases import Case, Target
 from obskernels.bench.host import zero_integers
 from obskernels.bench.traffic import count_traffic, host_reads_seen
 
-__all__ = ["host_shape", "turn_partner", "stubbed", "measure", "quietest", "METHOD"]
+__all__ = ["host_shape", "turn_partner", "kernel_stubs", "stubbed", "measure", "quietest", "METHOD"]
 
 METHOD = ("stubbed host path: the call on CPU tensors of {shape}, Triton launches replaced by "
           "no-ops, {turns}fastest of {reps}, in units of a one-element add_ ({unit_us:.2f} us here)")
@@ -159,29 +159,45 @@ def _kernels_of(backend: str) -> Dict:
     return {}
 
 
+def kernel_stubs(backend: str, clock: Optional[_Clock] = None):
+    """A function returning a context within which ``backend``'s Triton
+    kernels are stubs keeping ``clock`` (one of their own where None): the
+    kernels are found once, here, not at each entry (an untimed partner's
+    call enters it every time, and finding them is no part of that call)."""
+    kernels = list(_kernels_of(backend).values())
+    stub = _Stub(clock if clock is not None else _Clock())
+
+    @contextlib.contextmanager
+    def stubs():
+        saved = [(module, attr, getattr(module, attr)) for module, attr in kernels]
+        for module, attr, _ in saved:
+            setattr(module, attr, stub)
+        try:
+            yield
+        finally:
+            for module, attr, fn in saved:
+                setattr(module, attr, fn)
+
+    return stubs
+
+
 @contextlib.contextmanager
 def stubbed(backend: str, clock: _Clock):
     """Within the block the backend's Triton kernels are stubs (and obskernels'
     triton backend takes CPU tensors)."""
-    saved = []
     with contextlib.ExitStack() as stack:
         if backend == "triton":
             from obskernels.kernels._replay import Replay
             from obskernels.tools.kernel_report.launches import cpu_tensors_recorded
 
             stack.enter_context(cpu_tensors_recorded())
-            saved.append((Replay, "__call__", Replay.__call__))
+            saved = Replay.__call__
             # a whole launch site's call (its own matching is launch work):
             # a bound method, called without the site
             Replay.__call__ = _Stub(clock)._launch
-        for module, attr in _kernels_of(backend).values():
-            saved.append((module, attr, getattr(module, attr)))
-            setattr(module, attr, _Stub(clock))
-        try:
-            yield
-        finally:
-            for owner, attr, fn in saved:
-                setattr(owner, attr, fn)
+            stack.callback(setattr, Replay, "__call__", saved)
+        stack.enter_context(kernel_stubs(backend, clock)())
+        yield
 
 
 def _turn(case: Case, target: Target, partner: str):
