@@ -148,10 +148,13 @@ def _reduce_store(lo, hi, qa, qb, q_ok, out_base, geo, min_ptr, max_ptr, held_mi
     """Reduce the running lanes to each group's (min, max) and store them
     through the epilogue at out_base + q; with QP (a first observation,
     nothing held), also its scale and zero point (``epilogue_qparams``). Returns,
-    per group, (RECORD; else 0) 1 where a real group's result is not finite
-    (a NaN, +inf or -inf was read), (QP; else 0) 1 where its scale is not
-    finite, and (ABSMAX; else 0) max(max, -min) of a real group (NaN for a
-    group holding one, -inf for a lane past the last group)."""
+    per group, (RECORD; else 0) the largest magnitude of a real group's
+    result, NaN or +inf where it is not finite (a NaN, +inf or -inf was read;
+    ``_nonfinite``), 0 for a lane past the last group: two NaN-propagating
+    maxima, which a loop over blocks of groups folds with one more, (QP; else
+    0) 1 where its scale is not finite, and (ABSMAX; else 0) max(max, -min)
+    of a real group (NaN for a group holding one, -inf for a lane past the
+    last group)."""
     # [BLOCK_A, BLOCK_B, 1, 1]: a NaN lane sets the flag (min and max hold it alike)
     has_nan = tl.max(tl.max((lo != lo).to(tl.int32), axis=3, keep_dims=True),
                      axis=2, keep_dims=True) > 0
@@ -169,7 +172,10 @@ def _reduce_store(lo, hi, qa, qb, q_ok, out_base, geo, min_ptr, max_ptr, held_mi
     if ABSMAX:
         absmax = _group_absmax(lo_q, hi_q, has_nan, q_ok)
     if RECORD:
-        bad = (q_ok & (has_nan | (hi_q == float("inf")) | (lo_q == float("-inf")))).to(tl.int32)
+        # a real group's largest magnitude: NaN or +inf where it read a NaN,
+        # +inf or -inf (``_nonfinite``), 0 for a lane that is no group
+        bad = tl.where(q_ok, tl.maximum(tl.abs(lo_q), tl.abs(hi_q), propagate_nan=tl.PropagateNan.ALL),
+                       0.0)
         return bad, bad_scale, absmax
     else:
         return 0, bad_scale, absmax
@@ -186,6 +192,13 @@ def _group_absmax(lo_q, hi_q, has_nan, ok):
 def _max4(x):
     """The max of a [BLOCK_A, BLOCK_B, 1, 1] tensor (a scalar; NaN ignored)."""
     return tl.max(tl.max(tl.max(tl.max(x, axis=3), axis=2), axis=1), axis=0)
+
+
+@triton.jit
+def _nonfinite(worst):
+    """Whether any lane of a [BLOCK_A, BLOCK_B, 1, 1] tensor of magnitudes
+    (``_reduce_store``'s record flag) is NaN or +inf (a scalar)."""
+    return _any(((worst != worst) | (worst == float("inf"))).to(tl.int32))
 
 
 @triton.jit
@@ -304,7 +317,7 @@ def _min_max_kernel(
     epi = (geo, min_ptr, max_ptr, held_min_ptr, held_max_ptr, avg_a, avg_c, qp)
     pa, pb, step, n_a, QA = tile_blocks(Q, geo, BLOCK_A, BLOCK_B)
     if GROUP_LOOP:
-        bad = tl.zeros([BLOCK_A, BLOCK_B, 1, 1], tl.int32)
+        worst = tl.zeros([BLOCK_A, BLOCK_B, 1, 1], tl.float32)
         bad_scale = tl.zeros([BLOCK_A, BLOCK_B, 1, 1], tl.int64)
         absmax = tl.full([BLOCK_A, BLOCK_B, 1, 1], float("-inf"), tl.float32)
         for blk in range(pa, n_a, step):
@@ -313,12 +326,13 @@ def _min_max_kernel(
                       BLOCK_R, BLOCK_E, ROW_LEVELS, SHORT_E, ROW_TAIL, PAD, GATHER)
             b, bs, am = _reduce_store(x, x, qa, qb, q_ok, out_base, *epi, MODE, DTYPE, BITS16,
                                       RECORD, QP, ABSMAX)
-            bad = bad | b
+            if RECORD:
+                worst = tl.maximum(worst, b, propagate_nan=tl.PropagateNan.ALL)
             bad_scale = bad_scale | bs
             if ABSMAX:
                 absmax = tl.maximum(absmax, am, propagate_nan=tl.PropagateNan.ALL)
         if RECORD:
-            any_bad = _any(bad)
+            any_bad = _nonfinite(worst)
             c_nan = any_bad.to(tl.int64) * 0
             c_pos = c_nan
             c_neg = c_nan
@@ -358,7 +372,7 @@ def _min_max_kernel(
         if RECORD:
             # nothing extra in the hot loop: a NaN, +inf or -inf shows in the
             # results; counting re-reads this program's slice only when one did
-            any_bad = _any(bad)
+            any_bad = _nonfinite(bad)
             c_nan = any_bad.to(tl.int64) * 0
             c_pos = c_nan
             c_neg = c_nan
@@ -437,7 +451,7 @@ def prepare(call: MinMaxCall, qparams: bool = False, widen: bool = True):
     bits16 = held is not None and value.dtype == torch.bfloat16
     token = config_token()
     config = current_config("min_max")
-    tile = min_max_tile(layout, value.element_size(), config)
+    tile = min_max_tile(layout, value.element_size(), config, qparams)
     Q, split = layout.num_groups, tile.split
     qshape, dtype, dev = layout.qshape, value.dtype, value.device
     perm, layout_args = layout.perm, (*layout.kernel_args(), tile.rows_per_split)

@@ -23,6 +23,10 @@ STREAM_MAXNREG = 128
 #: group with rows keeps one warp's width (32 vectors) and walks its rows
 GROUP_CHUNK_VECTORS = 2
 ROW_CHUNK_VECTORS = 32
+#: a group of one row at most this many vectors wide is read whole in a
+#: step, so a block of groups is one step and a program loops over blocks:
+#: what a program issues once (its prologue) is shared by many blocks
+ONE_STEP_GROUP_VECTORS = 4
 #: gathered (g_idx) columns: lanes per thread and step
 GATHER_LANES = 4
 #: a block that is one step holds no running lanes across steps: its tile is
@@ -156,10 +160,14 @@ def stream_tile(layout, itemsize: int, config: LaunchConfig, e_vectors: int,
                       group_loop, programs, split, rows_per_split)
 
 
-def min_max_tile(layout, itemsize: int, config: LaunchConfig) -> StreamTile:
+def min_max_tile(layout, itemsize: int, config: LaunchConfig, qparams: bool = False) -> StreamTile:
     """min_max's tile: a group that is one row in chunks of
     GROUP_CHUNK_VECTORS (its reduction across lanes is per group, so the
-    running lanes per group are kept few), a group with rows a warp wide."""
+    running lanes per group are kept few), or whole in one step where it is
+    at most ONE_STEP_GROUP_VECTORS wide; a group with rows a warp wide.
+    ``qparams``: the launch may compute the qparams in its epilogue, which
+    keeps the chunks (an epilogue in a loop over blocks of groups holds more
+    registers for no fewer instructions)."""
     if layout.gather:
         # gathered columns: one lane per group and step, so a thread owns its
         # groups (no reduction across lanes) and reads a row's groups side by
@@ -167,8 +175,10 @@ def min_max_tile(layout, itemsize: int, config: LaunchConfig) -> StreamTile:
         config = dataclasses.replace(config, tile=min(config.tile, 32 * STREAM_WARPS * GATHER_LANES))
         return stream_tile(layout, itemsize, config, 0, widen_e=False, group_loops=True)
     one_row = layout.num_rows == 1
-    return stream_tile(layout, itemsize, config,
-                       GROUP_CHUNK_VECTORS if one_row else ROW_CHUNK_VECTORS, group_loops=True)
+    vectors = GROUP_CHUNK_VECTORS if one_row else ROW_CHUNK_VECTORS
+    if one_row and not qparams and layout.elems * itemsize <= ONE_STEP_GROUP_VECTORS * 16:
+        vectors = ONE_STEP_GROUP_VECTORS
+    return stream_tile(layout, itemsize, config, vectors, group_loops=True)
 
 
 def flatten_tile(layout, itemsize: int, config: LaunchConfig) -> StreamTile:

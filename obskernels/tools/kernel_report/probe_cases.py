@@ -98,6 +98,7 @@ def cases() -> List[Case]:
         f"64MB {name}", "min_max", lambda m: checked(m.min_max, value(), base, args, **kw))
     out += [
         mm("weight int4 g128 bf16 14336x4096", lambda: w(14336, 4096), "weight", g128),
+        mm("weight int4 g32 asym bf16 14336x4096 (whole groups, one step)", lambda: w(14336, 4096), "weight", QA(num_bits=4, symmetric=False, strategy="group", group_size=32)),
         mm("weight nvfp4 g16 bf16 14336x4096", lambda: w(14336, 4096), "weight", QA(strategy="tensor_group", group_size=16, **nvfp4)),
         mm("weight mxfp4 g32 fp32 4096x4096", lambda: w(4096, 4096, dtype=f32), "weight", QA(num_bits=4, type="float", symmetric=True, strategy="group", group_size=32, scale_dtype=torch.uint8)),
         mm("weight int8 g64 fp16 8192x4096", lambda: w(8192, 4096, dtype=f16), "weight", QA(num_bits=8, strategy="group", group_size=64)),
@@ -145,6 +146,7 @@ def cases() -> List[Case]:
     out += [
         mq("int4 g128 bf16 14336x4096, record", lambda: w(14336, 4096), g128, record=True),
         mq("int4 g128 asym fp16 14336x4096, record", lambda: w(14336, 4096, dtype=f16), QA(num_bits=4, symmetric=False, strategy="group", group_size=128), record=True),
+        mq("int4 g32 asym bf16 14336x4096 (min_max, then qparams), record", lambda: w(14336, 4096), QA(num_bits=4, symmetric=False, strategy="group", group_size=32), record=True),
         mq("mxfp4 g32 fp32 4096x4096", lambda: w(4096, 4096, dtype=f32), QA(num_bits=4, type="float", symmetric=True, strategy="group", group_size=32, scale_dtype=torch.uint8)),
         mq("int8 channel fp16 8192x4096, record", lambda: w(8192, 4096, dtype=f16), QA(num_bits=8, strategy="channel"), record=True),
         mq("fp8 block 128 bf16 8192x4096, record", lambda: w(8192, 4096), blk(128, 128), record=True),

@@ -316,7 +316,35 @@ TILE_PATHS = [
      dict(tile=64, fill_programs=2)),
     ("g_idx-one-step", (40, 32), F32, "transposed", "weight", qargs("group", group_size=2), 2,
      dict(tile=64, fill_programs=2)),
+    # groups of one row of 64 bytes, read whole in a step (ONE_STEP_GROUP_VECTORS)
+    ("whole-group-loop", (48, 96), BF, "contiguous", "weight", qargs("group", group_size=32), None,
+     dict(tile=256, fill_programs=2)),
+    ("whole-group-loop-tail", (17, 48), F32, "sliced", "weight", qargs("group", group_size=16), None,
+     dict(tile=128, fill_programs=2)),
 ]
+
+
+@pytest.mark.parametrize("dtype, group, whole", [
+    (torch.bfloat16, 32, True), (torch.float16, 32, True), (torch.float32, 16, True),
+    (torch.bfloat16, 16, True), (torch.bfloat16, 64, False), (torch.float32, 32, False),
+])
+def test_a_group_of_at_most_four_vectors_is_one_step(dtype, group, whole):
+    """A group of one row of at most 64 bytes is read whole in one step, its
+    blocks looped over by the programs (what a program issues once is then
+    shared by many blocks), unless the launch may compute the qparams in its
+    epilogue, which keeps 32-byte chunks; a wider group walks 32-byte chunks."""
+    from obskernels.kernels._layout import group_layout
+    from obskernels.kernels.launch import current_config, min_max_tile
+    from obskernels.spec import calls
+
+    value = torch.empty(4096, 4096, dtype=dtype)
+    layout = group_layout(calls.min_max(value, "weight", qargs("group", group_size=group)).flat)
+    config = current_config("min_max")
+    tile = min_max_tile(layout, value.element_size(), config)
+    assert (tile.e, tile.group_loop) == ((group, True) if whole else (32 // value.element_size(), False))
+    chunked = min_max_tile(layout, value.element_size(), config, qparams=True)
+    assert chunked.e == min(group, 32 // value.element_size())
+    assert chunked.group_loop == (group * value.element_size() <= 32)
 
 
 def _tile_path_value(shape, dtype, layout, g, device):
