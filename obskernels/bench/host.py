@@ -278,7 +278,7 @@ def _partner_of(sc: Scenario) -> Optional[Callable[[], object]]:
     the forward hook and the observers not in ``TURNS_OBSERVERS``."""
     import torch
 
-    from obskernels.bench.backends import llmc_available, llmc_searches_in_triton
+    from obskernels.bench.backends import llmc_available, llmc_path, llmc_searches_in_triton
 
     if sc.drop_in or sc.hook or sc.observer not in TURNS_OBSERVERS or not llmc_available():
         return None
@@ -297,8 +297,7 @@ def _partner_of(sc: Scenario) -> Optional[Callable[[], object]]:
     call = observer_call(registry, sc.observer, sc.base_name, args, value)
     if not llmc_searches_in_triton(sc.observer):
         return call
-    from obskernels.bench.backends import llmc_path
-    from obskernels.bench.hostcost import kernel_stubs
+    from obskernels.bench.hostcost import kernel_stubs  # here: hostcost imports this module
 
     stubs = kernel_stubs("llmc-triton")
 
