@@ -259,10 +259,10 @@ def observer_call(registry, name: str, base_name: str, args, value) -> Callable[
     return call
 
 
-#: the observers whose scenarios are also timed in turns with llm-compressor's own
-#: (the searches: those whose search llm-compressor runs in Triton on a GPU)
-TURNS_OBSERVERS = ("memoryless_minmax", "static_minmax", "minmax", "memoryless_mse", "mse",
-                   "nvfp4_expanded_mse")
+#: the min/max observers whose scenarios are also timed in turns with
+#: llm-compressor's own; so are the searches it runs in Triton on a GPU
+#: (``backends.llmc_searches_in_triton``)
+TURNS_OBSERVERS = ("memoryless_minmax", "static_minmax", "minmax")
 #: the most elements the partner's value holds (see ``_partner_of``)
 PARTNER_NUMEL = 65536
 
@@ -275,12 +275,14 @@ def _partner_of(sc: Scenario) -> Optional[Callable[[], object]]:
     takes llm-compressor's path as a GPU user gets it, its Triton search, the
     kernel stubbed as ours are (its eager body would run on a CPU). None
     where llm-compressor does not import, and for the drop-in's scenarios,
-    the forward hook and the observers not in ``TURNS_OBSERVERS``."""
+    the forward hook and the other observers (``TURNS_OBSERVERS``)."""
     import torch
 
     from obskernels.bench.backends import llmc_available, llmc_path, llmc_searches_in_triton
 
-    if sc.drop_in or sc.hook or sc.observer not in TURNS_OBSERVERS or not llmc_available():
+    searches = llmc_searches_in_triton(sc.observer)
+    if (sc.drop_in or sc.hook or not (searches or sc.observer in TURNS_OBSERVERS)
+            or not llmc_available()):
         return None
     from llmcompressor.observers import Observer as registry
 
@@ -295,7 +297,7 @@ def _partner_of(sc: Scenario) -> Optional[Callable[[], object]]:
         obs = registry.load_from_registry(sc.observer, base_name=sc.base_name, args=args)
         return lambda: obs(value)
     call = observer_call(registry, sc.observer, sc.base_name, args, value)
-    if not llmc_searches_in_triton(sc.observer):
+    if not searches:
         return call
     from obskernels.bench.hostcost import kernel_stubs  # here: hostcost imports this module
 
