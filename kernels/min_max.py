@@ -549,17 +549,19 @@ def min_max_qparams(call: MinMaxQParamsCall):
 
 
 #: The fewest elements per group for qparams in the epilogue of a large
-#: value, without and with the float64 redo compiled in (asymmetric, MX
-#: scales): each thread computes its group's qparams once (~400 SASS
-#: instructions, ~800 with the redo) after streaming the group's elements;
-#: below these sizes that would take a 64 MB weight's program past the
-#: streaming kernels' instruction targets (the compile check), and two
-#: launches are made instead.
-QP_MIN_GROUP = {False: 128, True: 512}
+#: value: each thread computes its group's qparams once after streaming the
+#: group's elements (~550-700 SASS instructions on the common path, by the
+#: compile report; the float64 redo compiled in for asymmetric and MX scales
+#: is a branch a program takes only where one of its groups' fp32 scale
+#: overflowed, and does not count). At 128, symmetric or asymmetric, a 64 MB
+#: weight's program stays within the streaming kernels' instruction targets
+#: (8.1-9.3 SASS per 2-byte element; the compile check's real-size cases);
+#: at 64 it would not (12.5-15.0), so smaller groups take two launches.
+QP_MIN_GROUP = 128
 
 #: Values of fewer bytes take the epilogue whatever their groups' size: their
-#: call is host-bound (by the bench's H100 terms, 32M bf16 elements at ~40
-#: SASS each issue in about 40 us, a third of an observer call's host time),
+#: call is host-bound (by the bench's H100 terms, 32M bf16 elements at ~25
+#: SASS each issue in about 25 us, a fifth of an observer call's host time),
 #: and the launch and the operation the epilogue saves cost more than the
 #: instructions it adds (modelled; no GPU has timed it).
 #: From here up, QP_MIN_GROUP holds, and with it the compile check's
@@ -613,7 +615,7 @@ def _qparams_launch(flat, layout, main, launch_args, new_stats, new_parts, conte
     # or the value is small (a host-bound call), and not for gathered columns
     # (g_idx), whose loads take triton 3.6 to its bound; a split's last program
     # computes one group's per lane, at any size
-    small_groups = value.numel() < layout.num_groups * QP_MIN_GROUP[plan.widen]
+    small_groups = value.numel() < layout.num_groups * QP_MIN_GROUP
     large = value.numel() * value.element_size() >= QP_SMALL_GROUPS_BELOW
     if split == 1 and (layout.gather or (small_groups and large)):
         return None

@@ -39,7 +39,9 @@ an imatrix observer's forward hook (E[x**2] of a Linear's input, at every
 batch), one call of every registered observer, a minmax call at the full
 size of a 4096x4096 weight in asymmetric groups of 32 (4,096 programs
 compute its qparams; the status the call reads back is the record and one
-flag word, as at any size), and, where llm-compressor is installed
+flag word, as at any size), one at the size of a Llama-3-8B MLP weight
+(14336x4096) in asymmetric groups of 128 (W4A16 asymmetric: its qparams in
+min_max's epilogue too, one launch), and, where llm-compressor is installed
 (``.venv-llmcompressor/bin/python -m obskernels.bench.host``), its
 static_minmax activation forward and memoryless_minmax weight call through
 the drop-in.
@@ -99,6 +101,7 @@ class Scenario:
 
 _INT4_G128 = dict(num_bits=4, strategy="group", group_size=128, symmetric=True)
 _INT4_G32_ASYM = dict(num_bits=4, strategy="group", group_size=32, symmetric=False)
+_INT4_G128_ASYM = dict(num_bits=4, strategy="group", group_size=128, symmetric=False)
 _FP8_TENSOR = dict(num_bits=8, type="float", strategy="tensor", symmetric=True)
 _NVFP4 = dict(num_bits=4, type="float", strategy="tensor_group", group_size=16, symmetric=True,
               scale_dtype="float8_e4m3fn", zp_dtype="float8_e4m3fn")
@@ -124,6 +127,8 @@ SCENARIOS = (
     Scenario("nvfp4_expanded_mse call", "nvfp4_expanded_mse", "weight", _NVFP4, (256, 256)),
     Scenario("imatrix_mse call", "imatrix_mse", "weight", _INT4_G128, (256, 256)),
     Scenario("minmax call 4096x4096 g32", "memoryless_minmax", "weight", _INT4_G32_ASYM, (4096, 4096)),
+    Scenario("minmax call 14336x4096 g128 asym", "memoryless_minmax", "weight", _INT4_G128_ASYM,
+             (14336, 4096)),
 )
 
 

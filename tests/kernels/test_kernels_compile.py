@@ -374,6 +374,51 @@ def test_program_path_counts_one_step_of_an_unrolled_loop():
     assert [instrs[i][1] for i in once] == ["LDC", "IADD3", "BRA", "EXIT", "BRA"]
 
 
+# a streaming program's common path and what is off it: the main loop; a
+# redo in float64 behind a forward branch (with a call to division's slow
+# path inside it); a plain if (no float64: counted); a forward branch
+# skipping float64 code AND an exit (not a rare block: counted); the exit,
+# then a subroutine reached by CALL (up to its RET, not counted), code that
+# nothing calls (counted) and the trap
+_COMMON = """
+        /*0000*/                   LDC R1, c[0x0][0x28] ;
+        /*0010*/                   LDG.E R4, desc[UR4][R2.64] ;
+        /*0020*/                   FMNMX R5, R5, R4, !PT ;
+        /*0030*/               @P0 BRA 0x10 ;
+        /*0040*/               @!P4 BRA 0xa0 ;
+        /*0050*/                   F2F.F64.F32 R6, R5 ;
+        /*0060*/                   DFMA R8, R6, R6, 1 ;
+        /*0070*/              @P3 BRA P4, 0x90 ;
+        /*0080*/                   CALL.REL.NOINC 0x120 ;
+        /*0090*/                   F2F.F32.F64 R5, R8 ;
+        /*00a0*/              @!P1 BRA 0xc0 ;
+        /*00b0*/                   FADD R5, R5, 1 ;
+        /*00c0*/                   STG.E desc[UR4][R2.64], R5 ;
+        /*00d0*/              @P2 BRA 0x110 ;
+        /*00e0*/                   DADD R10, R8, R8 ;
+        /*00f0*/                   EXIT ;
+        /*0100*/                   MUFU.RCP R7, R5 ;
+        /*0110*/                   EXIT ;
+        /*0120*/                   DMUL R12, R6, R6 ;
+        /*0130*/                   RET.REL.NODEC R20 0x0 ;
+        /*0140*/                   MUFU.RSQ R13, -QNAN ;
+        /*0150*/                   RET.REL.NODEC R22 0x0 ;
+        /*0160*/                   BRA 0x160 ;
+"""
+
+
+def test_program_path_leaves_out_division_slow_paths_and_the_float64_redo():
+    report = pytest.importorskip("obskernels.tools.kernel_report.machine")
+    instrs = report.parse_sass(_COMMON)
+    assert report.subroutines(instrs) == [(18, 19)]  # only the CALLed one, to its RET
+    # the redo (0x50-0x90); not the range skipped at 0xd0, which holds an EXIT
+    assert report.float64_branches(instrs) == [(5, 9)]
+    main, once = report.program_path(instrs)
+    assert main == (1, 3)
+    assert [instrs[i][0] for i in once] == [
+        0x00, 0x40, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xf0, 0x100, 0x110, 0x140, 0x150, 0x160]
+
+
 _TTGIR = """
 #blocked = #ttg.blocked<{sizePerThread = [1, 8], threadsPerWarp = [2, 16], warpsPerCTA = [4, 1], order = [1, 0]}>
 #blocked1 = #ttg.blocked<{sizePerThread = [1, 1], threadsPerWarp = [1, 32], warpsPerCTA = [1, 4], order = [1, 0]}>

@@ -41,6 +41,8 @@ _INT = ("IMAD", "IADD3", "IADD", "LOP3", "LOP", "SHF", "SHL", "SHR", "ISETP", "I
         "UIADD3", "ULOP3", "USHF", "UIMAD", "ULEA", "USEL", "UISETP", "UPRMT", "UMOV")
 _LSU = ("LD", "LDG", "LDS", "LDL", "LDC", "ULDC", "ST", "STG", "STS", "STL", "ATOM", "ATOMG",
         "ATOMS", "RED", "REDG", "SHFL", "LDSM", "STSM", "LDGSTS", "MATCH")
+# float64 arithmetic (with the ".F64" conversions and MUFU's "64H": ``double_precision``)
+_FP64 = ("DADD", "DMUL", "DFMA", "DSETP", "DSET", "DMNMX", "DMMA")
 # the instructions that read or write shared memory
 _SHARED = ("LDS", "STS", "LDSM", "STSM", "ATOMS")
 
@@ -157,6 +159,12 @@ def parse_sass(sass: str) -> List[tuple]:
     return out
 
 
+def _target_of(rest: str) -> Optional[int]:
+    """The address a branch or call goes to (the last operand), or None."""
+    m = re.search(r"0x([0-9a-f]+)\s*$", rest.strip())
+    return int(m.group(1), 16) if m else None
+
+
 def loops_of(instrs: List[tuple]) -> List[tuple]:
     """(first, last) index of every loop: a backward branch and its target
     (a branch to itself, the trap ptxas puts after the exit, is no loop)."""
@@ -165,9 +173,9 @@ def loops_of(instrs: List[tuple]) -> List[tuple]:
     for i, (addr, op, rest) in enumerate(instrs):
         if op.split(".")[0] != "BRA":
             continue
-        m = re.search(r"0x([0-9a-f]+)\s*$", rest.strip())
-        if m and int(m.group(1), 16) < addr and int(m.group(1), 16) in index:
-            loops.append((index[int(m.group(1), 16)], i))
+        target = _target_of(rest)
+        if target is not None and target < addr and target in index:
+            loops.append((index[target], i))
     return loops
 
 
@@ -208,6 +216,60 @@ def unroll_factor(instrs: List[tuple], main: tuple) -> int:
     return int(u) if u > 1 and u == int(u) else 1
 
 
+def subroutines(instrs: List[tuple]) -> List[tuple]:
+    """(first, last) index of every subroutine: from a ``CALL``'s target to
+    the first ``RET`` after it. In these kernels the only ones are ptxas's
+    out-of-line slow paths of IEEE division (fp32, and fp64 in the float64
+    redo), called only when an operand is out of the inline fast path's range
+    (a conditional branch skips each call)."""
+    index = {addr: i for i, (addr, _, _) in enumerate(instrs)}
+    found = set()
+    for _, op, rest in instrs:
+        start = index.get(_target_of(rest)) if op.split(".")[0] == "CALL" else None
+        if start is None:
+            continue
+        end = next((j for j in range(start, len(instrs)) if instrs[j][1].split(".")[0] == "RET"), None)
+        if end is not None:
+            found.add((start, end))
+    return sorted(found)
+
+
+def double_precision(op: str) -> bool:
+    """Whether an opcode computes or converts in float64 (DFMA, DADD,
+    F2F.F64.F32, MUFU.RCP64H...)."""
+    return op.split(".")[0] in _FP64 or ".F64" in op or "64H" in op
+
+
+def float64_branches(instrs: List[tuple]) -> List[tuple]:
+    """(first, last) index of the code a forward branch skips, where that code
+    computes in float64: for each double-precision instruction outside the
+    subroutines, the smallest such skipped range holding it, if that range
+    has no loop and no ``EXIT``. In these kernels float64 is the redo of a
+    group whose fp32 scale overflowed (``qparams.group_qparams``' WIDEN),
+    behind a branch on the program's largest flag that a program takes only
+    when one of its groups overflowed."""
+    index = {addr: i for i, (addr, _, _) in enumerate(instrs)}
+    in_sub = {i for a, b in subroutines(instrs) for i in range(a, b + 1)}
+    skipped = []
+    for i, (addr, op, rest) in enumerate(instrs):
+        target = _target_of(rest) if op.split(".")[0] == "BRA" else None
+        if target is not None and target > addr and target in index and index[target] > i + 1:
+            skipped.append((i + 1, index[target] - 1))
+    loops = loops_of(instrs)
+    found = set()
+    for i, (_, op, _) in enumerate(instrs):
+        if i in in_sub or not double_precision(op):
+            continue
+        around = [(a, b) for a, b in skipped if a <= i <= b]
+        if not around:
+            continue
+        a, b = min(around, key=lambda ab: ab[1] - ab[0])
+        loop_free = not any(a <= c <= b or a <= d <= b for c, d in loops)
+        if loop_free and not any(instrs[j][1] == "EXIT" for j in range(a, b + 1)):
+            found.add((a, b))
+    return sorted(found)
+
+
 def program_path(instrs: List[tuple]) -> tuple:
     """(main loop, instructions issued once) of a streaming kernel's program.
 
@@ -215,9 +277,11 @@ def program_path(instrs: List[tuple]) -> tuple:
     from global memory (the kernels' step loop comes first in their source and
     ptxas keeps that order). Issued once: every instruction outside loops and
     the rest of the loops around the main loop (entered once at the probe's
-    shapes). Other loops are the rarely taken error paths (the non-finite
-    counting), or the remainder of an unrolled main loop (``unroll_factor``),
-    and count zero times. Returns ((first, last) or None, [indices])."""
+    shapes), on the program's common path. Off it, counted zero times: the
+    other loops, the rarely taken error paths (the non-finite counting) or the
+    remainder of an unrolled main loop (``unroll_factor``); the subroutines
+    (``subroutines``: division's slow paths); the float64 redo
+    (``float64_branches``). Returns ((first, last) or None, [indices])."""
     loops = loops_of(instrs)
     main = next((ab for ab in sorted(_innermost(loops))
                  if any(op.startswith("LDG") for _, op, _ in instrs[ab[0]:ab[1] + 1])), None)
@@ -225,6 +289,8 @@ def program_path(instrs: List[tuple]) -> tuple:
     for a, b in loops:
         if main is None or not (a <= main[0] and main[1] <= b):
             cold.update(range(a, b + 1))
+    for a, b in subroutines(instrs) + float64_branches(instrs):
+        cold.update(range(a, b + 1))
     hot = set(range(main[0], main[1] + 1)) if main else set()
     return main, [i for i in range(len(instrs)) if i not in cold and i not in hot]
 

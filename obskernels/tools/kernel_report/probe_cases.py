@@ -145,7 +145,8 @@ def cases() -> List[Case]:
         f"64MB qparams {name}", "min_max", lambda m: checked(m.min_max_qparams, value(), "weight", args, **kw))
     out += [
         mq("int4 g128 bf16 14336x4096, record", lambda: w(14336, 4096), g128, record=True),
-        mq("int4 g128 asym fp16 14336x4096, record", lambda: w(14336, 4096, dtype=f16), QA(num_bits=4, symmetric=False, strategy="group", group_size=128), record=True),
+        mq("int4 g128 asym fp16 14336x4096, record (the epilogue, its redo compiled in)", lambda: w(14336, 4096, dtype=f16), QA(num_bits=4, symmetric=False, strategy="group", group_size=128), record=True),
+        mq("int4 g128 asym bf16 14336x4096 (the epilogue, its redo compiled in)", lambda: w(14336, 4096), QA(num_bits=4, symmetric=False, strategy="group", group_size=128)),
         mq("int4 g32 asym bf16 14336x4096 (min_max, then qparams), record", lambda: w(14336, 4096), QA(num_bits=4, symmetric=False, strategy="group", group_size=32), record=True),
         mq("mxfp4 g32 fp32 4096x4096", lambda: w(4096, 4096, dtype=f32), QA(num_bits=4, type="float", symmetric=True, strategy="group", group_size=32, scale_dtype=torch.uint8)),
         mq("int8 channel fp16 8192x4096, record", lambda: w(8192, 4096, dtype=f16), QA(num_bits=8, strategy="channel"), record=True),

@@ -66,7 +66,8 @@ FORMATS = {
     "int8 channel sym bf16, fp16 scale (redo)": (dict(num_bits=8, strategy="channel", scale_dtype=torch.float16), (8, 512), torch.bfloat16, ONE),
     "int4 g128 fp8-scale bf16": (dict(num_bits=4, strategy="group", group_size=128, scale_dtype=torch.float8_e4m3fn), (8, 256), torch.bfloat16, ONE),
     "int4 g32 asym bf16 (small groups)": (dict(num_bits=4, strategy="group", group_size=32, symmetric=False), (8, 256), torch.bfloat16, TWO),
-    "int4 g128 asym fp16 (small for the redo)": (dict(num_bits=4, strategy="group", group_size=128, symmetric=False), (8, 256), torch.float16, TWO),
+    "int4 g128 asym fp16 (redo)": (dict(num_bits=4, strategy="group", group_size=128, symmetric=False), (8, 256), torch.float16, ONE),
+    "int4 g64 asym bf16 (small groups)": (dict(num_bits=4, strategy="group", group_size=64, symmetric=False), (8, 256), torch.bfloat16, TWO),
     "mxfp4 g32 fp32": (dict(num_bits=4, type="float", strategy="group", group_size=32, scale_dtype=torch.uint8), (8, 256), torch.float32, TWO),
     "fp8 tensor bf16 (split)": (dict(num_bits=8, type="float", strategy="tensor"), (64, 1024), torch.bfloat16, SPLIT),
     "int8 tensor asym fp16 (split, redo)": (dict(num_bits=8, strategy="tensor", symmetric=False), (64, 1024), torch.float16, SPLIT),
@@ -178,9 +179,10 @@ def test_min_max_qparams_without_widening_is_calculate_qparams_without_it(name, 
 @pytest.mark.parametrize("name,size", SIZED)
 def test_the_epilogue_is_taken_where_groups_are_whole_and_large_or_split(name, size, monkeypatch):
     """The triton backend's choice, structurally: qparams in an epilogue for
-    the formats marked ONE or SPLIT, from min_max's partials for PARTS, the
-    two operations' launches for small groups and a redo needing larger
-    groups in a large value, the epilogue for those too in a small one."""
+    the formats marked ONE or SPLIT (groups of 128 with or without the
+    float64 redo compiled in), from min_max's partials for PARTS, the two
+    operations' launches for groups under 128 elements in a large value, the
+    epilogue for those too in a small one."""
     launches = _sized(name, size, monkeypatch)
     fields, shape, dtype, _ = FORMATS[name]
     flat = calls.flatten_for_calibration(torch.zeros(shape, dtype=dtype), "weight",
