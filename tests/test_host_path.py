@@ -101,6 +101,20 @@ def test_a_weights_status_is_its_record_and_one_flag_whatever_its_programs(name,
     assert listed == [len(STATUS_INIT) + 1] and not read, (listed, read)
 
 
+def _mlp_weight_reads(group_size: int, monkeypatch):
+    """``_reads_of`` a memoryless_minmax call on a Llama-3-8B MLP weight
+    (14336x4096 bf16, 117 MB) in asymmetric groups of ``group_size``."""
+    args = QuantizationArgs(num_bits=4, strategy="group", group_size=group_size, symmetric=False)
+    value = torch.zeros(14336, 4096, dtype=torch.bfloat16)
+
+    def call():
+        observer = Observer.load_from_registry("memoryless_minmax", base_name="weight", args=args)
+        observer(value)
+        observer.get_qparams()
+
+    return _reads_of(call, monkeypatch)
+
+
 def test_a_long_status_is_read_without_a_python_list(default_backend, monkeypatch):
     """A status the qparams kernel writes whole (nothing zeroed it first)
     holds a flag per program: a Llama-3-8B MLP weight (14336x4096 bf16, 117
@@ -111,15 +125,7 @@ def test_a_long_status_is_read_without_a_python_list(default_backend, monkeypatc
     the development CPU). The launches are stubbed: the values do not matter."""
     from obskernels.observers.report import LIST_READ_MAX
 
-    args = QuantizationArgs(num_bits=4, strategy="group", group_size=64, symmetric=False)
-    value = torch.zeros(14336, 4096, dtype=torch.bfloat16)
-
-    def call():
-        observer = Observer.load_from_registry("memoryless_minmax", base_name="weight", args=args)
-        observer(value)
-        observer.get_qparams()
-
-    listed, read = _reads_of(call, monkeypatch)
+    listed, read = _mlp_weight_reads(64, monkeypatch)
     assert read and max(read) > 896 > LIST_READ_MAX, f"the status was not read through numpy: {read}"
     assert all(n <= LIST_READ_MAX for n in listed), f"lists made of {listed} words"
 
@@ -133,15 +139,7 @@ def test_an_asymmetric_group_of_128_takes_the_epilogue_at_any_size(default_backe
     every program.)"""
     from obskernels.spec.record import STATUS_INIT
 
-    args = QuantizationArgs(num_bits=4, strategy="group", group_size=128, symmetric=False)
-    value = torch.zeros(14336, 4096, dtype=torch.bfloat16)
-
-    def call():
-        observer = Observer.load_from_registry("memoryless_minmax", base_name="weight", args=args)
-        observer(value)
-        observer.get_qparams()
-
-    listed, read = _reads_of(call, monkeypatch)
+    listed, read = _mlp_weight_reads(128, monkeypatch)
     assert listed == [len(STATUS_INIT) + 1] and not read, (listed, read)
 
 

@@ -246,8 +246,8 @@ def float64_branches(instrs: List[tuple]) -> List[tuple]:
     subroutines, the smallest such skipped range holding it, if that range
     has no loop and no ``EXIT``. In these kernels float64 is the redo of a
     group whose fp32 scale overflowed (``qparams.group_qparams``' WIDEN),
-    behind a branch on the program's largest flag that a program takes only
-    when one of its groups overflowed."""
+    behind a branch on the largest of the program's redo flags: a program
+    takes it only where one of its groups overflowed."""
     index = {addr: i for i, (addr, _, _) in enumerate(instrs)}
     in_sub = {i for a, b in subroutines(instrs) for i in range(a, b + 1)}
     skipped = []
