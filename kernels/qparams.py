@@ -407,7 +407,6 @@ class EpilogueQParams(NamedTuple):
 
     switches: tuple
     constants: QParamsConstants
-    widen: bool
     new_scale: object
     new_zero_point: object
     template: torch.Tensor
@@ -440,7 +439,7 @@ def epilogue_plan(args, value: torch.Tensor, qshape, fast: bool, widen: bool = T
     return EpilogueQParams(
         (switches["SDTYPE"], switches["SYM"], switches["SCALE"], switches["ZP"], switches["WIDEN"],
          bool(fast)),
-        constants, switches["WIDEN"], allocator(shape, dtype, dev),
+        constants, allocator(shape, dtype, dev),
         allocator(shape, fmt.zp_dtype, dev),
         _status_template(1, tickets, dev),  # one flag word (flag_scale)
     )

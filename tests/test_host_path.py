@@ -106,12 +106,7 @@ def _mlp_weight_reads(group_size: int, monkeypatch):
     (14336x4096 bf16, 117 MB) in asymmetric groups of ``group_size``."""
     args = QuantizationArgs(num_bits=4, strategy="group", group_size=group_size, symmetric=False)
     value = torch.zeros(14336, 4096, dtype=torch.bfloat16)
-
-    def call():
-        observer = Observer.load_from_registry("memoryless_minmax", base_name="weight", args=args)
-        observer(value)
-        observer.get_qparams()
-
+    call = bench_host.observer_call(Observer, "memoryless_minmax", "weight", args, value)
     return _reads_of(call, monkeypatch)
 
 
