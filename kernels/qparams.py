@@ -475,7 +475,11 @@ def _kernel_plan(args, min_vals, a_dtype, gs_mode: int, widen: bool, n_parts: in
     dtype, dev = min_vals.dtype, min_vals.device
     sdtype = torch.float32 if gs_mode != GS_NONE.value else dtype
     fmt, qconstants, qswitches = qparams_format(args, dtype, sdtype, a_dtype, gs_mode, widen)
+    # compressed-tensors' shapes: the scale broadcast with the global scale
+    # (shape (1,)), a 0-d one made (1,), and the zero point the statistics'
+    # (made (1,) with a 0-d scale: 0-d statistics and no global scale)
     shape = min_vals.shape if min_vals.dim() > 0 else (1,)
+    zp_shape = shape if gs_mode == GS_NONE.value else min_vals.shape
     N = min_vals.numel()
     switches = dict(
         DTYPE=quant.DTYPE_CODE[dtype], ADTYPE=quant.DTYPE_CODE[a_dtype], **qswitches, GS=gs_mode,
@@ -483,7 +487,7 @@ def _kernel_plan(args, min_vals, a_dtype, gs_mode: int, widen: bool, n_parts: in
         BLOCK=QPARAMS_BLOCK, BLOCK_P=pow2_at_most(max(n_parts, 1), 128), **UNFUSED,
     )
     return (shape, max(cdiv(N, QPARAMS_BLOCK), 1), (N, n_parts, qconstants), switches,
-            allocator(shape, sdtype, dev), allocator(shape, fmt.zp_dtype, dev))
+            allocator(shape, sdtype, dev), allocator(zp_shape, fmt.zp_dtype, dev))
 
 
 class PartsQParams(NamedTuple):

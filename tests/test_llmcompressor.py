@@ -148,6 +148,30 @@ def test_activation_qparams_match(forced, backend_name, name, args_name, dtype):
     _assert_same(got, want, f"{name}/{args_name}/{dtype}")
 
 
+GROUPED_ACT_ARGS = {
+    "int4-group16-asym": WEIGHT_ARGS["int4-group16-asym"],
+    "nvfp4": WEIGHT_ARGS["nvfp4"],
+}
+
+
+@pytest.mark.parametrize("order", ["2-D", "3-D then 2-D", "2-D then 3-D"])
+@pytest.mark.parametrize("args_name", list(GROUPED_ACT_ARGS))
+@pytest.mark.parametrize("name", ["memoryless_minmax", "static_minmax", "minmax", "mse"])
+@pytest.mark.parametrize("backend_name", ["reference", "triton"])
+def test_two_dim_grouped_activations_match(forced, backend_name, name, args_name, order):
+    # an MoE expert's input is (tokens, hidden): llm-compressor groups its
+    # tokens and hidden size together (one statistic for the value), where
+    # obskernels' own flattening keeps hidden / group_size statistics
+    # (docs/spec.md §2); the drop-in gives llm-compressor's numbers
+    two = [torch.randn(5, 64) * s for s in (1.0, 3.0)]
+    three = [torch.randn(2, 3, 64) * 2.0]
+    values = {"2-D": two, "3-D then 2-D": three + two, "2-D then 3-D": two + three}[order]
+    kw = GROUPED_ACT_ARGS[args_name]
+    want = _qparams(name, "input", kw, values, enable=False)
+    got = _qparams(name, "input", kw, values, enable=True)
+    _assert_same(got, want, f"{name}/{args_name}/{order}")
+
+
 @pytest.mark.parametrize("args_name", list(ATTN_ARGS))
 @pytest.mark.parametrize("base_name", ["q", "k", "v"])
 @pytest.mark.parametrize("name", ["static_minmax", "minmax", "memoryless_mse"])

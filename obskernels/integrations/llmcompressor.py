@@ -55,6 +55,11 @@ Notes:
   its own whose per-group "buffered patience" (``triton_error_buffer``) can
   stop the search elsewhere than its eager code. The drop-in computes the
   eager semantics (docs/spec.md §4) on every device; ``triton_error_buffer`` is ignored.
+- A 2-D activation in groups (GROUP, TENSOR_GROUP; an MoE expert's input,
+  ``(tokens, hidden)``) is observed by llm-compressor's own ``forward``:
+  its flattening groups the tokens and the hidden size together (one
+  statistic of shape ``()``), which obskernels' does not (docs/spec.md §2).
+  Its qparams still come from ``ops.calculate_qparams``.
 - The registry entries are replaced in compressed-tensors' registry dict
   directly, since ``register`` refuses to rebind a name.
 """
@@ -177,6 +182,7 @@ def _build_adapters(lc_obs) -> list[tuple[type, tuple[type, ...]]]:
     from compressed_tensors.quantization import QuantizationStrategy
 
     TENSOR_GROUP = QuantizationStrategy.TENSOR_GROUP
+    GROUPED = (QuantizationStrategy.GROUP, TENSOR_GROUP)
 
     MemorylessMinMax = lc_obs.MemorylessMinMaxObserver
     StaticMinMax = lc_obs.StaticMinMaxObserver
@@ -196,6 +202,14 @@ def _build_adapters(lc_obs) -> list[tuple[type, tuple[type, ...]]]:
                 return self
             if self.base_name == "weight" and _has_statistics(self):  # (is_weight_obs)
                 return self
+            if (observed.dim() == 2 and self.base_name in ("input", "output")
+                    and self.args.strategy in GROUPED):
+                # llm-compressor flattens a 2-D activation's tokens and hidden
+                # size together into groups (an MoE expert's input): one
+                # statistic for the whole value, where obskernels' flattening
+                # (docs/spec.md §2) keeps hidden / group_size of them. Its own
+                # code, for its numbers
+                return super().forward(observed)
             _run(self._observe_through_ops, observed)
             return self
 

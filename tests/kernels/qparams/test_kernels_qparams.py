@@ -160,6 +160,25 @@ def test_noncontiguous_and_zero_dim(backend, device):
     assert_same(zp, want_z, "0-d zp", (mn, mx))
 
 
+@pytest.mark.parametrize("gmode", ["given", "fused"])
+def test_zero_dim_statistics_with_a_global_scale(backend, gmode, device):
+    """0-d statistics (llm-compressor's of a 2-D grouped activation): the
+    scale broadcasts with the global scale to (1,), the zero point keeps the
+    statistics' 0-d shape, as compressed-tensors gives them."""
+    args = QuantizationArgs(**FORMATS["nvfp4"])
+    mn, mx = statistics(torch.bfloat16, 64, device=device)
+    mn, mx = mn[13], mx[13]
+    a = torch.maximum(mx, -mn).reshape(1)
+    g = generate_gparam(-a, a)
+    kw = dict(global_scale=g) if gmode == "given" else dict(fused=[(mn, mx)])
+    scale, zp, gs, _ = ops.calculate_qparams(mn, mx, args, **kw)
+    want_s, want_z = ct_qparams(mn, mx, args, g)
+    assert (want_s.shape, want_z.shape) == ((1,), ())
+    assert_same(scale, want_s, f"0-d {gmode} scale", (mn, mx))
+    assert_same(zp, want_z, f"0-d {gmode} zp", (mn, mx))
+    assert_same(gs, g, "global_scale", (mn, mx))
+
+
 def test_bad_input(backend, device):
     args = QuantizationArgs(**FORMATS["int8-sym"])
 
