@@ -8,6 +8,7 @@ that environment); elsewhere the module is skipped with the reason.
 import copy
 import inspect
 import math
+import re
 
 import pytest
 import torch
@@ -170,6 +171,40 @@ def test_two_dim_grouped_activations_match(forced, backend_name, name, args_name
     want = _qparams(name, "input", kw, values, enable=False)
     got = _qparams(name, "input", kw, values, enable=True)
     _assert_same(got, want, f"{name}/{args_name}/{order}")
+
+
+OTHER_DIMS = {  # shapes llm-compressor observes and obskernels' flattening refuses
+    "weight": ((64,), (3, 32, 64), (2, 2, 16, 32)),  # e.g. 3-D fused experts
+    "input": ((64,), (2, 3, 4, 64), (2, 3, 4, 5, 64)),  # e.g. a vision tower's 4-D
+    "q": ((3, 7, 32), (2, 2, 4, 7, 16)),
+}
+OTHER_DIMS_ARGS = {
+    "weight": ("int8-channel", "int4-group16-asym", "nvfp4", "int8-tensor"),
+    "input": ("int8-tensor", "int4-group16-asym", "nvfp4"),
+    "q": ("int8-tensor", "fp8-attn-head"),
+}
+
+
+@pytest.mark.parametrize("base_name,shape,args_name", [
+    pytest.param(base, shape, args_name, id=f"{base}-{'x'.join(map(str, shape))}-{args_name}")
+    for base, shapes in OTHER_DIMS.items() for shape in shapes for args_name in OTHER_DIMS_ARGS[base]
+])
+@pytest.mark.parametrize("name", ["static_minmax", "memoryless_mse"])
+@pytest.mark.parametrize("backend_name", ["reference", "triton"])
+def test_values_of_other_dims_match(forced, backend_name, name, base_name, shape, args_name):
+    # the drop-in leaves them to llm-compressor's own flattening and
+    # statistics, as without it, where obskernels' would refuse them: the
+    # same qparams, or the same error (a 1-D activation in groups)
+    kw = {**WEIGHT_ARGS, **ACT_ARGS, **ATTN_ARGS}[args_name]
+    values = [torch.randn(shape), torch.randn(shape) * 2.0]
+    try:
+        want = _qparams(name, base_name, kw, values, enable=False)
+    except Exception as exc:  # noqa: BLE001 - the drop-in must raise the same
+        with pytest.raises(type(exc), match=re.escape(str(exc))):
+            _qparams(name, base_name, kw, values, enable=True)
+        return
+    got = _qparams(name, base_name, kw, values, enable=True)
+    _assert_same(got, want, f"{name}/{base_name}/{shape}/{args_name}")
 
 
 @pytest.mark.parametrize("args_name", list(ATTN_ARGS))

@@ -55,11 +55,13 @@ Notes:
   its own whose per-group "buffered patience" (``triton_error_buffer``) can
   stop the search elsewhere than its eager code. The drop-in computes the
   eager semantics (docs/spec.md §4) on every device; ``triton_error_buffer`` is ignored.
-- A 2-D activation in groups (GROUP, TENSOR_GROUP; an MoE expert's input,
-  ``(tokens, hidden)``) is observed by llm-compressor's own ``forward``:
-  its flattening groups the tokens and the hidden size together (one
-  statistic of shape ``()``), which obskernels' does not (docs/spec.md §2).
-  Its qparams still come from ``ops.calculate_qparams``.
+- A value whose flattening differs from obskernels' (docs/spec.md §2) is
+  observed by llm-compressor's own ``forward``: a weight that is not 2-D,
+  an activation that is neither 2-D nor 3-D, attention states that are not
+  4-D (obskernels refuses those shapes), and a 2-D activation in groups
+  (GROUP, TENSOR_GROUP; an MoE expert's ``(tokens, hidden)`` input), whose
+  tokens and hidden size llm-compressor groups together (one statistic of
+  shape ``()``). Their qparams still come from ``ops.calculate_qparams``.
 - The registry entries are replaced in compressed-tensors' registry dict
   directly, since ``register`` refuses to rebind a name.
 """
@@ -184,6 +186,21 @@ def _build_adapters(lc_obs) -> list[tuple[type, tuple[type, ...]]]:
     TENSOR_GROUP = QuantizationStrategy.TENSOR_GROUP
     GROUPED = (QuantizationStrategy.GROUP, TENSOR_GROUP)
 
+    def flattened_alike(base_name, strategy, dims: int) -> bool:
+        """Whether obskernels' flattening (docs/spec.md §2) of a value of
+        ``dims`` dimensions is llm-compressor's. llm-compressor takes other
+        shapes too: weights of 1 or 3+ dims (flattening their leading dims
+        with the rows), activations of 1 or 4+ dims and attention states of
+        3 or 5+, and it groups a 2-D activation's tokens and hidden size
+        together (GROUP, TENSOR_GROUP: one statistic for an MoE expert's
+        input, where obskernels' keeps hidden / group_size), where obskernels
+        refuses the shape or flattens it otherwise."""
+        if base_name == "weight":
+            return dims == 2
+        if base_name in ("input", "output"):
+            return dims == 3 or (dims == 2 and strategy not in GROUPED)
+        return base_name in ("q", "k", "v") and dims == 4
+
     MemorylessMinMax = lc_obs.MemorylessMinMaxObserver
     StaticMinMax = lc_obs.StaticMinMaxObserver
     MinMax = lc_obs.MinMaxObserver
@@ -202,14 +219,8 @@ def _build_adapters(lc_obs) -> list[tuple[type, tuple[type, ...]]]:
                 return self
             if self.base_name == "weight" and _has_statistics(self):  # (is_weight_obs)
                 return self
-            if (observed.dim() == 2 and self.base_name in ("input", "output")
-                    and self.args.strategy in GROUPED):
-                # llm-compressor flattens a 2-D activation's tokens and hidden
-                # size together into groups (an MoE expert's input): one
-                # statistic for the whole value, where obskernels' flattening
-                # (docs/spec.md §2) keeps hidden / group_size of them. Its own
-                # code, for its numbers
-                return super().forward(observed)
+            if not flattened_alike(self.base_name, self.args.strategy, observed.dim()):
+                return super().forward(observed)  # llm-compressor's own code, its numbers
             _run(self._observe_through_ops, observed)
             return self
 
