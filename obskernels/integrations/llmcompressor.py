@@ -186,20 +186,14 @@ def _build_adapters(lc_obs) -> list[tuple[type, tuple[type, ...]]]:
     TENSOR_GROUP = QuantizationStrategy.TENSOR_GROUP
     GROUPED = (QuantizationStrategy.GROUP, TENSOR_GROUP)
 
-    def flattened_alike(base_name, strategy, dims: int) -> bool:
-        """Whether obskernels' flattening (docs/spec.md §2) of a value of
-        ``dims`` dimensions is llm-compressor's. llm-compressor takes other
-        shapes too: weights of 1 or 3+ dims (flattening their leading dims
-        with the rows), activations of 1 or 4+ dims and attention states of
-        3 or 5+, and it groups a 2-D activation's tokens and hidden size
-        together (GROUP, TENSOR_GROUP: one statistic for an MoE expert's
-        input, where obskernels' keeps hidden / group_size), where obskernels
-        refuses the shape or flattens it otherwise."""
-        if base_name == "weight":
-            return dims == 2
-        if base_name in ("input", "output"):
-            return dims == 3 or (dims == 2 and strategy not in GROUPED)
-        return base_name in ("q", "k", "v") and dims == 4
+    # The dims at which obskernels' flattening (docs/spec.md §2) is
+    # llm-compressor's, but for a 2-D activation in groups. llm-compressor's
+    # reshapes take other shapes too, which obskernels refuses (weights of 1
+    # or 3+ dims, activations of 1 or 4+, attention states of 3 or 5+), and
+    # they group a 2-D activation's tokens and hidden size together (GROUP,
+    # TENSOR_GROUP: one statistic for an MoE expert's input, where obskernels
+    # keeps hidden / group_size). Those values take llm-compressor's forward.
+    ALIKE_DIMS = {"weight": (2,), "input": (2, 3), "output": (2, 3), "q": (4,), "k": (4,), "v": (4,)}
 
     MemorylessMinMax = lc_obs.MemorylessMinMaxObserver
     StaticMinMax = lc_obs.StaticMinMaxObserver
@@ -219,7 +213,9 @@ def _build_adapters(lc_obs) -> list[tuple[type, tuple[type, ...]]]:
                 return self
             if self.base_name == "weight" and _has_statistics(self):  # (is_weight_obs)
                 return self
-            if not flattened_alike(self.base_name, self.args.strategy, observed.dim()):
+            dims, base_name = observed.dim(), self.base_name
+            if dims not in ALIKE_DIMS.get(base_name, ()) or (
+                    dims == 2 and base_name != "weight" and self.args.strategy in GROUPED):
                 return super().forward(observed)  # llm-compressor's own code, its numbers
             _run(self._observe_through_ops, observed)
             return self
