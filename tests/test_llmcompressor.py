@@ -722,6 +722,54 @@ def test_oneshot_end_to_end_matches(scheme, observer, tmp_path, monkeypatch):
         _assert_same({"v": got[key]}, {"v": want[key]}, key)
 
 
+def _moe_oneshot_state(enable, activation_observer, config_dir):
+    """An MoE model's NVFP4 qparams after oneshot (4 experts, one layer):
+    each expert's Linear layers see 2-D ``(tokens, hidden)`` inputs."""
+    from compressed_tensors.quantization import QuantizationScheme
+    from datasets import Dataset
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    drop_in.enable(backend="reference") if enable else drop_in.disable()
+    torch.manual_seed(0)
+    model = Qwen3MoeForCausalLM(Qwen3MoeConfig(
+        vocab_size=96, hidden_size=64, intermediate_size=128, moe_intermediate_size=64,
+        num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        num_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
+    )).eval()
+    model.config.save_pretrained(config_dir)
+    model.config._name_or_path = str(config_dir)
+    gen = torch.Generator().manual_seed(3)
+    data = Dataset.from_dict(
+        {"input_ids": [torch.randint(0, 96, (12,), generator=gen).tolist() for _ in range(4)]}
+    )
+    nvfp4 = WEIGHT_ARGS["nvfp4"]
+    scheme = QuantizationScheme(
+        targets=["Linear"], weights=QuantizationArgs(**nvfp4, observer="memoryless_minmax"),
+        input_activations=QuantizationArgs(**nvfp4, dynamic="local", observer=activation_observer),
+    )
+    recipe = QuantizationModifier(config_groups={"nvfp4": scheme}, ignore=["lm_head", "re:.*gate$"])
+    oneshot(
+        model=model, processor=_tiny_tokenizer(), dataset=data, recipe=recipe,
+        num_calibration_samples=4, pipeline="basic",
+    )
+    return {k: v.clone() for k, v in model.state_dict().items() if "scale" in k or "zero_point" in k}
+
+
+def test_moe_oneshot_matches(tmp_path):
+    # the moving average of the experts' 2-D inputs: llm-compressor groups
+    # their tokens and hidden size together, and the global scale it stores
+    # (input_global_scale) follows from that statistic (the drop-in gave
+    # another for all 12 expert projections when it flattened them itself)
+    want = _moe_oneshot_state(False, "minmax", tmp_path)
+    got = _moe_oneshot_state(True, "minmax", tmp_path)
+    assert sum("experts" in k and k.endswith("input_global_scale") for k in want) == 12
+    assert got.keys() == want.keys()
+    for key in want:
+        _assert_same({"v": got[key]}, {"v": want[key]}, key)
+
+
 def test_readme_oneshot_recipe_runs(tmp_path):
     """The README's offline oneshot recipe, as written, in this environment."""
     from helpers import python_snippets, run_snippet
