@@ -671,22 +671,28 @@ def _tiny_tokenizer():
 
 
 def _oneshot_state(enable, scheme, observer, config_dir):
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+
+    recipe = QuantizationModifier(
+        targets="Linear", scheme=scheme, ignore=["lm_head"], weight_observer=observer
+    )
+    return _oneshot_qparams(enable, _tiny_llama(), recipe, config_dir)
+
+
+def _oneshot_qparams(enable, model, recipe, config_dir):
+    """``model``'s qparam tensors after llm-compressor's ``oneshot`` with
+    ``recipe`` on 4 random sequences, with the drop-in or without."""
     from datasets import Dataset
     from llmcompressor import oneshot
-    from llmcompressor.modifiers.quantization import QuantizationModifier
 
     # reference: under TRITON_INTERPRET=1, "auto" would run the kernels interpreted
     drop_in.enable(backend="reference") if enable else drop_in.disable()
-    model = _tiny_llama()
     # oneshot re-reads the config from model.config.name_or_path: point it at a local copy
     model.config.save_pretrained(config_dir)
     model.config._name_or_path = str(config_dir)
     gen = torch.Generator().manual_seed(3)
     data = Dataset.from_dict(
         {"input_ids": [torch.randint(0, 96, (12,), generator=gen).tolist() for _ in range(4)]}
-    )
-    recipe = QuantizationModifier(
-        targets="Linear", scheme=scheme, ignore=["lm_head"], weight_observer=observer
     )
     oneshot(
         model=model, processor=_tiny_tokenizer(), dataset=data, recipe=recipe,
@@ -726,35 +732,22 @@ def _moe_oneshot_state(enable, activation_observer, config_dir):
     """An MoE model's NVFP4 qparams after oneshot (4 experts, one layer):
     each expert's Linear layers see 2-D ``(tokens, hidden)`` inputs."""
     from compressed_tensors.quantization import QuantizationScheme
-    from datasets import Dataset
-    from llmcompressor import oneshot
     from llmcompressor.modifiers.quantization import QuantizationModifier
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    drop_in.enable(backend="reference") if enable else drop_in.disable()
     torch.manual_seed(0)
     model = Qwen3MoeForCausalLM(Qwen3MoeConfig(
         vocab_size=96, hidden_size=64, intermediate_size=128, moe_intermediate_size=64,
         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
         num_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
     )).eval()
-    model.config.save_pretrained(config_dir)
-    model.config._name_or_path = str(config_dir)
-    gen = torch.Generator().manual_seed(3)
-    data = Dataset.from_dict(
-        {"input_ids": [torch.randint(0, 96, (12,), generator=gen).tolist() for _ in range(4)]}
-    )
     nvfp4 = WEIGHT_ARGS["nvfp4"]
     scheme = QuantizationScheme(
         targets=["Linear"], weights=QuantizationArgs(**nvfp4, observer="memoryless_minmax"),
         input_activations=QuantizationArgs(**nvfp4, dynamic="local", observer=activation_observer),
     )
     recipe = QuantizationModifier(config_groups={"nvfp4": scheme}, ignore=["lm_head", "re:.*gate$"])
-    oneshot(
-        model=model, processor=_tiny_tokenizer(), dataset=data, recipe=recipe,
-        num_calibration_samples=4, pipeline="basic",
-    )
-    return {k: v.clone() for k, v in model.state_dict().items() if "scale" in k or "zero_point" in k}
+    return _oneshot_qparams(enable, model, recipe, config_dir)
 
 
 def test_moe_oneshot_matches(tmp_path):
