@@ -80,7 +80,7 @@ from obskernels import ops
 from obskernels.backends import use_backend
 from obskernels.observers.base import DirectCall, hook_input
 from obskernels.observers.mse import search_qparams_with, search_with
-from obskernels.spec.checks import FLOAT_DTYPES
+from obskernels.spec.checks import FLOAT_DTYPES, VALUE_DIMS
 from obskernels.spec.errors import HeldStatisticsError
 
 __all__ = ["enable", "disable", "enabled", "is_enabled", "SUPPORTED_VERSIONS"]
@@ -186,14 +186,14 @@ def _build_adapters(lc_obs) -> list[tuple[type, tuple[type, ...]]]:
     TENSOR_GROUP = QuantizationStrategy.TENSOR_GROUP
     GROUPED = (QuantizationStrategy.GROUP, TENSOR_GROUP)
 
-    # The dims at which obskernels' flattening (docs/spec.md §2) is
-    # llm-compressor's, but for a 2-D activation in groups. llm-compressor's
-    # reshapes take other shapes too, which obskernels refuses (weights of 1
-    # or 3+ dims, activations of 1 or 4+, attention states of 3 or 5+), and
-    # they group a 2-D activation's tokens and hidden size together (GROUP,
-    # TENSOR_GROUP: one statistic for an MoE expert's input, where obskernels
-    # keeps hidden / group_size). Those values take llm-compressor's forward.
-    ALIKE_DIMS = {"weight": (2,), "input": (2, 3), "output": (2, 3), "q": (4,), "k": (4,), "v": (4,)}
+    # obskernels' flattening (docs/spec.md §2) is llm-compressor's at the
+    # dims it takes (VALUE_DIMS), but for a 2-D activation in groups.
+    # llm-compressor's reshapes take other shapes too, which obskernels
+    # refuses (weights of 1 or 3+ dims, activations of 1 or 4+, attention
+    # states of 3 or 5+), and they group a 2-D activation's tokens and hidden
+    # size together (GROUP, TENSOR_GROUP: one statistic for an MoE expert's
+    # input, where obskernels keeps hidden / group_size). Those values take
+    # llm-compressor's forward.
 
     MemorylessMinMax = lc_obs.MemorylessMinMaxObserver
     StaticMinMax = lc_obs.StaticMinMaxObserver
@@ -214,7 +214,7 @@ def _build_adapters(lc_obs) -> list[tuple[type, tuple[type, ...]]]:
             if self.base_name == "weight" and _has_statistics(self):  # (is_weight_obs)
                 return self
             dims, base_name = observed.dim(), self.base_name
-            if dims not in ALIKE_DIMS.get(base_name, ()) or (
+            if dims not in VALUE_DIMS.get(base_name, ()) or (
                     dims == 2 and base_name != "weight" and self.args.strategy in GROUPED):
                 return super().forward(observed)  # llm-compressor's own code, its numbers
             _run(self._observe_through_ops, observed)

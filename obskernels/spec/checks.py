@@ -34,6 +34,7 @@ __all__ = [
     "WEIGHT",
     "ACTIVATIONS",
     "ATTENTION",
+    "VALUE_DIMS",
     "check_value",
     "check_same_device",
     "check_groups_nonempty",
@@ -70,6 +71,8 @@ VALUE_DTYPES = FLOAT_DTYPES + (torch.float64,)
 WEIGHT = "weight"
 ACTIVATIONS = ("input", "output")
 ATTENTION = ("q", "k", "v")
+#: the dims a value of each base name may have (docs/spec.md §2)
+VALUE_DIMS = {WEIGHT: (2,), **dict.fromkeys(ACTIVATIONS, (2, 3)), **dict.fromkeys(ATTENTION, (4,))}
 
 _STRATEGIES = tuple(s.value for s in QuantizationStrategy)
 
@@ -117,20 +120,21 @@ def check_value(value, base_name: str, name: str = "value") -> None:
             f"{name} dtype must be one of float32, float16, bfloat16 (or float64 on the "
             f"reference backend), got {value.dtype}"
         )
-    if base_name == WEIGHT and value.dim() != 2:
+    if value.dim() in VALUE_DIMS.get(base_name, (value.dim(),)):
+        return
+    if base_name == WEIGHT:
         raise ValueError(
             f"{name} of a weight must be 2-D (rows, cols), got shape {tuple(value.shape)}"
         )
-    if base_name in ACTIVATIONS and value.dim() not in (2, 3):
+    if base_name in ACTIVATIONS:
         raise ValueError(
             f"{name} of an activation must be (tokens, hidden) or (batch, seq, hidden), "
             f"got shape {tuple(value.shape)}"
         )
-    if base_name in ATTENTION and value.dim() != 4:
-        raise ValueError(
-            f"{name} of attention {base_name!r} must be (batch, heads, seq, head_dim), "
-            f"got shape {tuple(value.shape)}"
-        )
+    raise ValueError(
+        f"{name} of attention {base_name!r} must be (batch, heads, seq, head_dim), "
+        f"got shape {tuple(value.shape)}"
+    )
 
 
 def check_flatten(value, base_name, args, g_idx=None):
