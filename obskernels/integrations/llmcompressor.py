@@ -186,15 +186,6 @@ def _build_adapters(lc_obs) -> list[tuple[type, tuple[type, ...]]]:
     TENSOR_GROUP = QuantizationStrategy.TENSOR_GROUP
     GROUPED = (QuantizationStrategy.GROUP, TENSOR_GROUP)
 
-    # obskernels' flattening (docs/spec.md §2) is llm-compressor's at the
-    # dims it takes (VALUE_DIMS), but for a 2-D activation in groups.
-    # llm-compressor's reshapes take other shapes too, which obskernels
-    # refuses (weights of 1 or 3+ dims, activations of 1 or 4+, attention
-    # states of 3 or 5+), and they group a 2-D activation's tokens and hidden
-    # size together (GROUP, TENSOR_GROUP: one statistic for an MoE expert's
-    # input, where obskernels keeps hidden / group_size). Those values take
-    # llm-compressor's forward.
-
     MemorylessMinMax = lc_obs.MemorylessMinMaxObserver
     StaticMinMax = lc_obs.StaticMinMaxObserver
     MinMax = lc_obs.MinMaxObserver
@@ -213,10 +204,18 @@ def _build_adapters(lc_obs) -> list[tuple[type, tuple[type, ...]]]:
                 return self
             if self.base_name == "weight" and _has_statistics(self):  # (is_weight_obs)
                 return self
+            # obskernels' flattening (docs/spec.md §2) is llm-compressor's at
+            # the dims it takes (VALUE_DIMS), but for a 2-D activation in
+            # groups: llm-compressor's reshapes take other shapes too, which
+            # obskernels refuses (weights of 1 or 3+ dims, activations of 1
+            # or 4+, attention states of 3 or 5+), and group a 2-D
+            # activation's tokens and hidden size together (one statistic for
+            # an MoE expert's input, where obskernels keeps hidden /
+            # group_size). Those values take llm-compressor's own code.
             dims, base_name = observed.dim(), self.base_name
             if dims not in VALUE_DIMS.get(base_name, ()) or (
                     dims == 2 and base_name != "weight" and self.args.strategy in GROUPED):
-                return super().forward(observed)  # llm-compressor's own code, its numbers
+                return super().forward(observed)
             _run(self._observe_through_ops, observed)
             return self
 

@@ -120,7 +120,8 @@ def check_value(value, base_name: str, name: str = "value") -> None:
             f"{name} dtype must be one of float32, float16, bfloat16 (or float64 on the "
             f"reference backend), got {value.dtype}"
         )
-    if value.dim() in VALUE_DIMS.get(base_name, (value.dim(),)):
+    dims = VALUE_DIMS.get(base_name)
+    if dims is None or value.dim() in dims:  # (an unknown base_name: check_base_name's)
         return
     if base_name == WEIGHT:
         raise ValueError(
