@@ -995,12 +995,14 @@ def test_split_profiles_the_call_and_not_its_setup():
 def test_split_goes_into_the_record_and_the_lead_table():
     from obskernels.bench import report
     from obskernels.bench.records import CaseInfo, Provenance, Record, Timing
-    from obskernels.bench.runner import Options, _measured
+    from obskernels.bench.runner import Options, _measured, with_split
 
     prepared, _ = _known_work("cpu")
     quiet = Options(min_reps=1, max_reps=1, min_time_s=0.0, progress=None)
-    assert _measured(prepared, "cpu", quiet).device_s is None  # asked for only
-    timing = _measured(prepared, "cpu", dataclasses.replace(quiet, split=True))
+    timed = _measured(prepared, "cpu", quiet)
+    assert timed.device_s is None  # taken apart (with_split), after every row is timed
+    timing = with_split(timed, prepared, "cpu")
+    assert timing.measured_s == timed.measured_s
     assert timing.device_s > 0 and set(timing.device_ops) == {"aten::mm", "aten::add"}
     assert "aten ops" in timing.device_method
     case = CaseInfo("w4096x4096 bf16 int8-channel", "weight", "weight", (4096, 4096), (4096, 4096),
@@ -1028,8 +1030,8 @@ def test_a_split_that_fails_leaves_the_rows_time_and_says_why(monkeypatch):
 
     monkeypatch.setattr(runner, "device_split", broken)
     prepared, _ = _known_work("cpu")
-    opts = Options(min_reps=1, max_reps=1, min_time_s=0.0, split=True, progress=None)
-    timing = runner._measured(prepared, "cpu", opts)
+    opts = Options(min_reps=1, max_reps=1, min_time_s=0.0, progress=None)
+    timing = runner.with_split(runner._measured(prepared, "cpu", opts), prepared, "cpu")
     assert timing.measured_s > 0 and timing.device_s is None and timing.device_ops is None
     assert timing.device_method == "not taken: RuntimeError: no profiler here"
 
@@ -1092,15 +1094,44 @@ def test_rows_of_a_case_take_turns_and_stop_on_their_own_time(monkeypatch):
     assert timed == [pytest.approx((0.010, 4, 0.010)), pytest.approx((0.030, 2, 0.030))]
 
 
-def _two_backend_run(monkeypatch, fail_b_at=None):
+def test_splits_are_taken_after_every_row_is_timed(monkeypatch):
+    """A CUDA profiler slows the process's later CUDA calls (CUPTI stays
+    attached), so --split profiles no row before the last one is timed; each
+    split still lands in its own row's record."""
+    from obskernels.bench import runner
+
+    order = []
+
+    def fake_split(prepared, device):
+        prepared.fn()  # which backend's call this is: the letter it logs
+        letter = order.pop()
+        order.append("S")
+        return 1e-6, {letter: 1.0}
+
+    monkeypatch.setattr(runner, "device_split", fake_split)
+    case_b = bench_cases.Case("weight", (16, 256), "bf16", "int8-channel", (4096, 4096))
+    records, _ = _two_backend_run(monkeypatch, split=True, more_cases=[case_b], log=order)
+    order = "".join(order)
+    assert order.count("S") == 4 and order.endswith("SSSS"), order  # 2 cases x 2 backends
+    rows = [r for r in records if r.scope == "run"]
+    assert len(rows) == 4 and len({r.case.label for r in rows}) == 2
+    for r in rows:
+        assert r.timing.measured_s is not None and r.timing.device_s == 1e-6
+        assert set(r.timing.device_ops) == {r.backend[0]}, (r.backend, r.timing.device_ops)
+        assert r.timing.device_method.startswith("torch profiler over")
+
+
+def _two_backend_run(monkeypatch, fail_b_at=None, split=False, more_cases=(), log=None):
     """``run`` over one case and one op with two backends faked: 'reference'
     calls of 10 ms, 'llmc-eager' of 30 ms (raising from its call number
-    ``fail_b_at`` on); returns the records by backend and the order of the calls."""
+    ``fail_b_at`` on); returns the records by backend and the order of the calls.
+    ``more_cases``: further cases after the first (then the records as a list,
+    and the order's list itself); ``log``: the list the calls log into."""
     from obskernels.bench import runner
     from obskernels.bench.backends import Prepared
 
     clock = _FakeClock(step=0.0, sync=0.0)
-    order = []
+    order = [] if log is None else log
 
     def fake_prepare(case, target, backend, device, value):
         seconds = {"reference": 0.010, "llmc-eager": 0.030}[backend]
@@ -1117,8 +1148,10 @@ def _two_backend_run(monkeypatch, fail_b_at=None):
     monkeypatch.setattr(runner.time, "perf_counter", clock)
     case = bench_cases.Case("weight", (16, 256), "bf16", "int4-group128", (4096, 4096))
     opts = Options(mode="tiny", ops=("min_max",), observers=(), backends=("reference", "llmc-eager"),
-                   cases=[case], min_reps=2, max_reps=4, min_time_s=0.05, warmup_s=0.0,
-                   model=False, progress=None)
+                   cases=[case, *more_cases], min_reps=2, max_reps=4, min_time_s=0.05, warmup_s=0.0,
+                   model=False, split=split, progress=None)
+    if more_cases:
+        return run(opts), order
     records = {r.backend: r for r in run(opts) if r.scope == "run"}
     return records, "".join(order)
 

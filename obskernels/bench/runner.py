@@ -345,24 +345,35 @@ def _measured(prepared, device: str, opts: Options, peak_bytes: Optional[int] = 
               timer: str = "") -> Timing:
     """The timing of ``prepared``: ``timed`` (``time_interleaved``'s figures
     for it, taken with ``timer``: how) or, without, ``time_calls``' of it
-    alone; the peak is CUDA's on a GPU, else the one given."""
+    alone; the peak is CUDA's on a GPU, else the one given. The device work
+    (``--split``) is not taken here: ``run`` profiles every row after the last
+    one is timed (``with_split``)."""
     median, reps, fastest = timed if timed is not None else time_calls(prepared, device, opts)
     if device == "cuda":
         peak_bytes, peak_method = cuda_peak(prepared), "torch.cuda.max_memory_allocated above the memory held before"
-    split = dict(device_s=None, device_ops=None, device_method=None)
-    if opts.split:
-        try:
-            split["device_s"], split["device_ops"] = device_split(prepared, device)
-        except Exception as exc:  # the row's time stands; only its split is missing, said why
-            split["device_method"] = f"not taken: {type(exc).__name__}: {str(exc)[:200]}"
-        else:
-            split["device_method"] = (
-                f"torch profiler over {SPLIT_CALLS} calls: "
-                + ("device time of the call's kernels and copies" if device == "cuda"
-                   else "its top-level aten ops"))
     return Timing(measured_s=median, measured_reps=reps, measured_min_s=fastest,
                   timer=f"wall, synchronised, median ({device}){timer}",
-                  peak_bytes=peak_bytes, peak_method=peak_method, **split)
+                  peak_bytes=peak_bytes, peak_method=peak_method)
+
+
+def with_split(timing: Timing, prepared, device: str) -> Timing:
+    """``timing`` with the device work of ``prepared`` (``device_split``), or
+    with why it was not taken (a split that fails leaves the time as it is).
+
+    ``run`` profiles the rows only once the last one is timed. torch's
+    profiler, having traced CUDA activities, leaves NVIDIA's CUPTI attached to
+    the process (Kineto tears it down only when told to), and CUPTI's
+    callbacks then ride on every later CUDA call: launches, allocations,
+    copies. With each split taken right after its row, every later row was
+    timed under them, which no user's call is. The price: each measured
+    row's call, and the value it reads, is kept until the splits are taken."""
+    try:
+        seconds, ops = device_split(prepared, device)
+    except Exception as exc:  # the row's time stands; only its split is missing, said why
+        return dataclasses.replace(timing, device_method=f"not taken: {type(exc).__name__}: {str(exc)[:200]}")
+    return dataclasses.replace(timing, device_s=seconds, device_ops=ops, device_method=(
+        f"torch profiler over {SPLIT_CALLS} calls: "
+        + ("device time of the call's kernels and copies" if device == "cuda" else "its top-level aten ops")))
 
 class _ToTime(NamedTuple):
     """A row to time (``_time_rows``): its prepared call, warmed up, and the
@@ -617,6 +628,8 @@ def run(opts: Options) -> List[Record]:
     torch_launches: Dict[Tuple, List] = {}  # per-launch counts of the PyTorch paths
     progress = _Progress(opts.progress, len(plan))
     value_cache: Dict[Case, torch.Tensor] = {}
+    # (index in records, prepared call) of the rows to profile after the timing (--split)
+    to_split: List[Tuple[int, object]] = []
     for (case, target), group in itertools.groupby(plan, key=lambda entry: entry[:2]):
         if case not in value_cache:
             value_cache.clear()
@@ -652,8 +665,15 @@ def run(opts: Options) -> List[Record]:
                 rec = rec.replace(timing=dataclasses.replace(
                     rec.timing, throughput_gbs=rec.traffic.compulsory_bytes / rec.timing.measured_s / 1e9))
             rec = rec.replace(provenance=dataclasses.replace(rec.provenance, timestamp=_now()))
+            if opts.split and rec.status == "measured":
+                to_split.append((len(records), row.prepared))
             records.append(rec)
             progress(rec)
+
+    # 2b. --split: each measured row's device work, profiled once every row is
+    # timed (``with_split``: a CUDA profiler would slow the rows timed after it)
+    for i, prepared in to_split:
+        records[i] = records[i].replace(timing=with_split(records[i].timing, prepared, device))
 
     # 3. full-size projections of the scaled (quick) cases: modelled only
     by_key = {(r.case.label, r.op, r.backend): r for r in records}
