@@ -70,9 +70,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         ".venv-triton36/bin/python for the triton an H100 run used)")
     p.add_argument("--gpu-name", default="H100 SXM", help="model: name printed with the parameters")
     p.add_argument("--split", action="store_true",
-                   help="also profile each measured row (torch profiler, 5 more calls): the device "
-                        "work of one call beside its wall time (on CUDA its kernels and copies; on a "
-                        "CPU its aten ops)")
+                   help="also profile each measured row (torch profiler, 5 more calls, once every "
+                        "row is timed): the device work of one call beside its wall time (on CUDA its "
+                        "kernels and copies; on a CPU its aten ops)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--cases", default=None,
                    help="comma list of substrings of the full-size case labels to keep, "
