@@ -375,6 +375,7 @@ def with_split(timing: Timing, prepared, device: str) -> Timing:
         f"torch profiler over {SPLIT_CALLS} calls: "
         + ("device time of the call's kernels and copies" if device == "cuda" else "its top-level aten ops")))
 
+
 class _ToTime(NamedTuple):
     """A row to time (``_time_rows``): its prepared call, warmed up, and the
     peak memory already taken of it, if any, with its method."""
