@@ -958,6 +958,39 @@ def test_oneshot_comparison_alternates_the_modes_repeated_calls(monkeypatch):
     assert all(r["qparams_identical"] == 1 for r in rows)
 
 
+def test_oneshot_fresh_processes_take_turns_and_give_their_median(monkeypatch):
+    """bench.oneshot's fresh-process figure is the median of several
+    processes per mode, the modes taking turns with each pair reversed
+    (plain, drop-in, drop-in, plain, ...), after the in-process calls; every
+    sample is kept in the row and shown in the table."""
+    from obskernels.bench import oneshot
+
+    events = []
+    seconds = {"plain": iter([1.0, 3.0, 2.0]), "drop-in": iter([5.0, 4.0, 9.0])}
+
+    def fake_run_once(scheme, mode, *args, **kwargs):
+        events.append(("in process", mode))
+        return {"seconds": 0.5, "qparams": {"s": torch.ones(1)}}
+
+    def fake_child(scheme, mode, *args, **kwargs):
+        events.append(("fresh", mode))
+        return next(seconds[mode])
+
+    monkeypatch.setattr(oneshot, "run_once", fake_run_once)
+    monkeypatch.setattr(oneshot, "_child", fake_child)
+    rows = oneshot.compare(["FP8"], oneshot.LLAMA3_8B, "cpu", reps=1, fresh=True, fresh_reps=3)
+    assert events == [("in process", "plain"), ("in process", "drop-in")] * 2 + [
+        ("fresh", "plain"), ("fresh", "drop-in"), ("fresh", "drop-in"), ("fresh", "plain"),
+        ("fresh", "plain"), ("fresh", "drop-in")]
+    assert [(r["mode"], r["fresh_process_s"], r["fresh_process_samples"]) for r in rows] == [
+        ("plain", 2.0, [1.0, 3.0, 2.0]), ("drop-in", 5.0, [5.0, 4.0, 9.0])]
+    text = oneshot.table(rows, oneshot._provenance("cpu", oneshot.LLAMA3_8B, "auto", "basic"))
+    assert "fresh process s (median of 3)" in text
+    assert "1.000, 3.000, 2.000" in text and "5.000, 4.000, 9.000" in text
+    with pytest.raises(ValueError, match="fresh_reps must be at least 1"):
+        oneshot.compare(["FP8"], oneshot.LLAMA3_8B, "cpu", reps=0, fresh=True, fresh_reps=0)
+
+
 # --------------------------------------------------------------------------- #
 # --split: the device work of a call, beside its wall time
 # --------------------------------------------------------------------------- #

@@ -34,10 +34,11 @@ def test_oneshot_comparison_times_both_modes_and_compares_their_qparams(monkeypa
     assert plain["seconds"] > 0 and ours["seconds"] > 0
     assert plain["qparams"] and sorted(plain["qparams"]) == sorted(ours["qparams"])
 
-    rows = oneshot.compare(["FP8"], TINY, "cpu", reps=0, fresh=True)
+    rows = oneshot.compare(["FP8"], TINY, "cpu", reps=0, fresh=True, fresh_reps=1)
     assert [r["mode"] for r in rows] == ["plain", "drop-in"]
     for r in rows:
         assert r["first_in_process_s"] > 0 and r["fresh_process_s"] > 0 and r["repeat_s"] is None
+        assert r["fresh_process_samples"] == [r["fresh_process_s"]]
         # min/max observers: bit-identical qparams with and without the drop-in
         assert r["qparam_tensors"] == len(plain["qparams"]) and r["qparams_identical"] == r["qparam_tensors"]
     text = oneshot.table(rows, oneshot._provenance("cpu", TINY, "auto", "basic"))

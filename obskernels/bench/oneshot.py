@@ -18,9 +18,10 @@ installed) and "drop-in" (inside ``obskernels.integrations.llmcompressor.enabled
 MEASURED, per (scheme, mode), in seconds of ``oneshot(...)`` (synchronised;
 building the model is not timed): the first call in this process, the
 median of the next ``--reps`` calls (after both modes' first calls, the
-modes alternating), and the first call in a fresh process
-(a child running one call: what a user's next session pays, kernels from
-triton's disk cache). Also: how many of the qparam tensors (scales, zero
+modes alternating), and the first call in a fresh process (a child running
+one call: what a user's next session pays, kernels from triton's disk
+cache), the median of ``--fresh-reps`` such processes per mode, the modes
+taking turns (plain, drop-in, drop-in, plain, ...). Also: how many of the qparam tensors (scales, zero
 points, global scales) the two modes produce bit-identically.
 ``--profile-fresh``: one more fresh process per (scheme, mode), its call
 profiled (cProfile), summarised by part -- Triton's key, its compiles and
@@ -43,7 +44,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional
 
-__all__ = ["Shape", "LLAMA3_8B", "DEFAULT_SCHEMES", "run_once", "compare", "main"]
+__all__ = ["Shape", "LLAMA3_8B", "DEFAULT_SCHEMES", "FRESH_REPS", "fresh_order", "run_once", "compare", "main"]
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,23 @@ def run_once(scheme: str, mode: str, shape: Shape, device: str, backend: str = "
     return {"seconds": seconds, "qparams": qparams}
 
 
+#: fresh processes per (scheme, mode): one each is not enough (NVFP4's
+#: drop-in read 0.74 s slower than plain in one such pair on an H100's host,
+#: and 0.35-0.92 s faster in each of two on an H200's)
+FRESH_REPS = 2
+
+
+def fresh_order(reps: int) -> List[str]:
+    """The modes of ``reps`` fresh processes each, in the order they run:
+    in turns, each pair reversed from the one before (plain, drop-in, drop-in,
+    plain, ...), so that neither mode always runs first (the first process
+    after the in-process calls, or after the other mode's)."""
+    order: List[str] = []
+    for k in range(reps):
+        order += list(MODES) if k % 2 == 0 else list(reversed(MODES))
+    return order
+
+
 def _child(scheme: str, mode: str, shape: Shape, device: str, backend: str, pipeline: str,
            extra=()) -> float:
     """Seconds of one ``oneshot`` call in a new interpreter (the first call there)."""
@@ -221,16 +239,20 @@ def _same(a, b) -> bool:
 
 def compare(schemes=DEFAULT_SCHEMES, shape: Shape = LLAMA3_8B, device: str = "cpu", backend: str = "auto",
             pipeline: str = "basic", reps: int = 3, fresh: bool = True, progress=None,
-            profile_dir: Optional[str] = None) -> List[Dict]:
+            profile_dir: Optional[str] = None, fresh_reps: int = FRESH_REPS) -> List[Dict]:
     """One MEASURED row per (scheme, mode): first call in this process, the
-    median of ``reps`` more, the first call in a fresh process; and per
-    scheme, the qparam tensors identical between the modes. The repeated
+    median of ``reps`` more, the median of ``fresh_reps`` first calls in a
+    fresh process each (``fresh``; in ``fresh_order``, every sample in the
+    row's ``fresh_process_samples``); and per scheme, the qparam tensors
+    identical between the modes. The repeated
     calls alternate between the modes (plain, drop-in, plain, ...), each mode's
     first call made before: a process's calls keep getting faster for a while
     after its first (an H200 ran FP8 plain in 0.93, 0.29, 0.24 s), which a
     mode's calls made in one run would count against the mode run first.
     ``profile_dir``: also one profiled fresh process per row
     (``_profile_fresh``; its path in the row's ``fresh_profile``)."""
+    if fresh and fresh_reps < 1:
+        raise ValueError(f"fresh_reps must be at least 1 (got {fresh_reps}); fresh=False skips them")
     rows = []
     for scheme in schemes:
         first = {mode: run_once(scheme, mode, shape, device, backend, pipeline) for mode in MODES}
@@ -238,13 +260,15 @@ def compare(schemes=DEFAULT_SCHEMES, shape: Shape = LLAMA3_8B, device: str = "cp
         for _ in range(reps):
             for mode in MODES:
                 again[mode].append(run_once(scheme, mode, shape, device, backend, pipeline))
+        fresh_s = {mode: [] for mode in MODES}
+        for mode in (fresh_order(fresh_reps) if fresh else []):
+            fresh_s[mode].append(_child(scheme, mode, shape, device, backend, pipeline))
         for mode in MODES:
             times = [r["seconds"] for r in again[mode]]
             row = {"scheme": scheme, "mode": mode, "first_in_process_s": first[mode]["seconds"],
                    "repeat_s": statistics.median(times) if times else None,
-                   "reps": reps, "fresh_process_s": None}
-            if fresh:
-                row["fresh_process_s"] = _child(scheme, mode, shape, device, backend, pipeline)
+                   "reps": reps, "fresh_process_s": statistics.median(fresh_s[mode]) if fresh_s[mode] else None,
+                   "fresh_process_samples": fresh_s[mode]}
             if profile_dir:
                 row["fresh_profile"] = _profile_fresh(scheme, mode, shape, device, backend, pipeline, profile_dir)
             rows.append(row)
@@ -280,12 +304,14 @@ def table(rows: List[Dict], prov: Dict) -> str:
     def f(x):
         return "-" if x is None else f"{x:.3f}"
 
+    fresh_n = max((len(r.get("fresh_process_samples") or ()) for r in rows), default=0)
     head = ["scheme", "mode", "first in process s", f"repeat s (median of {rows[0]['reps'] if rows else 0})",
-            "fresh process s", "qparams identical"]
+            f"fresh process s (median of {fresh_n})", "fresh processes s", "qparams identical"]
     lines = [head]
     for r in rows:
+        samples = ", ".join(f(x) for x in r.get("fresh_process_samples") or ()) or "-"
         lines.append([r["scheme"], r["mode"], f(r["first_in_process_s"]), f(r["repeat_s"]),
-                      f(r["fresh_process_s"]), f"{r['qparams_identical']}/{r['qparam_tensors']}"])
+                      f(r["fresh_process_s"]), samples, f"{r['qparams_identical']}/{r['qparam_tensors']}"])
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(head))]
     out = ["  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
     out.insert(1, "  ".join("-" * w for w in widths))
@@ -306,7 +332,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--pipeline", default="basic", help="oneshot's pipeline (basic, sequential, datafree...)")
     ap.add_argument("--reps", type=int, default=3,
                     help="calls after the first, per (scheme, mode), alternating between the modes")
-    ap.add_argument("--no-fresh", action="store_true", help="skip the fresh-process first call")
+    ap.add_argument("--no-fresh", action="store_true", help="skip the fresh-process first calls")
+    ap.add_argument("--fresh-reps", type=int, default=FRESH_REPS,
+                    help="fresh processes per (scheme, mode), the modes taking turns (default %(default)s)")
     ap.add_argument("--profile-fresh", action="store_true",
                     help="one more fresh process per row, profiled: OUT/profiles/SCHEME-MODE.txt")
     for field, default in asdict(LLAMA3_8B).items():
@@ -327,8 +355,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(json.dumps({"seconds": r["seconds"]}))
         return 0
     prov = _provenance(device, shape, a.backend, a.pipeline)
+    if a.fresh_reps < 1:
+        ap.error(f"--fresh-reps must be at least 1 (got {a.fresh_reps}); --no-fresh skips them")
     rows = compare(schemes, shape, device, a.backend, a.pipeline, a.reps, not a.no_fresh, sys.stderr,
-                   os.path.join(a.out, "profiles") if a.profile_fresh else None)
+                   os.path.join(a.out, "profiles") if a.profile_fresh else None, a.fresh_reps)
     text = table(rows, prov)
     print(text)
     os.makedirs(a.out, exist_ok=True)
