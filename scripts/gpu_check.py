@@ -21,7 +21,9 @@
    2048x4096 activations in bf16 --split): one observer call of every
    observer, measured against llm-compressor's default path, and the device
    work of each call beside it (the torch profiler: its kernels and copies);
-   about a minute on an H100;
+   in three passes over the cases (the bench's default on CUDA), the
+   profiles taken after the last row is timed: 3-4 minutes on an H100
+   (198 s with one pass, compiles included);
 5. (asked for only: step "model") the full benchmark with the model beside
    every measured row (`--full --model`: every shape and dtype, tens of minutes);
 6. one summary file, gpu-check/summary.md (and summary.json): device, test

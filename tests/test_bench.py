@@ -1154,6 +1154,71 @@ def test_splits_are_taken_after_every_row_is_timed(monkeypatch):
         assert r.timing.device_method.startswith("torch profiler over")
 
 
+def _burst_run(monkeypatch, rounds):
+    """``run`` over three cases (A, B, C) of one op, two backends faked
+    (10 ms a call; each warmed up by one call when prepared), six timed
+    calls per row, with host noise in the first 1.45 s (a call then takes
+    100 ms): as long as one case's rows take in one stretch. Returns the
+    records and the cases' letters in call order."""
+    from obskernels.bench import runner
+    from obskernels.bench.backends import Prepared
+
+    clock = _FakeClock(step=0.0, sync=0.0)
+    order = []
+    letters = {16: "A", 32: "B", 48: "C"}
+
+    def fake_prepare(case, target, backend, device, value):
+        def fn():
+            order.append(letters[case.shape[0]])
+            clock.now += 0.100 if clock.now < 1.45 else 0.010
+        return Prepared(fn)
+
+    monkeypatch.setattr(runner, "prepare", fake_prepare)
+    monkeypatch.setattr(runner, "backend_unavailable_reason", lambda backend, device: None)
+    monkeypatch.setattr(runner.time, "perf_counter", clock)
+    cases = [bench_cases.Case("weight", (rows, 256), "bf16", "int4-group128", (4096, 4096)) for rows in letters]
+    opts = Options(mode="tiny", ops=("min_max",), observers=(), backends=("reference", "llmc-eager"),
+                   cases=cases, min_reps=6, max_reps=6, min_time_s=0.0, max_time_s=60.0, warmup_s=0.0,
+                   model=False, progress=None, rounds=rounds)
+    return [r for r in run(opts) if r.scope == "run"], "".join(order)
+
+
+def test_rounds_spread_each_rows_calls_over_passes_of_the_whole_run(monkeypatch):
+    """--rounds: every row's calls are taken in passes over the whole run
+    (A B C, A B C, ...), each pass its share of the calls, the figure the
+    median of all of them; so host noise lasting one case's stretch of the
+    run slows one pass of each row it meets, not every call of one case."""
+    records, order = _burst_run(monkeypatch, rounds=1)
+    assert order == "A" * 14 + "B" * 14 + "C" * 14  # two warm-up calls each, then 2 x 6 in turns
+    by_case = {r.case.label.split()[0]: r.timing for r in records}
+    assert by_case["w16x256"].measured_s == pytest.approx(0.100)  # the noise took all of A's calls
+    assert by_case["w32x256"].measured_s == pytest.approx(0.010)
+
+    records, order = _burst_run(monkeypatch, rounds=3)
+    assert order == "AA" + "A" * 4 + "BB" + "B" * 4 + "CC" + "C" * 4 + ("A" * 4 + "B" * 4 + "C" * 4) * 2
+    assert len(records) == 6
+    for r in records:
+        assert r.timing.measured_reps == 6 and r.timing.measured_s == pytest.approx(0.010), r
+        assert r.timing.measured_min_s == pytest.approx(0.010)
+        assert r.timing.timer.endswith(", in turns with the case's other backends, 3 passes over the run")
+
+
+def test_passes_share_the_calls_and_limits_and_refuse_no_rounds():
+    from obskernels.bench import runner
+
+    opts = Options(min_reps=5, max_reps=30, min_time_s=0.3, max_time_s=3.0, rounds=3)
+    each = runner.passes(opts)
+    assert (each.min_reps, each.max_reps, each.min_time_s, each.max_time_s) == (2, 10, pytest.approx(0.1),
+                                                                                pytest.approx(1.0))
+    assert runner.passes(dataclasses.replace(opts, rounds=1)).max_reps == 30
+    with pytest.raises(ValueError, match="rounds must be at least 1"):
+        runner.passes(dataclasses.replace(opts, rounds=0))
+    from obskernels.bench.__main__ import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--rounds", "0"])
+
+
 def _two_backend_run(monkeypatch, fail_b_at=None, split=False, more_cases=(), log=None):
     """``run`` over one case and one op with two backends faked: 'reference'
     calls of 10 ms, 'llmc-eager' of 30 ms (raising from its call number

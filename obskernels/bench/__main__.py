@@ -44,6 +44,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--out", default="bench-out", help="output folder (default bench-out/)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--reps", type=int, default=None, help="most timed calls per row")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="passes over the run, each timing every row for its share of the calls "
+                        "(default: 3 on CUDA, 1 elsewhere)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default on a CPU: 1 -- on a shared machine, "
                         "multi-threaded aten ops stall at every parallel region)")
@@ -102,6 +105,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     args.observers = choose(args.observers, list(OBSERVERS))
     if args.backends != "auto":  # resolved by the device in main()
         args.backends = choose(args.backends, list(BACKENDS))
+    if args.rounds is not None and args.rounds < 1:
+        p.error(f"--rounds must be at least 1 (got {args.rounds})")
     return args
 
 
@@ -177,6 +182,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.reps:
         opts.max_reps = args.reps
         opts.min_reps = min(opts.min_reps, args.reps)
+    opts.rounds = args.rounds if args.rounds is not None else (3 if device == "cuda" else 1)
     t0 = time.perf_counter()
     print(f"obskernels bench: mode {mode}"
           + (f" (shapes scaled down by {QUICK_DIVISOR} per side, bf16 only; --full for the real sizes and fp32)" if mode == "quick" else "")

@@ -5,8 +5,9 @@ For each (case, target, backend) one record:
   the PyTorch backends on any device; the Triton backends on CUDA only. Wall
   time of one call, synchronised (``torch.cuda.synchronize`` before and after
   on a GPU, the L2 wiped before), median of repeated calls after a warm-up,
-  the backends of a case and target in turns (``time_interleaved``); an
-  observer call includes constructing the observer (``Prepared.build``).
+  the backends of a case and target in turns (``interleaved_samples``), in
+  ``Options.rounds`` passes over the whole run (``passes``); an observer call
+  includes constructing the observer (``Prepared.build``).
   Peak: the extra memory the call holds above what existed before, as bytes and
   as % of the value's bytes: on a GPU ``torch.cuda.max_memory_allocated``; on
   the CPU the live storage created by aten ops (``AtenTraffic``), for Triton
@@ -106,6 +107,9 @@ class Options:
     host_turns: bool = True
     split: bool = False  # also profile each measured row's device work (``device_split``)
     warmup_s: float = 0.025  # untimed calls before the timed ones, for at least this long
+    # passes over the whole run, each timing every row's share of its calls
+    # (``passes``: a burst of host noise then slows one pass of a row, not the row)
+    rounds: int = 1
     cases: Optional[List[Case]] = None  # overrides the sweep (tests)
     progress: Optional[TextIO] = field(default_factory=lambda: sys.stderr)
 
@@ -187,7 +191,18 @@ def time_interleaved(prepared: List, device: str, opts: Options) -> List[Tuple[f
     """Per call of ``prepared`` (the rows of one case and target, one per
     backend): the median seconds of one call, how many calls were timed
     (after the warm-up), and the fastest call (a guide when other work
-    shares the machine).
+    shares the machine); the calls those of ``interleaved_samples``."""
+    return [_stats(t) for t in interleaved_samples(prepared, device, opts)]
+
+
+def _stats(times: List[float]) -> Tuple[float, int, float]:
+    """(median, count, fastest) of some calls' seconds."""
+    return statistics.median(times), len(times), min(times)
+
+
+def interleaved_samples(prepared: List, device: str, opts: Options) -> List[List[float]]:
+    """Per row of ``prepared`` (the rows of one case and target, one per
+    backend), the seconds of each of its timed calls.
 
     The rows take turns, one call each, so that they are timed under the
     same state of the machine (the GPU's clocks, the host's load): timed one
@@ -218,7 +233,7 @@ def time_interleaved(prepared: List, device: str, opts: Options) -> List[Tuple[f
             if (n >= opts.max_reps or (n >= opts.min_reps and spent[i] >= opts.min_time_s)
                     or spent[i] >= opts.max_time_s):
                 running.remove(i)
-    return [(statistics.median(t), len(t), min(t)) for t in times]
+    return times
 
 
 def time_calls(prepared, device: str, opts: Options) -> Tuple[float, int, float]:
@@ -377,7 +392,7 @@ def with_split(timing: Timing, prepared, device: str) -> Timing:
 
 
 class _ToTime(NamedTuple):
-    """A row to time (``_time_rows``): its prepared call, warmed up, and the
+    """A row to time (``_sample_rows``): its prepared call, warmed up, and the
     peak memory already taken of it, if any, with its method."""
 
     prepared: object
@@ -385,19 +400,81 @@ class _ToTime(NamedTuple):
     peak_method: Optional[str] = None
 
 
-def _time_rows(rows: List[_ToTime], device: str, opts: Options) -> List[object]:
-    """The ``Timing`` of each row of one case and target (one per backend),
-    the rows timed in turns (``time_interleaved``); where that fails, each
-    row alone, a row that fails giving its exception in its place."""
-    timer = ", in turns with the case's other backends" if len(rows) > 1 else ""
+def passes(opts: Options) -> Options:
+    """``opts`` for one of ``opts.rounds`` passes over the run: each pass
+    times every row for its share of the calls and of the time limits (at
+    least one call). One pass after another, a row's calls are spread over
+    the whole run: a burst of other work on the host (seconds, where a
+    case's rows are timed in a fraction of one) slows one pass of a row
+    rather than all of its calls."""
+    r = opts.rounds
+    if r < 1:
+        raise ValueError(f"rounds must be at least 1 (got {r})")
+    if r == 1:
+        return opts
+    return dataclasses.replace(opts, min_reps=-(-opts.min_reps // r), max_reps=-(-opts.max_reps // r),
+                               min_time_s=opts.min_time_s / r, max_time_s=opts.max_time_s / r)
+
+
+class _Group(NamedTuple):
+    """One case and target's rows (one per backend, ``(record, row to time
+    or None)``) and, per row to time, the seconds of its calls so far or the
+    exception that stopped it; ``alone``: a pass timed them one by one
+    (taking turns failed)."""
+
+    case: Case
+    target: Target
+    rows: List[Tuple[Record, Optional[_ToTime]]]
+    timed: List[_ToTime]
+    samples: List[object]
+    alone: List[bool]
+
+
+def _sample_rows(rows: List[_ToTime], device: str, opts: Options) -> Tuple[List[object], bool]:
+    """One pass over the rows of one case and target: per row the seconds
+    of its timed calls, the rows taking turns (``interleaved_samples``);
+    where that fails, each row timed alone, a row that fails giving its
+    exception in its place (and True: timed alone)."""
     try:
-        timed = time_interleaved([r.prepared for r in rows], device, opts)
+        return interleaved_samples([r.prepared for r in rows], device, opts), False
     except Exception:  # find which, timing each alone
-        timed, timer = [None] * len(rows), ""
+        out: List[object] = []
+        for row in rows:
+            try:
+                out.append(interleaved_samples([row.prepared], device, opts)[0])
+            except Exception as exc:
+                out.append(exc)
+        return out, True
+
+
+def _sample_group(group: _Group, device: str, opts: Options) -> None:
+    """One more pass over ``group``'s rows, its calls added to the earlier
+    passes' (a row that failed in any pass keeps its exception)."""
+    if not group.timed:
+        return
+    more, alone = _sample_rows(group.timed, device, opts)
+    if not group.samples:
+        group.samples.extend(more)
+    else:
+        group.samples[:] = [old if isinstance(old, Exception) else new if isinstance(new, Exception)
+                            else old + new for old, new in zip(group.samples, more)]
+    group.alone.append(alone)
+
+
+def _timings(group: _Group, device: str, opts: Options) -> List[object]:
+    """The ``Timing`` of each row of ``group`` to time, from its calls of
+    every pass (their median, count and fastest), or its exception."""
+    timer = ", in turns with the case's other backends" if len(group.timed) > 1 and not any(group.alone) else ""
+    if opts.rounds > 1:
+        timer += f", {opts.rounds} passes over the run"
     out: List[object] = []
-    for row, t in zip(rows, timed):
+    for row, samples in zip(group.timed, group.samples):
+        if isinstance(samples, Exception):
+            out.append(samples)
+            continue
         try:
-            out.append(_measured(row.prepared, device, opts, row.peak_bytes, row.peak_method, t, timer))
+            out.append(_measured(row.prepared, device, opts, row.peak_bytes, row.peak_method, _stats(samples),
+                                 timer))
         except Exception as exc:
             out.append(exc)
     return out
@@ -624,13 +701,35 @@ def run(opts: Options) -> List[Record]:
     hosts = _host_paths(plan, unavailable, opts)
 
     # 2. measure (and count the PyTorch paths exactly); a case and target's
-    # backends are timed together, in turns (``_time_rows``)
+    # backends are timed together, in turns, in ``opts.rounds`` passes over
+    # the run (``passes``, ``_sample_group``)
     records: List[Record] = []
     torch_launches: Dict[Tuple, List] = {}  # per-launch counts of the PyTorch paths
     progress = _Progress(opts.progress, len(plan))
     value_cache: Dict[Case, torch.Tensor] = {}
     # (index in records, prepared call) of the rows to profile after the timing (--split)
     to_split: List[Tuple[int, object]] = []
+    per_pass = passes(opts)
+    groups: List[_Group] = []  # with more than one pass: the groups timed again
+
+    def finish(timed: _Group) -> None:
+        """The group's records, their rows' calls of every pass timed."""
+        timings = iter(_timings(timed, device, opts))
+        for rec, row in timed.rows:
+            if row is not None:
+                timing = next(timings)
+                rec = (rec.replace(status=_error(timing)) if isinstance(timing, Exception)
+                       else rec.replace(timing=timing, status="measured"))
+            rec = _with_peak_pct(_per_element(rec, timed.target, timed.case.shape), timed.case)
+            if rec.timing.measured_s and rec.traffic.compulsory_bytes:
+                rec = rec.replace(timing=dataclasses.replace(
+                    rec.timing, throughput_gbs=rec.traffic.compulsory_bytes / rec.timing.measured_s / 1e9))
+            rec = rec.replace(provenance=dataclasses.replace(rec.provenance, timestamp=_now()))
+            if opts.split and rec.status == "measured":
+                to_split.append((len(records), row.prepared))
+            records.append(rec)
+            progress(rec)
+
     for (case, target), group in itertools.groupby(plan, key=lambda entry: entry[:2]):
         if case not in value_cache:
             value_cache.clear()
@@ -655,21 +754,19 @@ def run(opts: Options) -> List[Record]:
             except Exception as exc:
                 rec = rec.replace(status=_error(exc))
             rows.append((rec, row))
-        timings = iter(_time_rows([row for _, row in rows if row is not None], device, opts))
-        for rec, row in rows:
-            if row is not None:
-                timing = next(timings)
-                rec = (rec.replace(status=_error(timing)) if isinstance(timing, Exception)
-                       else rec.replace(timing=timing, status="measured"))
-            rec = _with_peak_pct(_per_element(rec, target, case.shape), case)
-            if rec.timing.measured_s and rec.traffic.compulsory_bytes:
-                rec = rec.replace(timing=dataclasses.replace(
-                    rec.timing, throughput_gbs=rec.traffic.compulsory_bytes / rec.timing.measured_s / 1e9))
-            rec = rec.replace(provenance=dataclasses.replace(rec.provenance, timestamp=_now()))
-            if opts.split and rec.status == "measured":
-                to_split.append((len(records), row.prepared))
-            records.append(rec)
-            progress(rec)
+        timed = _Group(case, target, rows, [row for _, row in rows if row is not None], [], [])
+        _sample_group(timed, device, per_pass)
+        if opts.rounds == 1:
+            finish(timed)
+        else:  # timed again in the later passes: its rows (and the value) kept until then
+            groups.append(timed)
+    for k in range(1, opts.rounds):
+        if opts.progress:
+            opts.progress.write(f"timing pass {k + 1} of {opts.rounds}\n")
+        for timed in groups:
+            _sample_group(timed, device, per_pass)
+    for timed in groups:
+        finish(timed)
 
     # 2b. --split: each measured row's device work, profiled once every row is
     # timed (``with_split``: a CUDA profiler would slow the rows timed after it)
