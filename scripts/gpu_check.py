@@ -15,7 +15,9 @@
    in a fresh process by part (`python -m obskernels.bench.launch --first-use`);
 3. where llm-compressor imports, its own `oneshot` plain and with the drop-in
    (`python -m obskernels.bench.oneshot --profile-fresh`, 6 Llama-3-8B-shaped
-   layers; a fresh process's call also profiled, by part);
+   layers; the first call in a fresh process the median of two per mode,
+   the modes alternated, and one more process's call profiled, by part;
+   about 4 minutes on an H100);
 4. the benchmark's lead rows (`python -m obskernels.bench --full --ops none
    --observers all --backends triton,llmc --cases` the 4096x4096 weights and
    2048x4096 activations in bf16 --split): one observer call of every
