@@ -419,8 +419,8 @@ def passes(opts: Options) -> Options:
 class _Group(NamedTuple):
     """One case and target's rows (one per backend, ``(record, row to time
     or None)``) and, per row to time, the seconds of its calls so far or the
-    exception that stopped it; ``alone``: a pass timed them one by one
-    (taking turns failed)."""
+    exception that stopped it; ``alone``: per pass so far, whether it timed
+    them one by one (taking turns failed)."""
 
     case: Case
     target: Target
@@ -712,15 +712,15 @@ def run(opts: Options) -> List[Record]:
     per_pass = passes(opts)
     groups: List[_Group] = []  # with more than one pass: the groups timed again
 
-    def finish(timed: _Group) -> None:
+    def finish(group: _Group) -> None:
         """The group's records, their rows' calls of every pass timed."""
-        timings = iter(_timings(timed, device, opts))
-        for rec, row in timed.rows:
+        timings = iter(_timings(group, device, opts))
+        for rec, row in group.rows:
             if row is not None:
                 timing = next(timings)
                 rec = (rec.replace(status=_error(timing)) if isinstance(timing, Exception)
                        else rec.replace(timing=timing, status="measured"))
-            rec = _with_peak_pct(_per_element(rec, timed.target, timed.case.shape), timed.case)
+            rec = _with_peak_pct(_per_element(rec, group.target, group.case.shape), group.case)
             if rec.timing.measured_s and rec.traffic.compulsory_bytes:
                 rec = rec.replace(timing=dataclasses.replace(
                     rec.timing, throughput_gbs=rec.traffic.compulsory_bytes / rec.timing.measured_s / 1e9))
@@ -730,13 +730,13 @@ def run(opts: Options) -> List[Record]:
             records.append(rec)
             progress(rec)
 
-    for (case, target), group in itertools.groupby(plan, key=lambda entry: entry[:2]):
+    for (case, target), entries in itertools.groupby(plan, key=lambda entry: entry[:2]):
         if case not in value_cache:
             value_cache.clear()
             value_cache[case] = make_value(case, device=device)
         value = value_cache[case]
         rows: List[Tuple[Record, Optional[_ToTime]]] = []
-        for _, _, backend in group:
+        for _, _, backend in entries:
             rec, row = _base_record(case, target, backend, case.shape, ctx), None
             host = hosts.get((case, target, backend))
             try:
@@ -754,19 +754,19 @@ def run(opts: Options) -> List[Record]:
             except Exception as exc:
                 rec = rec.replace(status=_error(exc))
             rows.append((rec, row))
-        timed = _Group(case, target, rows, [row for _, row in rows if row is not None], [], [])
-        _sample_group(timed, device, per_pass)
+        group = _Group(case, target, rows, [row for _, row in rows if row is not None], [], [])
+        _sample_group(group, device, per_pass)
         if opts.rounds == 1:
-            finish(timed)
+            finish(group)
         else:  # timed again in the later passes: its rows (and the value) kept until then
-            groups.append(timed)
+            groups.append(group)
     for k in range(1, opts.rounds):
         if opts.progress:
             opts.progress.write(f"timing pass {k + 1} of {opts.rounds}\n")
-        for timed in groups:
-            _sample_group(timed, device, per_pass)
-    for timed in groups:
-        finish(timed)
+        for group in groups:
+            _sample_group(group, device, per_pass)
+    for group in groups:
+        finish(group)
 
     # 2b. --split: each measured row's device work, profiled once every row is
     # timed (``with_split``: a CUDA profiler would slow the rows timed after it)
