@@ -358,9 +358,9 @@ class _Progress:
 def _measured(prepared, device: str, opts: Options, peak_bytes: Optional[int] = None,
               peak_method: Optional[str] = None, timed: Optional[Tuple[float, int, float]] = None,
               timer: str = "") -> Timing:
-    """The timing of ``prepared``: ``timed`` (``time_interleaved``'s figures
-    for it, taken with ``timer``: how) or, without, ``time_calls``' of it
-    alone; the peak is CUDA's on a GPU, else the one given. The device work
+    """The timing of ``prepared``: ``timed`` (the median, count and fastest
+    of its timed calls, taken with ``timer``: how) or, without, ``time_calls``'
+    of it alone; the peak is CUDA's on a GPU, else the one given. The device work
     (``--split``) is not taken here: ``run`` profiles every row after the last
     one is timed (``with_split``)."""
     median, reps, fastest = timed if timed is not None else time_calls(prepared, device, opts)
