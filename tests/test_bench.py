@@ -1211,6 +1211,10 @@ def test_passes_share_the_calls_and_limits_and_refuse_no_rounds():
     assert (each.min_reps, each.max_reps, each.min_time_s, each.max_time_s) == (2, 10, pytest.approx(0.1),
                                                                                 pytest.approx(1.0))
     assert runner.passes(dataclasses.replace(opts, rounds=1)).max_reps == 30
+    few = runner.passes(Options(min_reps=3, max_reps=5, rounds=3))  # --reps 5: at most 5 calls in all
+    assert (few.min_reps, few.max_reps) == (1, 1)
+    two = runner.passes(Options(min_reps=3, max_reps=5, rounds=2))
+    assert (two.min_reps, two.max_reps) == (2, 2)
     with pytest.raises(ValueError, match="rounds must be at least 1"):
         runner.passes(dataclasses.replace(opts, rounds=0))
     from obskernels.bench.__main__ import parse_args

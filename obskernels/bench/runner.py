@@ -402,8 +402,8 @@ class _ToTime(NamedTuple):
 
 def passes(opts: Options) -> Options:
     """``opts`` for one of ``opts.rounds`` passes over the run: each pass
-    times every row for its share of the calls and of the time limits (at
-    least one call). One pass after another, a row's calls are spread over
+    times every row for its share of the calls (at least one call, and no
+    more in all than ``max_reps``) and of the time limits. One pass after another, a row's calls are spread over
     the whole run: a burst of other work on the host (seconds, where a
     case's rows are timed in a fraction of one) slows one pass of a row
     rather than all of its calls."""
@@ -412,7 +412,8 @@ def passes(opts: Options) -> Options:
         raise ValueError(f"rounds must be at least 1 (got {r})")
     if r == 1:
         return opts
-    return dataclasses.replace(opts, min_reps=-(-opts.min_reps // r), max_reps=-(-opts.max_reps // r),
+    most = max(1, opts.max_reps // r)
+    return dataclasses.replace(opts, min_reps=min(-(-opts.min_reps // r), most), max_reps=most,
                                min_time_s=opts.min_time_s / r, max_time_s=opts.max_time_s / r)
 
 
