@@ -66,7 +66,8 @@ class _Launcher:
     def __call__(self, gx, gy, gz, stream, function, packed_metadata, launch_metadata,
                  enter_hook, exit_hook, *args):
         t0 = time.perf_counter()
-        self.driver.sink.append((self.name, (gx, gy, gz), stream, function, args))
+        self.driver.sink.append((self.name, (gx, gy, gz), stream, function, args,
+                                 (packed_metadata, launch_metadata, enter_hook, exit_hook)))
         zero_integers(args)
         self.driver.spent += time.perf_counter() - t0
 
@@ -88,14 +89,16 @@ class _Utils:
 class RecordingDriver:
     """A Triton driver for an sm_90 target with no GPU behind it: kernels
     compile, and each launch is recorded into ``sink`` as (kernel name,
-    grid, stream, function handle, the launcher's arguments) instead of
-    running (``spent``: the seconds that took). ``device``: what
-    ``get_current_device()`` answers."""
+    grid, stream, function handle, the kernel's arguments, (packed
+    metadata, launch metadata, enter hook, exit hook)) instead of running
+    (``spent``: the seconds that took). ``device`` and ``stream``: what
+    ``get_current_device()`` and ``get_current_stream()`` answer."""
 
     def __init__(self):
         self.sink: list = []
         self.spent = 0.0
         self.device = 0
+        self.stream = 0
         self.utils = _Utils()
 
     def launcher_cls(self, src, metadata):
@@ -110,7 +113,7 @@ class RecordingDriver:
         return self.device
 
     def get_current_stream(self, device):
-        return 0
+        return self.stream
 
     def get_active_torch_device(self):
         import torch

@@ -52,13 +52,23 @@ def _launch_of(recorder, runs, call):
     return path, records[-1] if records else None
 
 
+def _metadata(m):
+    """A launch's metadata as a hook would read it (None without an enter hook)."""
+    return None if m is None else (type(m).__name__, m.data, len(m.extras))
+
+
 def _same(a, b) -> dict:
-    """Facts about two launcher records (name, grid, stream, function, args)."""
+    """Facts about two launcher records (name, grid, stream, function, args,
+    (packed metadata, launch metadata, enter hook, exit hook))."""
     if isinstance(a, str) or isinstance(b, str) or a is None or b is None:
         return {"errors": [a if isinstance(a, str) else None, b if isinstance(b, str) else None],
-                "same_function": False, "same_args": False, "same_grid": False}
+                "same_function": False, "same_args": False, "same_grid": False, "same_launch": False}
+    (packed_a, meta_a, *hooks_a), (packed_b, meta_b, *hooks_b) = a[5], b[5]
     return {"errors": [None, None], "same_function": a[3] == b[3], "same_grid": a[1] == b[1],
-            "same_args": len(a[4]) == len(b[4]) and all(x is y for x, y in zip(a[4], b[4]))}
+            "same_args": len(a[4]) == len(b[4]) and all(x is y for x, y in zip(a[4], b[4])),
+            # the stream, the packed metadata, the hooks and what they are handed
+            "same_launch": (a[2] == b[2] and packed_a is packed_b and _metadata(meta_a) == _metadata(meta_b)
+                            and all(x is y for x, y in zip(hooks_a, hooks_b)))}
 
 
 def probe_cases(recorder, runs) -> list:
@@ -142,6 +152,19 @@ def probe_cases(recorder, runs) -> list:
     run_case("another device", setup=lambda: set_device(1), teardown=lambda: set_device(0))
     run_case("Triton debug knob", setup=lambda: setattr(triton.knobs.runtime, "debug", True),
              teardown=lambda: setattr(triton.knobs.runtime, "debug", False))
+
+    def hooks(enter, exit_):
+        triton.knobs.runtime.launch_enter_hook, triton.knobs.runtime.launch_exit_hook = enter, exit_
+
+    # launch hooks of one's own, and none (the default is triton's: none in
+    # 3.6, an empty chain in 3.9): the replay hands them what Triton's launch
+    # does, the launch metadata too
+    default = triton.knobs.runtime.launch_enter_hook, triton.knobs.runtime.launch_exit_hook
+    run_case("launch hooks", setup=lambda: hooks(lambda m: None, lambda m: None),
+             teardown=lambda: hooks(*default))
+    run_case("no launch hooks", setup=lambda: hooks(None, None), teardown=lambda: hooks(*default))
+    run_case("a stream of its own", setup=lambda: setattr(recorder, "stream", 7),
+             teardown=lambda: setattr(recorder, "stream", 0))
     hook = lambda *a, **k: None  # noqa: E731
     run_case("a pre-run hook", setup=lambda: _probe.pre_run_hooks.append(hook),
              teardown=lambda: _probe.pre_run_hooks.remove(hook))

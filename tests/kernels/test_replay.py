@@ -52,6 +52,9 @@ EXPECTED_PATHS = {
     "launch option changes": "triton",
     "another device": "triton",
     "Triton debug knob": "triton",
+    "launch hooks": "replay",  # handed what Triton's launch hands them
+    "no launch hooks": "replay",
+    "a stream of its own": "replay",
     "a pre-run hook": "triton",
     "replays off": "triton",
     "a global rebound": "triton",
@@ -82,7 +85,7 @@ def test_a_replay_launches_what_triton_launches_and_only_where_it_would(python):
             assert all(e and e.startswith("RuntimeError: Global variable _OFFSET") for e in row["errors"]), row
             continue
         assert row["errors"] == [None, None], f"{case}: {row['errors']}"
-        assert row["same_function"] and row["same_grid"] and row["same_args"], \
+        assert row["same_function"] and row["same_grid"] and row["same_args"] and row["same_launch"], \
             f"{case}: the replay's launch differs from Triton's: {row}"
 
 
@@ -104,7 +107,8 @@ def test_every_repeated_observer_launch_is_replayed_as_triton_launches_it(python
         assert row["triton_runs"] == 0, f"{case}: {row['triton_runs']} launches took Triton's path"
         assert len(row["replays"]) == row["launches"], case
         for rep in row["replays"]:
-            assert rep["same_function"] and rep["same_grid"] and rep["same_args"], f"{case}: {rep}"
+            assert rep["same_function"] and rep["same_grid"] and rep["same_args"] and rep["same_launch"], \
+                f"{case}: {rep}"
 
 
 def test_launch_proxy_cli_json_rows():
