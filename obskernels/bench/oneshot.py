@@ -21,8 +21,9 @@ median of the next ``--reps`` calls (after both modes' first calls, the
 modes alternating), and the first call in a fresh process (a child running
 one call: what a user's next session pays, kernels from triton's disk
 cache), the median of ``--fresh-reps`` such processes per mode, the modes
-taking turns (plain, drop-in, drop-in, plain, ...). Also: how many of the qparam tensors (scales, zero
-points, global scales) the two modes produce bit-identically.
+taking turns (plain, drop-in, drop-in, plain, ...). Also: how many of the
+qparam tensors (scales, zero points, global scales) the two modes produce
+bit-identically.
 ``--profile-fresh``: one more fresh process per (scheme, mode), its call
 profiled (cProfile), summarised by part -- Triton's key, its compiles and
 launch front end, the GPU module loads, the kernels' import -- and by
