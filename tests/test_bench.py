@@ -660,7 +660,7 @@ DOCUMENTED_OPTIONAL = (
     "aten_ops triton_launches syncs triton_unique_bytes atomics op_names "
     "triton_programs_at_counted_shape sass_kernel issue_efficiency model_gpu_s model_host_s model_before_s "
     "model_after_s model_sync_s host_units host_method search_steps flops_per_element_step device_s device_ops "
-    "device_method"
+    "device_method measured_pass_s"
 ).split()
 
 
@@ -1193,6 +1193,7 @@ def test_rounds_spread_each_rows_calls_over_passes_of_the_whole_run(monkeypatch)
     by_case = {r.case.label.split()[0]: r.timing for r in records}
     assert by_case["w16x256"].measured_s == pytest.approx(0.100)  # the noise took all of A's calls
     assert by_case["w32x256"].measured_s == pytest.approx(0.010)
+    assert all(r.timing.measured_pass_s is None for r in records)  # one pass: nothing per pass
 
     records, order = _burst_run(monkeypatch, rounds=3)
     assert order == "AA" + "A" * 4 + "BB" + "B" * 4 + "CC" + "C" * 4 + ("A" * 4 + "B" * 4 + "C" * 4) * 2
@@ -1201,6 +1202,13 @@ def test_rounds_spread_each_rows_calls_over_passes_of_the_whole_run(monkeypatch)
         assert r.timing.measured_reps == 6 and r.timing.measured_s == pytest.approx(0.010), r
         assert r.timing.measured_min_s == pytest.approx(0.010)
         assert r.timing.timer.endswith(", in turns with the case's other backends, 3 passes over the run")
+    # each pass's median: the noise in A's and B's first pass, none after it
+    passes = {r.case.label.split()[0]: r.timing.measured_pass_s for r in records if r.backend == "reference"}
+    assert passes["w16x256"] == pytest.approx((0.100, 0.010, 0.010))
+    assert passes["w32x256"] == pytest.approx((0.100, 0.010, 0.010))
+    assert passes["w48x256"][1:] == pytest.approx((0.010, 0.010))
+    again = records[0].from_dict(json.loads(json.dumps(records[0].to_dict())))
+    assert again.timing.measured_pass_s == records[0].timing.measured_pass_s
 
 
 def test_passes_share_the_calls_and_limits_and_refuse_no_rounds():

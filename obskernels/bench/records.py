@@ -55,6 +55,8 @@ class Timing:
     measured_s: Optional[float] = None  # median
     measured_reps: Optional[int] = None
     measured_min_s: Optional[float] = None
+    # with more than one pass over the run (``--rounds``): the median of each pass's calls
+    measured_pass_s: Optional[Tuple[float, ...]] = None
     timer: Optional[str] = None
     throughput_gbs: Optional[float] = None  # compulsory bytes / measured_s
     peak_bytes: Optional[int] = None
@@ -164,7 +166,7 @@ class Record:
                     raise ValueError(f"record lacks the key {key!r}")
                 continue
             value = d[key]
-            if key in ("shape", "full_shape"):
+            if key in ("shape", "full_shape", "measured_pass_s"):
                 value = tuple(value)
             (groups[group] if group else top)[attr] = value
         return cls(**top, **{g: _GROUPS[g](**kw) for g, kw in groups.items()})
@@ -237,6 +239,7 @@ JSON_KEYS: Tuple[Tuple[str, str, str, bool], ...] = (
     ("model_sync_s", "model", "sync_s", False),
     ("search_steps", "traffic", "search_steps", False),
     ("flops_per_element_step", "traffic", "flops_per_element_step", False),
+    ("measured_pass_s", "timing", "measured_pass_s", False),
     ("device_s", "timing", "device_s", False),
     ("device_ops", "timing", "device_ops", False),
     ("device_method", "timing", "device_method", False),

@@ -421,7 +421,8 @@ class _Group(NamedTuple):
     """One case and target's rows (one per backend, ``(record, row to time
     or None)``) and, per row to time, the seconds of its calls so far or the
     exception that stopped it; ``alone``: per pass so far, whether it timed
-    them one by one (taking turns failed)."""
+    them one by one (taking turns failed); ``passes``: per row to time, the
+    median of each pass's calls."""
 
     case: Case
     target: Target
@@ -429,6 +430,7 @@ class _Group(NamedTuple):
     timed: List[_ToTime]
     samples: List[object]
     alone: List[bool]
+    passes: List[List[float]]  # per row to time, the median of each pass's calls
 
 
 def _sample_rows(rows: List[_ToTime], device: str, opts: Options) -> Tuple[List[object], bool]:
@@ -456,9 +458,13 @@ def _sample_group(group: _Group, device: str, opts: Options) -> None:
     more, alone = _sample_rows(group.timed, device, opts)
     if not group.samples:
         group.samples.extend(more)
+        group.passes.extend([] for _ in more)
     else:
         group.samples[:] = [old if isinstance(old, Exception) else new if isinstance(new, Exception)
                             else old + new for old, new in zip(group.samples, more)]
+    for medians, new in zip(group.passes, more):
+        if not isinstance(new, Exception):
+            medians.append(statistics.median(new))
     group.alone.append(alone)
 
 
@@ -469,15 +475,17 @@ def _timings(group: _Group, device: str, opts: Options) -> List[object]:
     if opts.rounds > 1:
         timer += f", {opts.rounds} passes over the run"
     out: List[object] = []
-    for row, samples in zip(group.timed, group.samples):
+    for row, samples, medians in zip(group.timed, group.samples, group.passes):
         if isinstance(samples, Exception):
             out.append(samples)
             continue
         try:
-            out.append(_measured(row.prepared, device, opts, row.peak_bytes, row.peak_method, _stats(samples),
-                                 timer))
+            timing = _measured(row.prepared, device, opts, row.peak_bytes, row.peak_method, _stats(samples),
+                               timer)
         except Exception as exc:
             out.append(exc)
+            continue
+        out.append(dataclasses.replace(timing, measured_pass_s=tuple(medians)) if opts.rounds > 1 else timing)
     return out
 
 
@@ -755,7 +763,7 @@ def run(opts: Options) -> List[Record]:
             except Exception as exc:
                 rec = rec.replace(status=_error(exc))
             rows.append((rec, row))
-        group = _Group(case, target, rows, [row for _, row in rows if row is not None], [], [])
+        group = _Group(case, target, rows, [row for _, row in rows if row is not None], [], [], [])
         _sample_group(group, device, per_pass)
         if opts.rounds == 1:
             finish(group)
