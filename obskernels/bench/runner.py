@@ -403,10 +403,10 @@ class _ToTime(NamedTuple):
 def passes(opts: Options) -> Options:
     """``opts`` for one of ``opts.rounds`` passes over the run: each pass
     times every row for its share of the calls (at least one call, and no
-    more in all than ``max_reps``) and of the time limits. One pass after another, a row's calls are spread over
-    the whole run: a burst of other work on the host (seconds, where a
-    case's rows are timed in a fraction of one) slows one pass of a row
-    rather than all of its calls."""
+    more in all than ``max_reps``) and of the time limits. One pass after
+    another, a row's calls are spread over the whole run: a burst of other
+    work on the host (seconds, where a case's rows are timed in a fraction
+    of one) slows one pass of a row rather than all of its calls."""
     r = opts.rounds
     if r < 1:
         raise ValueError(f"rounds must be at least 1 (got {r})")
@@ -419,10 +419,9 @@ def passes(opts: Options) -> Options:
 
 class _Group(NamedTuple):
     """One case and target's rows (one per backend, ``(record, row to time
-    or None)``) and, per row to time, the seconds of its calls so far or the
-    exception that stopped it; ``alone``: per pass so far, whether it timed
-    them one by one (taking turns failed); ``passes``: per row to time, the
-    median of each pass's calls."""
+    or None)``) and, per row to time, the seconds of its calls in each pass
+    so far (a list per pass) or the exception that stopped it; ``alone``:
+    per pass so far, whether it timed them one by one (taking turns failed)."""
 
     case: Case
     target: Target
@@ -430,7 +429,6 @@ class _Group(NamedTuple):
     timed: List[_ToTime]
     samples: List[object]
     alone: List[bool]
-    passes: List[List[float]]  # per row to time, the median of each pass's calls
 
 
 def _sample_rows(rows: List[_ToTime], device: str, opts: Options) -> Tuple[List[object], bool]:
@@ -451,41 +449,36 @@ def _sample_rows(rows: List[_ToTime], device: str, opts: Options) -> Tuple[List[
 
 
 def _sample_group(group: _Group, device: str, opts: Options) -> None:
-    """One more pass over ``group``'s rows, its calls added to the earlier
+    """One more pass over ``group``'s rows, its calls kept beside the earlier
     passes' (a row that failed in any pass keeps its exception)."""
     if not group.timed:
         return
     more, alone = _sample_rows(group.timed, device, opts)
-    if not group.samples:
-        group.samples.extend(more)
-        group.passes.extend([] for _ in more)
-    else:
-        group.samples[:] = [old if isinstance(old, Exception) else new if isinstance(new, Exception)
-                            else old + new for old, new in zip(group.samples, more)]
-    for medians, new in zip(group.passes, more):
-        if not isinstance(new, Exception):
-            medians.append(statistics.median(new))
+    group.samples[:] = [old if isinstance(old, Exception) else new if isinstance(new, Exception)
+                        else old + [new] for old, new in zip(group.samples, more)]
     group.alone.append(alone)
 
 
 def _timings(group: _Group, device: str, opts: Options) -> List[object]:
     """The ``Timing`` of each row of ``group`` to time, from its calls of
-    every pass (their median, count and fastest), or its exception."""
+    every pass (their median, count and fastest; with more than one pass,
+    each pass's median too), or its exception."""
     timer = ", in turns with the case's other backends" if len(group.timed) > 1 and not any(group.alone) else ""
     if opts.rounds > 1:
         timer += f", {opts.rounds} passes over the run"
     out: List[object] = []
-    for row, samples, medians in zip(group.timed, group.samples, group.passes):
-        if isinstance(samples, Exception):
-            out.append(samples)
+    for row, per_pass in zip(group.timed, group.samples):
+        if isinstance(per_pass, Exception):
+            out.append(per_pass)
             continue
         try:
-            timing = _measured(row.prepared, device, opts, row.peak_bytes, row.peak_method, _stats(samples),
-                               timer)
+            timing = _measured(row.prepared, device, opts, row.peak_bytes, row.peak_method,
+                               _stats([t for calls in per_pass for t in calls]), timer)
         except Exception as exc:
             out.append(exc)
             continue
-        out.append(dataclasses.replace(timing, measured_pass_s=tuple(medians)) if opts.rounds > 1 else timing)
+        out.append(dataclasses.replace(timing, measured_pass_s=tuple(map(statistics.median, per_pass)))
+                   if opts.rounds > 1 else timing)
     return out
 
 
@@ -763,7 +756,8 @@ def run(opts: Options) -> List[Record]:
             except Exception as exc:
                 rec = rec.replace(status=_error(exc))
             rows.append((rec, row))
-        group = _Group(case, target, rows, [row for _, row in rows if row is not None], [], [], [])
+        timed = [row for _, row in rows if row is not None]
+        group = _Group(case, target, rows, timed, [[] for _ in timed], [])
         _sample_group(group, device, per_pass)
         if opts.rounds == 1:
             finish(group)
