@@ -1231,7 +1231,7 @@ def test_passes_share_the_calls_and_limits_and_refuse_no_rounds():
         parse_args(["--rounds", "0"])
 
 
-def _two_backend_run(monkeypatch, fail_b_at=None, split=False, more_cases=(), log=None):
+def _two_backend_run(monkeypatch, fail_b_at=None, split=False, more_cases=(), log=None, rounds=1):
     """``run`` over one case and one op with two backends faked: 'reference'
     calls of 10 ms, 'llmc-eager' of 30 ms (raising from its call number
     ``fail_b_at`` on); returns the records by backend and the order of the calls.
@@ -1259,7 +1259,7 @@ def _two_backend_run(monkeypatch, fail_b_at=None, split=False, more_cases=(), lo
     case = bench_cases.Case("weight", (16, 256), "bf16", "int4-group128", (4096, 4096))
     opts = Options(mode="tiny", ops=("min_max",), observers=(), backends=("reference", "llmc-eager"),
                    cases=[case, *more_cases], min_reps=2, max_reps=4, min_time_s=0.05, warmup_s=0.0,
-                   model=False, split=split, progress=None)
+                   model=False, split=split, progress=None, rounds=rounds)
     if more_cases:
         return run(opts), order
     records = {r.backend: r for r in run(opts) if r.scope == "run"}
@@ -1284,6 +1284,21 @@ def test_a_row_that_fails_in_turns_leaves_the_others_timed_alone(monkeypatch):
     assert ref.status == "measured" and ref.timing.measured_reps == 4
     assert ref.timing.timer == "wall, synchronised, median (cpu)"  # alone
     assert llmc.status == "error: RuntimeError: the call broke" and llmc.timing.measured_s is None
+
+
+def test_a_row_that_fails_in_a_later_pass_keeps_its_error_and_the_others_their_calls(monkeypatch):
+    """--rounds 2: a row that fails in the second pass is an error, as in
+    one pass; the other row keeps its calls of both passes, the second
+    timed alone."""
+    records, order = _two_backend_run(monkeypatch, fail_b_at=3, rounds=2)
+    # warm-ups; pass 1 in turns (1-2 calls a row); pass 2 in turns until the
+    # failure, then each row alone
+    assert order == "rl" + "rlr" + "rl" + "rr" + "l"
+    ref, llmc = records["reference"], records["llmc-eager"]
+    assert llmc.status == "error: RuntimeError: the call broke" and llmc.timing.measured_s is None
+    assert ref.status == "measured" and ref.timing.measured_reps == 4
+    assert ref.timing.measured_s == pytest.approx(0.010) and len(ref.timing.measured_pass_s) == 2
+    assert ref.timing.timer == "wall, synchronised, median (cpu), 2 passes over the run"  # alone in one
 
 
 def test_the_sm90a_compiles_run_beside_the_counts_and_end_before_the_host_is_timed(monkeypatch):
