@@ -8,16 +8,18 @@ flattened, padded, permuted or upcast copy is made. A group holding a NaN
 gives NaN for both, as torch.amin / amax do. Results are exact (a min is one
 of its inputs), so they equal the reference bit for bit.
 
-Launches: one, or two when the rows of a group tile are split across
-programs to fill a GPU (a whole-tensor reduction): the first writes one
-partial min/max per (split, group), the second reduces the partials. A
-caller that repeats a split call in place and keeps scratch for it, zeroed
-tickets and the partials (``ops.Repeat``: an observer's forward), makes one: the last program of each
-block to arrive reduces the block's partials (``_finish_tile``).
-``min_max_qparams`` makes one launch, split or not: its qparams come from the
-streaming kernel's epilogue, and with a split the last program of each block
-to arrive (a ticket) reduces the block's partials and computes them in the
-same launch (TENSOR_GROUP: the launch giving the statistics writes one
+Launches: one. Where the rows of a group tile are split across programs to
+fill a GPU (a whole-tensor reduction), each program writes one partial
+min/max per group of its block and the last program of the block to arrive
+(a ticket: an atomic counter, zero at launch and put back to zero) reduces
+the block's partials (``_finish_tile``), runs the epilogue and, for
+``min_max_qparams``, computes the qparams. The tickets and the partials are
+the caller's where it keeps them for a call it repeats in place
+(``ops.Repeat``: an observer's forward), else fresh copies of a zeroed
+template (obskernels.spec.record's pool on CUDA: no launch per call) and
+new allocations. ``min_max_qparams`` makes one launch, split or not: its
+qparams come from the streaming kernel's epilogue, or its finishing
+program's (TENSOR_GROUP: the launch giving the statistics writes one
 partial absolute maximum per program, with a split per block by its last
 program, and the qparams kernel reduces them into the global scale).
 ``prepare`` makes the launch of a call's signature once (obskernels.ops
@@ -59,12 +61,9 @@ from obskernels.kernels._layout import (
 )
 from obskernels.kernels.launch import (
     UNFUSED,
-    cdiv,
     config_token,
     current_config,
-    finish_blocks,
     min_max_tile,
-    num_warps_for,
 )
 from obskernels.kernels import stats as ST
 from obskernels.kernels._replay import Replay
@@ -78,7 +77,7 @@ from obskernels.kernels.qparams import (
 from obskernels.kernels.quant import DTYPE_CODE
 from obskernels.spec.calls import MinMaxCall, MinMaxQParamsCall
 from obskernels.spec.layout import Strategy
-from obskernels.spec.record import STATUS_INIT
+from obskernels.spec.record import STATUS_INIT, fresh_copy
 
 __all__ = ["min_max", "prepare", "min_max_qparams", "prepare_qparams"]
 
@@ -227,12 +226,12 @@ def _finish_tile(pmin_ptr, pmax_ptr, min_ptr, max_ptr, held_min_ptr, held_max_pt
     """A split reduction finished in its own launch: the last of block
     (program_id(0))'s programs to arrive -- a ticket, an atomic counter at
     ``ticket_ptr + block``, zero at launch -- reduces the block's partials
-    over every split (as ``_min_max_finish_kernel``), stores the groups'
-    (min, max) through the MODE epilogue (combined with the held statistics)
-    and, with QP, their qparams and the status's non-finite-scale flag (ABSMAX: the
-    block's absolute maximum to absmax_ptr[block]), and puts the ticket back
-    to zero (ready for the next launch; a status holding it then
-    reads as one the finish pass would give). The partials' stores come
+    over every split, stores the groups' (min, max) through the MODE
+    epilogue (combined with the held statistics) and, with QP, their
+    qparams and the status's non-finite-scale flag (ABSMAX: the block's
+    absolute maximum to absmax_ptr[block]), and puts the ticket back to zero
+    (ready for the next launch; a status holding it then reads as a fresh
+    one's tail). The partials' stores come
     before the ticket (a barrier; the atomic releases them) and are read
     after it (it acquires them); which program arrives last changes nothing
     it computes."""
@@ -391,35 +390,6 @@ def _min_max_kernel(
         _store_absmax(absmax_ptr, tl.program_id(0), absmax)
 
 
-@triton.jit(do_not_specialize=["Q", "SPLIT"])
-def _min_max_finish_kernel(
-    pmin_ptr, pmax_ptr, min_ptr, max_ptr, Q, SPLIT,
-    held_min_ptr, held_max_ptr, avg_a, avg_c,
-    BLOCK_Q: tl.constexpr, BLOCK_S: tl.constexpr,
-    MODE: tl.constexpr, DTYPE: tl.constexpr, BITS16: tl.constexpr,
-):
-    """min_vals[q] = min over s of pmin[s, q] (NaN if any partial is NaN); max alike.
-    One program reduces BLOCK_Q groups over all SPLIT partials; the MODE
-    epilogue as in _min_max_kernel."""
-    q = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)[None, :]
-    lo = tl.full([BLOCK_S, BLOCK_Q], float("inf"), tl.float32)
-    hi = tl.full([BLOCK_S, BLOCK_Q], float("-inf"), tl.float32)
-    for s0 in range(0, SPLIT, BLOCK_S):
-        s = s0 + tl.arange(0, BLOCK_S)[:, None]
-        ok = (s < SPLIT) & (q < Q)
-        offs = s.to(tl.int64) * Q + q
-        lo = tl.minimum(lo, widen(tl.load(pmin_ptr + offs, mask=ok, other=float("inf"))),
-                        propagate_nan=tl.PropagateNan.ALL)
-        hi = tl.maximum(hi, widen(tl.load(pmax_ptr + offs, mask=ok, other=float("-inf"))),
-                        propagate_nan=tl.PropagateNan.ALL)
-    has_nan = tl.max((lo != lo).to(tl.int32), axis=0) > 0
-    lo_q = tl.where(has_nan, float("nan"), tl.min(lo, axis=0))
-    hi_q = tl.where(has_nan, float("nan"), tl.max(hi, axis=0))
-    qq = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
-    _epilogue(min_ptr, max_ptr, qq, lo_q, hi_q, qq, qq < Q, held_min_ptr, held_max_ptr,
-              avg_a, avg_c, MODE, DTYPE, BITS16)
-
-
 def min_max(call: MinMaxCall):
     """(min_vals, max_vals) per group, shaped like the qparams, in value's dtype.
 
@@ -477,18 +447,14 @@ def prepare(call: MinMaxCall, qparams: bool = False, widen: bool = True):
     held_contiguous = call.held is None or (call.held[0].is_contiguous()
                                             and call.held[1].is_contiguous())
     if split > 1:
-        FQ, FS = finish_blocks(Q, split, config)
-        finish = dict(BLOCK_Q=FQ, BLOCK_S=FS, **epilogue,
-                      num_warps=num_warps_for(FQ * FS))  # 4 warps at 4096 lanes: 155 registers
-        finish_grid = (cdiv(Q, FQ),)
-        # with a caller's tickets: one launch, its last programs finishing
-        one_launch = dict(first, **epilogue, FINISH=True, BLOCK_S=finish_lanes(first))
+        # one launch: the last program of each block to arrive (a ticket,
+        # zero at launch and put back to zero) finishes the block's split
+        first = dict(first, **epilogue, FINISH=True, BLOCK_S=finish_lanes(first))
+        # the tickets of a call whose caller keeps none (see ``new_scratch``)
+        no_tickets = torch.zeros(grid[0], dtype=torch.int64, device=dev)
 
-    # a launch site each, its constexprs and options bound (kernels/_replay.py)
-    main_k = Replay(globals(), "_min_max_kernel", grid, **first)
-    if split > 1:
-        ticketed_k = Replay(globals(), "_min_max_kernel", grid, **one_launch)
-        finish_k = Replay(globals(), "_min_max_finish_kernel", finish_grid, **finish)
+    # the launch site, its constexprs and options bound (kernels/_replay.py)
+    kernel = Replay(globals(), "_min_max_kernel", grid, **first)
 
     def launch(call: MinMaxCall, scratch=None):
         if config_token() is not token:  # a launch_config block changed the policy
@@ -504,27 +470,23 @@ def prepare(call: MinMaxCall, qparams: bool = False, widen: bool = True):
             held_min, held_max = held  # read at the groups' flat index
             if not held_contiguous:  # (strides are the signature's)
                 held_min, held_max = held_min.contiguous(), held_max.contiguous()
-        if split == 1:
-            pmin, pmax = mins, maxs
-        elif scratch is None:
-            pmin, pmax = new_parts(), new_parts()
-        else:
-            tickets, pmin, pmax = scratch
         with context():
-            if scratch is not None and split > 1:
-                ticketed_k(
-                    value, perm if perm is not None else value, pmin, pmax, *layout_args,
-                    held_min, held_max, status if status is not None else pmin, avg_a, avg_c,
-                    call.observation, fin_min_ptr=mins, fin_max_ptr=maxs, tickets_ptr=tickets,
+            if split == 1:
+                kernel(
+                    value, perm if perm is not None else value,  # perm: unread unless GATHER
+                    mins, maxs, *layout_args, held_min, held_max,
+                    status if status is not None else mins, avg_a, avg_c, call.observation,
                 )
                 return mins, maxs
-            main_k(
-                value, perm if perm is not None else value,  # perm: unread unless GATHER
-                pmin, pmax, *layout_args, held_min, held_max,
-                status if status is not None else pmin, avg_a, avg_c, call.observation,
+            if scratch is None:
+                tickets, pmin, pmax = fresh_copy(no_tickets), new_parts(), new_parts()
+            else:
+                tickets, pmin, pmax = scratch
+            kernel(
+                value, perm if perm is not None else value, pmin, pmax, *layout_args,
+                held_min, held_max, status if status is not None else pmin, avg_a, avg_c,
+                call.observation, fin_min_ptr=mins, fin_max_ptr=maxs, tickets_ptr=tickets,
             )
-            if split > 1:
-                finish_k(pmin, pmax, mins, maxs, Q, split, held_min, held_max, avg_a, avg_c)
         return mins, maxs
 
     # a caller that repeats this call in place (ops.Repeat) keeps scratch for

@@ -272,24 +272,32 @@ def test_the_sign_of_a_zero_constant_is_part_of_the_signature():
             assert torch.equal(torch.signbit(got[0]), torch.signbit(want[0])), c
 
 
-def test_a_launch_config_block_is_honoured_by_a_kept_plan(pin_launch):
+def test_a_launch_config_block_is_honoured_by_a_kept_plan(pin_launch, monkeypatch):
     """A plan prepared under the default launch configuration does not
     launch under another one: the call re-derives its choices (here the
-    min/max split: two launches instead of one)."""
-    from obskernels.bench.traffic import count_traffic
+    min/max split: the rows shared out over 4 programs instead of one)."""
+    import importlib
 
+    from helpers import RecordingKernel
+
+    min_max_module = importlib.import_module("obskernels.kernels.min_max")
+    sink = []
+    monkeypatch.setattr(min_max_module, "_min_max_kernel",
+                        RecordingKernel(min_max_module._min_max_kernel, sink))
     args = QuantizationArgs(num_bits=8, strategy="tensor")
     # rows that do not merge into one (a contiguous value is one row, which
     # no split can share out)
     value = torch.randn(64, 1024)[:, :512]
     with use_backend("triton"):
-        ops.min_max(value, "input", args)  # kept: one launch
-        with count_traffic("cpu", triton=True) as plain:
-            ops.min_max(value, "input", args)
+        ops.min_max(value, "input", args)  # kept
+        sink.clear()
+        ops.min_max(value, "input", args)
+        plain = [launch[1] for launch in sink]
         pin_launch("min_max", split=4, min_elems_per_program=1)
-        with count_traffic("cpu", triton=True) as split:
-            got = ops.min_max(value, "input", args)
-    assert (plain.triton_launches, split.triton_launches) == (1, 2)
+        sink.clear()
+        got = ops.min_max(value, "input", args)
+        split = [launch[1] for launch in sink]
+    assert [grid[1] for grid in plain + split] == [1, 4], (plain, split)
     _same(got, _reference_min_max(value, "input", args), "split")
 
 
@@ -674,12 +682,13 @@ def test_a_refused_first_activation_stays_reported_after_later_observations(
 def test_a_repeated_whole_tensor_forward_is_one_launch_its_last_programs_finishing(
         name, policy, device, pin_launch, monkeypatch):
     """An activation observer's forward repeated in place over a whole tensor
-    (a reduction split across programs): from its second combining forward
-    on (``ops.Repeat`` holds the plan and its tickets) ONE launch whose last
-    program of each block finishes the split, where the first makes two;
-    after every forward the statistics are the reference observer's (NaN
-    values among them), and the tickets are back at zero. On CUDA (make
-    gpu-check) the split is forced wide: many programs meet at each ticket."""
+    (a reduction split across programs) is ONE launch whose last program of
+    each block finishes the split: the first combining forward with fresh
+    tickets and partials, from the second on with those ``ops.Repeat`` keeps
+    with the plan; after every forward the statistics are the reference
+    observer's (NaN values among them), and the kept tickets are back at
+    zero. On CUDA (make gpu-check) the split is forced wide: many programs
+    meet at each ticket."""
     import importlib
 
     from helpers import RecordingKernel, assert_same
@@ -692,9 +701,8 @@ def test_a_repeated_whole_tensor_forward_is_one_launch_its_last_programs_finishi
     args = QuantizationArgs(num_bits=8, type="float", strategy="tensor")
     shape = (8, 512, 1024) if cuda else (4, 64, 256)
     sink = []
-    for attr in ("_min_max_kernel", "_min_max_finish_kernel"):
-        monkeypatch.setattr(min_max_module, attr,
-                            RecordingKernel(getattr(min_max_module, attr), sink))
+    monkeypatch.setattr(min_max_module, "_min_max_kernel",
+                        RecordingKernel(min_max_module._min_max_kernel, sink))
     obs = Observer.load_from_registry(name, base_name="input", args=args, nonfinite=policy)
     ref = Observer.load_from_registry(name, base_name="input", args=args, nonfinite="propagate")
     gen = torch.Generator().manual_seed(3)
@@ -709,15 +717,14 @@ def test_a_repeated_whole_tensor_forward_is_one_launch_its_last_programs_finishi
         with use_backend("reference"):
             ref(value)
         names = [launch[0] for launch in sink]
+        assert names == ["_min_max_kernel"], (i, names)
+        assert sink[0][1][1] > 1, "the rows were not split"
+        assert sink[0][3]["FINISH"], (i, sink[0][3])
         if i >= 2:
-            assert names == ["_min_max_kernel"] and sink[0][3]["FINISH"], (i, names)
-            assert sink[0][1][1] > 1, "the rows were not split"
             tickets, pmin, pmax = obs.__dict__["_repeat"].scratch
             assert tickets.tolist() == [0] * tickets.numel()
             # the partials: the observer's scratch, not allocated per forward
             assert sink[0][2][2] is pmin and sink[0][2][3] is pmax
-        elif i == 1:
-            assert names == ["_min_max_kernel", "_min_max_finish_kernel"], names
         assert_same(obs.min_vals, ref.min_vals, f"{name} forward {i}: min_vals")
         assert_same(obs.max_vals, ref.max_vals, f"{name} forward {i}: max_vals")
 
@@ -748,8 +755,8 @@ def test_a_second_observer_of_a_signature_combines_in_one_launch_from_its_first_
             for v in values[:2]:
                 first(v)  # the signature's plans
     sink = []
-    for attr in ("_min_max_kernel", "_min_max_finish_kernel"):
-        monkeypatch.setattr(min_max_module, attr, RecordingKernel(getattr(min_max_module, attr), sink))
+    monkeypatch.setattr(min_max_module, "_min_max_kernel",
+                        RecordingKernel(min_max_module._min_max_kernel, sink))
     for backend in ("triton", "reference"):
         obs = Observer.load_from_registry(name, base_name="input", args=args)
         ref = Observer.load_from_registry(name, base_name="input", args=args)

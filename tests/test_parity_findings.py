@@ -121,7 +121,7 @@ def test_the_reported_subnormal_pair(device):
 @pytest.mark.parametrize("case", range(len(SUBNORMAL_CASES)))
 def test_min_max_of_bf16_subnormals(case, split, pin_launch, device):
     base_name, args, shape = SUBNORMAL_CASES[case]
-    # a tiny tile and a split force the partial + finish pass (bf16 partials)
+    # a tiny tile and a split force the partials and their finish by the last program (bf16 partials)
     pin_launch("min_max", tile=16, split=split)
     x = subnormal_bf16(shape, seed=case, device=device)
     with use_backend("reference"):

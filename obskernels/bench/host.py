@@ -111,7 +111,7 @@ SCENARIOS = (
     Scenario("activation forward", "static_minmax", "input", _FP8_TENSOR, (2, 16, 256), repeat=True),
     Scenario("memoryless_mse call", "memoryless_mse", "weight", _INT4_G128, (256, 256)),
     # large enough that the whole-tensor reduction is split across programs,
-    # as a real activation's is (the finish pass computes the qparams)
+    # as a real activation's is (its last program computes the qparams)
     Scenario("activation call", "static_minmax", "input", _FP8_TENSOR, (4, 64, 256)),
     # measured where llm-compressor is installed (its own environment)
     Scenario("drop-in activation forward", "static_minmax", "input", _FP8_TENSOR, (4, 64, 256),

@@ -117,8 +117,6 @@ _PROGRAM = {
     "_sum_sq_kernel": lambda a, g: (
         _cdiv(min(int(a["tokens_per_split"]), int(a["NT"])), a["BLOCK_T"]),
         min(int(a["tokens_per_split"]), int(a["NT"])) * min(int(a["BLOCK_H"]), int(a["H"]))),
-    "_min_max_finish_kernel": lambda a, g: (
-        _cdiv(a["SPLIT"], a["BLOCK_S"]), min(int(a["BLOCK_Q"]), int(a["Q"])) * int(a["SPLIT"])),
     "_sum_sq_finish_kernel": lambda a, g: (
         _cdiv(a["SPLIT"], a["BLOCK_S"]), min(int(a["BLOCK_H"]), int(a["H"])) * int(a["SPLIT"])),
 }
@@ -278,7 +276,6 @@ def launch_work(launch: Launch) -> float:
         "_minmax_part_kernel": lambda: int(a["chunks_per_split"]),
         "_min_max_kernel": lambda: _cdiv(a["rows_per_split"], a["BLOCK_R"]) * _cdiv(a["geo"].E, a["BLOCK_E"]),
         "_sum_sq_kernel": lambda: _cdiv(a["tokens_per_split"], a["BLOCK_T"]),
-        "_min_max_finish_kernel": lambda: _cdiv(a["SPLIT"], a["BLOCK_S"]),
         "_sum_sq_finish_kernel": lambda: _cdiv(a["SPLIT"], a["BLOCK_S"]),
         "_choose_kernel": lambda: int(a["n_steps"]),
     }.get(attr, lambda: 1)

@@ -103,12 +103,11 @@ def _oracle(value, args, record, base_name="weight", widen=True):
 
 
 def _recorded_launches(monkeypatch) -> list:
-    """The launches of min_max's two kernels and calculate_qparams', recorded
+    """The launches of min_max's kernel and calculate_qparams', recorded
     (name, grid, arguments, keywords) into the list returned; each still runs."""
     qparams_module = importlib.import_module("obskernels.kernels.qparams")
     sink = []
-    for module, attr in ((kernel_module, "_min_max_kernel"), (kernel_module, "_min_max_finish_kernel"),
-                         (qparams_module, "_qparams_kernel")):
+    for module, attr in ((kernel_module, "_min_max_kernel"), (qparams_module, "_qparams_kernel")):
         monkeypatch.setattr(module, attr, RecordingKernel(getattr(module, attr), sink))
     return sink
 

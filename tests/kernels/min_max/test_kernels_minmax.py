@@ -206,8 +206,8 @@ class CountingKernel:
 
 def count_launches(monkeypatch):
     grids = []
-    for name in ("_min_max_kernel", "_min_max_finish_kernel"):
-        monkeypatch.setattr(min_max_module, name, CountingKernel(getattr(min_max_module, name), grids))
+    monkeypatch.setattr(min_max_module, "_min_max_kernel",
+                        CountingKernel(min_max_module._min_max_kernel, grids))
     return grids
 
 
@@ -224,34 +224,38 @@ SPLIT_CASES = [
 @pytest.mark.parametrize("case", SPLIT_CASES, ids=str)
 @pytest.mark.parametrize("split", (1, 3, 64))
 def test_split_reduction_and_small_tiles(case, split, monkeypatch, pin_launch, device):
-    # A tiny tile forces the element and row loops; split > 1 the partial +
-    # finish path a GPU takes for whole-tensor reductions. At most 2 launches.
+    # A tiny tile forces the element and row loops; split > 1 the partials a
+    # GPU takes for whole-tensor reductions, finished by the last program of
+    # each block to arrive (fresh tickets: the caller keeps none). One launch.
     pin_launch("min_max", tile=16, split=split)
     grids = count_launches(monkeypatch)
     value = make_value(case.shape, torch.bfloat16, "sliced", device=device)
     check_min_max(value, case, what=f"{case} split {split}")
-    assert 1 <= len(grids) <= 2, f"{len(grids)} launches"
-    assert (len(grids) == 2) == (split > 1 and grids[0][1] > 1)
+    assert len(grids) == 1, f"{len(grids)} launches"
+    if split == 1 or case.strategy == "tensor":  # (a whole tensor has rows to split)
+        assert (grids[0][1] > 1) == (split > 1), grids
     value[-1, ..., -1] = float("nan")  # one NaN, written through the strided view
     check_min_max(value, case, what=f"{case} split {split} nan")
 
 
-def test_finish_pass_is_one_compiled_variant_for_every_split(monkeypatch, pin_launch, device):
-    """The finish pass's blocks follow its outputs per program, never the
-    split (which follows the tensor's size): whole-tensor reductions of
-    sizes that split 2 to 40 ways launch it with the same constexprs (one
-    compiled variant, loaded once per process on a GPU), each exact."""
+def test_a_split_reduction_is_one_compiled_variant_for_every_split(monkeypatch, pin_launch, device):
+    """The finishing program's lanes over the partials follow the block's
+    groups, never the split (which follows the tensor's size): whole-tensor
+    reductions of sizes that split 2 to 40 ways are one launch each with
+    the same constexprs (one compiled variant, loaded once per process on a
+    GPU), each exact."""
     pin_launch("min_max", tile=64, min_elems_per_program=64, fill_programs=40)
     sink = []
-    monkeypatch.setattr(min_max_module, "_min_max_finish_kernel",
-                        RecordingKernel(min_max_module._min_max_finish_kernel, sink))
+    monkeypatch.setattr(min_max_module, "_min_max_kernel",
+                        RecordingKernel(min_max_module._min_max_kernel, sink))
     splits = set()
     for rows in (3, 9, 21, 40):
         sink.clear()
         check_min_max(make_value((rows, 64), torch.bfloat16, "contiguous", device=device),
                       "weight", qargs("tensor"), what=f"{rows} rows")
         ((_, grid, args, kwargs),) = sink
-        splits.add(args[5])  # SPLIT: the partials reduced
+        assert kwargs["FINISH"], kwargs
+        splits.add(grid[1])  # the programs over which the rows are split
         constexprs = {k: v for k, v in kwargs.items() if k.isupper() or k == "num_warps"}
         if rows == 3:
             first = constexprs
