@@ -10,7 +10,10 @@ block of channels and a fixed range of tokens (per lane, plain sums of at
 most ``ACCUMULATE_ROUND`` steps, one fused multiply-add per element, added up
 with Kahan compensation; then a fixed-shape tree over lanes). When the tokens
 are split across programs to fill a GPU, the partial sums land in a
-(split, hidden) buffer and a second launch adds them in split order.
+(split, hidden) buffer and the last program of each channel block to arrive
+(a ticket: an atomic counter, zero at launch, from a fresh copy of a zeroed
+template, and put back to zero) adds the block's partials in split order,
+in the same launch: which program arrives last changes nothing it computes.
 """
 
 from __future__ import annotations
@@ -32,12 +35,11 @@ from obskernels.kernels.launch import (
     ACCUMULATE_ROUND,
     FUSED,
     accumulate_tile,
-    cdiv,
     config_token,
     current_config,
-    finish_blocks,
 )
 from obskernels.spec.calls import AccumulateCall
+from obskernels.spec.record import fresh_copy
 
 __all__ = ["accumulate_sq", "prepare"]
 
@@ -52,12 +54,48 @@ def _token_offsets(t, R1, R2, sr0, sr1, sr2, ROW_LEVELS: tl.constexpr):
         return row_offsets(t, R1, R2, sr0, sr1, sr2)
 
 
+@triton.jit
+def _finish_block(part_ptr, sum_ptr, count_ptr, ticket_ptr, H, s_sum, NT,
+                  BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr):
+    """The tokens' split finished in the launch of its partials: the last of
+    channel block (program_id(0))'s programs to arrive -- a ticket, an atomic
+    counter at ``ticket_ptr + block``, zero at launch -- adds the block's
+    partials part[s, h] over every split to sum_buf (in split order,
+    Kahan-compensated per lane, then a fixed tree over lanes), block 0's adds
+    NT to the count, and it puts the ticket back to zero. The partials' stores come before
+    the ticket (a barrier; the atomic releases them) and are read after it
+    (it acquires them), as in min_max's ``_finish_tile``."""
+    tl.debug_barrier()
+    block = tl.program_id(0)
+    split = tl.num_programs(1)
+    if tl.atomic_add(ticket_ptr + block, 1) == split - 1:
+        tl.debug_barrier()
+        h = block * BLOCK_H + tl.arange(0, BLOCK_H)[None, :]
+        acc = tl.zeros([BLOCK_S, BLOCK_H], tl.float32)
+        comp = tl.zeros([BLOCK_S, BLOCK_H], tl.float32)
+        for s0 in range(0, split, BLOCK_S):
+            s = s0 + tl.arange(0, BLOCK_S)[:, None]
+            y = tl.load(part_ptr + s.to(tl.int64) * H + h, mask=(s < split) & (h < H), other=0.0) - comp
+            t = acc + y
+            comp = (t - acc) - y
+            comp = tl.where(comp == comp, comp, 0.0)
+            acc = t
+        hh = block * BLOCK_H + tl.arange(0, BLOCK_H)
+        ptrs = sum_ptr + hh.to(tl.int64) * s_sum
+        tl.store(ptrs, tl.load(ptrs, mask=hh < H, other=0.0) + tl.sum(acc - comp, axis=0), mask=hh < H)
+        if block == 0:
+            tl.store(count_ptr, tl.load(count_ptr) + NT)
+        one = tl.arange(0, 1)
+        tl.store(ticket_ptr + block + one, one.to(tl.int64) * 0)
+
+
 @triton.jit(do_not_specialize=["NT", "tokens_per_split"])
 def _sum_sq_kernel(
     x_ptr, out_ptr, count_ptr,
     H, sh, NT, R1, R2, sr0, sr1, sr2, tokens_per_split, s_out_split, s_out_h,
     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, ROUND: tl.constexpr,
     ROW_LEVELS: tl.constexpr, ADD: tl.constexpr,
+    sum_ptr=None, s_sum=1, tickets_ptr=None, FINISH: tl.constexpr = False,
 ):
     """Program (i, s): channels [i*BLOCK_H, (i+1)*BLOCK_H), tokens
     [s*tokens_per_split, (s+1)*tokens_per_split).
@@ -69,7 +107,9 @@ def _sum_sq_kernel(
     terms), however many tokens a program has. The lanes' totals are then
     summed in a fixed-shape tree.
     ADD: out is sum_buf, out[h] += total[h], and program (0, 0) adds NT to
-    the count. Otherwise out[s, h] = total[h] (a partial for the finish pass).
+    the count. Otherwise out[s, h] = total[h], a partial, and FINISH (the
+    tokens split) finishes the block into sum_ptr (``_finish_block``, its
+    ticket at tickets_ptr[block], zero at launch).
     """
     pid_h = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -104,31 +144,8 @@ def _sum_sq_kernel(
     else:
         ptrs = out_ptr + pid_s.to(tl.int64) * s_out_split + hh.to(tl.int64) * s_out_h
         tl.store(ptrs, result, mask=hh < H)
-
-
-@triton.jit(do_not_specialize=["SPLIT", "NT"])
-def _sum_sq_finish_kernel(
-    part_ptr, sum_ptr, count_ptr, H, s_sum, SPLIT, NT,
-    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
-):
-    """sum_buf[h] += sum over s of part[s, h] (fixed order, Kahan-compensated
-    per lane); program 0 adds NT to the count. One program per BLOCK_H channels."""
-    pid = tl.program_id(0)
-    h = pid * BLOCK_H + tl.arange(0, BLOCK_H)[None, :]
-    acc = tl.zeros([BLOCK_S, BLOCK_H], tl.float32)
-    comp = tl.zeros([BLOCK_S, BLOCK_H], tl.float32)
-    for s0 in range(0, SPLIT, BLOCK_S):
-        s = s0 + tl.arange(0, BLOCK_S)[:, None]
-        y = tl.load(part_ptr + s.to(tl.int64) * H + h, mask=(s < SPLIT) & (h < H), other=0.0) - comp
-        t = acc + y
-        comp = (t - acc) - y
-        comp = tl.where(comp == comp, comp, 0.0)
-        acc = t
-    hh = pid * BLOCK_H + tl.arange(0, BLOCK_H)
-    ptrs = sum_ptr + hh.to(tl.int64) * s_sum
-    tl.store(ptrs, tl.load(ptrs, mask=hh < H, other=0.0) + tl.sum(acc - comp, axis=0), mask=hh < H)
-    if pid == 0:
-        tl.store(count_ptr, tl.load(count_ptr) + NT)
+        if FINISH:
+            _finish_block(out_ptr, sum_ptr, count_ptr, tickets_ptr, H, s_sum, NT, BLOCK_T, BLOCK_H)
 
 
 def accumulate_sq(call: AccumulateCall):
@@ -172,12 +189,11 @@ def prepare(call: AccumulateCall):
     # a launch site each, its constexprs and options bound (kernels/_replay.py)
     if split == 1:
         add_k = Replay(globals(), "_sum_sq_kernel", (tile.programs, 1), ADD=True, **blocks)
-    else:
-        FH, FS = finish_blocks(H, split, config)
+    else:  # partials, finished in the launch by the last program of each block
         new_part = allocator((split, H), torch.float32, x.device)
-        part_k = Replay(globals(), "_sum_sq_kernel", (tile.programs, split), ADD=False, **blocks)
-        finish_k = Replay(globals(), "_sum_sq_finish_kernel", (cdiv(H, FH),), BLOCK_S=FS, BLOCK_H=FH,
-                           **FUSED)
+        no_tickets = torch.zeros(tile.programs, dtype=torch.int64, device=x.device)
+        part_k = Replay(globals(), "_sum_sq_kernel", (tile.programs, split), ADD=False, FINISH=True,
+                        **blocks)
 
     def launch(call: AccumulateCall):
         if config_token() is not token:  # a launch_config block changed the policy
@@ -189,9 +205,8 @@ def prepare(call: AccumulateCall):
             if split == 1:
                 add_k(x, sum_buf, count_buf, *rows, 0, s_sum)
             else:
-                part = new_part()
-                part_k(x, part, count_buf, *rows, H, 1)
-                finish_k(part, sum_buf, count_buf, H, s_sum, split, NT)
+                part_k(x, new_part(), count_buf, *rows, H, 1, sum_ptr=sum_buf, s_sum=s_sum,
+                       tickets_ptr=fresh_copy(no_tickets))
         return None
 
     return launch

@@ -272,6 +272,21 @@ def test_search_loop_is_counted(probe):
         assert sum(v["pipes"].values()) == pytest.approx(v["sass_per_elem_step"])
 
 
+def test_streaming_hot_loop_is_the_main_loop(probe):
+    # a streaming kernel's reported loop is its main loop, the one its program
+    # model prices (one step of it, ptxas unrolling it U times), not a larger
+    # loop run rarely (the non-finite counting, the finishing of a split:
+    # every split variant has one)
+    streaming = [v for v in _ok(probe) if v["kernel"] in STREAMING and v["loop"] == "tile"]
+    assert any(v["constexprs"].get("FINISH") for v in streaming), "no split variant probed"
+    bad = []
+    for v in streaming:
+        step = sum(v["program_loop"].values())
+        if not (step > 0 and v["loop_sass"] / step == pytest.approx(round(v["loop_sass"] / step))):
+            bad.append(f"{_name(v)}: loop of {v['loop_sass']} vs a main-loop step of {step:.1f}")
+    assert not bad, "\n".join(bad)
+
+
 def test_search_keeps_enough_warps_resident(probe):
     # registers, shared memory and block size together: a latency-bound step
     # needs other warps to issue while one waits
@@ -458,6 +473,28 @@ def test_ttgir_reader_finds_the_step_loop_conversions_and_cross_warp_sums():
     # #blocked1 spreads the 128 columns over 4 warps; #blocked keeps a row in one warp
     assert report.cross_warp_reductions(_TTGIR, loop) == 1
     assert report.ttgir_hot_loop("%x = arith.addf %a, %b : f32") == []
+
+
+_TWO_LOOPS = """\
+    %a = scf.for %i = %c0 to %n step %c1 iter_args(%x = %x0) -> (f32) : i32 {
+      %v = tt.load %p : tensor<128x!tt.ptr<f32>, #blocked>
+      scf.yield %x : f32
+    }
+    %b = scf.for %j = %c0 to %s step %c1 iter_args(%y = %y0) -> (f32) : i32 {
+      %w = arith.addf %y, %y : f32
+      %z = arith.subf %w, %y : f32
+      %q = arith.mulf %z, %y : f32
+      scf.yield %q : f32
+    }
+"""
+
+
+def test_ttgir_reader_takes_a_streaming_kernels_first_loading_loop():
+    # a split's finishing loop (no load of the value; larger) is not the
+    # streaming kernel's hot loop; for the other kernels the largest loop is
+    report = pytest.importorskip("obskernels.tools.kernel_report.machine")
+    assert "%b = scf.for" in report.ttgir_hot_loop(_TWO_LOOPS)[0]
+    assert "%a = scf.for" in report.ttgir_hot_loop(_TWO_LOOPS, streaming=True)[0]
 
 
 def test_a_one_element_conversion_moves_nothing():

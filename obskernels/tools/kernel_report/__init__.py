@@ -15,8 +15,10 @@ its bundled ptxas. From the cubin (``cuobjdump``):
 - registers per thread, stack and local memory (spills land there), static
   shared memory;
 - the SASS: instructions of the hottest innermost loop (the search kernels'
-  step loop; the tile loop of single-pass kernels; the whole kernel when it
-  has no loop) divided by the elements each thread handles per iteration:
+  step loop; the main tile loop of the streaming kernels, the first
+  innermost loop that loads, as ``machine.program_path`` finds it, not a
+  larger one run rarely such as the non-finite counting or a split's
+  finishing; the whole kernel when it has no loop) divided by the elements each thread handles per iteration:
   ``sass_per_elem_step`` (per element and grid step for the search kernels,
   per element for single-pass kernels), split by the pipe that issues them;
 - shared memory in the hot loop (``loop_shared``: its LDS / STS / LDSM /

@@ -55,9 +55,13 @@ _SM_WARPS = 64
 _SM_BLOCKS = 32
 
 
-def ttgir_hot_loop(ttgir: str) -> List[str]:
+def ttgir_hot_loop(ttgir: str, streaming: bool = False) -> List[str]:
     """The lines of the innermost ``scf.for`` of a TTGIR listing with the most
-    lines (nested regions such as ``scf.if`` included); [] without loops."""
+    lines (nested regions such as ``scf.if`` included); [] without loops.
+    ``streaming``: a streaming kernel's main loop instead, the first innermost
+    loop that loads (as ``program_path`` finds it in the SASS), where it has
+    one: the loop over a split's partials that its finishing program runs
+    can be the larger."""
     stack: List[dict] = []
     inner: List[List[str]] = []
     depth = 0
@@ -73,6 +77,10 @@ def ttgir_hot_loop(ttgir: str) -> List[str]:
             loop = stack.pop()
             if loop["leaf"]:
                 inner.append(loop["lines"])
+    if streaming:
+        loading = [lines for lines in inner if any("tt.load" in line for line in lines)]
+        if loading:
+            return loading[0]
     return max(inner, key=len, default=[])
 
 

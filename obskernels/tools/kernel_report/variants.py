@@ -79,6 +79,8 @@ _ITER_ELEMS = {
     "_search_kernel": ("BLOCK_G", "BLOCK_E", "BLOCK_S"),
     "_search_part_kernel": ("ROWS", "BLOCK_E", "BLOCK_SB"),
     "_choose_kernel": ("BLOCK_G",),
+    # BLOCK_S: the lanes of a split's finishing step, not of the main loop
+    "_min_max_kernel": ("BLOCK_A", "BLOCK_B", "BLOCK_R", "BLOCK_E"),
 }
 # kernels whose hot loop is the search's step loop: counts are per element AND step
 _SEARCH = ("_search_kernel", "_search_part_kernel")
@@ -117,8 +119,6 @@ _PROGRAM = {
     "_sum_sq_kernel": lambda a, g: (
         _cdiv(min(int(a["tokens_per_split"]), int(a["NT"])), a["BLOCK_T"]),
         min(int(a["tokens_per_split"]), int(a["NT"])) * min(int(a["BLOCK_H"]), int(a["H"]))),
-    "_sum_sq_finish_kernel": lambda a, g: (
-        _cdiv(a["SPLIT"], a["BLOCK_S"]), min(int(a["BLOCK_H"]), int(a["H"])) * int(a["SPLIT"])),
 }
 
 
@@ -209,14 +209,18 @@ def compile_variant(launch: Launch) -> Dict:
     usage, sass = _disassemble(k.asm["cubin"])
     res = dict(re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", usage))
     instrs = parse_sass(sass)
-    loop = hot_loop(instrs)
+    main, once = program_path(instrs)
+    # the hot loop: a streaming kernel's main loop (the loop over a split's
+    # partials, run by one program per block, can be larger), else the
+    # largest innermost loop (the search's step loop)
+    streaming = launch.kernel.split(".")[-1] in _PROGRAM
+    loop = main if streaming and main else hot_loop(instrs)
     body = instrs[loop[0]:loop[1] + 1] if loop else instrs
     threads = 32 * rec["num_warps"]
     per_thread = max(_iter_elems(launch.kernel, constexprs) / threads, 1e-9)
     pipes = dict.fromkeys(PIPES, 0)
     for _, op, _ in body:
         pipes[pipe_of(op)] += 1
-    main, once = program_path(instrs)
 
     def by_pipe(indices):
         counts = dict.fromkeys(PIPES, 0)
@@ -226,7 +230,7 @@ def compile_variant(launch: Launch) -> Dict:
 
     spill_ops = sum(op.split(".")[0] in ("LDL", "STL") for _, op, _ in instrs)
     shared = max(int(res.get("SHARED", 0)), int(k.metadata.shared))
-    hot_ir = ttgir_hot_loop(k.asm["ttgir"])
+    hot_ir = ttgir_hot_loop(k.asm["ttgir"], streaming)
     rec.update(
         registers=int(res.get("REG", 0)),
         stack=int(res.get("STACK", 0)),
@@ -276,7 +280,6 @@ def launch_work(launch: Launch) -> float:
         "_minmax_part_kernel": lambda: int(a["chunks_per_split"]),
         "_min_max_kernel": lambda: _cdiv(a["rows_per_split"], a["BLOCK_R"]) * _cdiv(a["geo"].E, a["BLOCK_E"]),
         "_sum_sq_kernel": lambda: _cdiv(a["tokens_per_split"], a["BLOCK_T"]),
-        "_sum_sq_finish_kernel": lambda: _cdiv(a["SPLIT"], a["BLOCK_S"]),
         "_choose_kernel": lambda: int(a["n_steps"]),
     }.get(attr, lambda: 1)
     n = trips()  # a kernel whose arguments were renamed fails here, not silently

@@ -99,13 +99,21 @@ def test_five_leading_dims_none_mergeable(device):
 
 @pytest.mark.parametrize("split", (2, 5, 64))
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
-def test_split_tokens_two_pass(split, dtype, pin_launch, device):
-    # The path a GPU takes: token ranges split over programs, partials summed
-    # in a second launch in fixed order.
+def test_split_tokens_one_launch(split, dtype, pin_launch, device, monkeypatch):
+    # The path a GPU takes: token ranges split over programs, the partials
+    # summed in fixed order by the last program of each channel block to
+    # arrive, in the same launch (its tickets a fresh zeroed copy each call).
+    from helpers import RecordingKernel
+
     pin_launch("accumulate_sq", tile=64, split=split)
+    sink = []
+    monkeypatch.setattr(accumulate_module, "_sum_sq_kernel",
+                        RecordingKernel(accumulate_module._sum_sq_kernel, sink))
     x = make_x((2, 13, 40), dtype, "sliced", device=device)
     sum0, count0 = fresh_buffers(40, device)
     got_sum, got_count = run("triton", x, sum0, count0)
+    ((_, grid, _, kwargs),) = sink
+    assert grid[1] > 1 and kwargs["FINISH"], (grid, kwargs)
     assert_close_fp64(got_sum, sum0, x, f"split {split}")
     assert got_count.item() == 7 + 26
     again_sum, _ = run("triton", x, sum0, count0)
