@@ -43,8 +43,10 @@ flag word, as at any size), one at the size of a Llama-3-8B MLP weight
 (14336x4096) in asymmetric groups of 128 (W4A16 asymmetric: its qparams in
 min_max's epilogue too, one launch), and, where llm-compressor is installed
 (``.venv-llmcompressor/bin/python -m obskernels.bench.host``), its
-static_minmax activation forward and memoryless_minmax weight call through
-the drop-in.
+static_minmax activation forward, memoryless_minmax weight call and
+static_minmax activation call (new, a first forward whose whole-tensor
+reduction is split with no tickets kept yet, get_qparams) through the
+drop-in.
 
 These are a hot host's figures: each scenario called over and over. Where
 llm-compressor is installed, the min/max and MSE scenarios are also timed in
@@ -117,6 +119,11 @@ SCENARIOS = (
     Scenario("drop-in activation forward", "static_minmax", "input", _FP8_TENSOR, (4, 64, 256),
              repeat=True, drop_in=True),
     Scenario("drop-in minmax call", "memoryless_minmax", "weight", _INT4_G128, (256, 256),
+             drop_in=True),
+    # an activation's observer made anew, its first forward (split, no tickets
+    # kept yet: what the drop-in makes for each activation observer of a
+    # calibration), then get_qparams
+    Scenario("drop-in activation call", "static_minmax", "input", _FP8_TENSOR, (4, 64, 256),
              drop_in=True),
     Scenario("imatrix forward hook", "imatrix_mse", "weight", _INT4_G128, (2, 16, 256), repeat=True,
              hook=True),
