@@ -254,8 +254,8 @@ def model_call(counts: Dict, compulsory: Optional[int], gpu: GpuModel = H100_SXM
     SASS worker's profile of the call's Triton launches (None: none taken);
     ``host``: the call's measured host path (``hostcost.measure``; None: not
     measured). Every Triton launch is priced by the SASS of the launch with its kernel
-    name, in order; a launch only the GPU configuration makes (accumulate_sq's
-    finish pass of a split) joins with its compute and no counted bytes.
+    name, in order; a launch only the GPU configuration makes joins with its
+    compute and no counted bytes.
     """
     moved, launches, flops = counts.get("bytes_moved"), counts.get("launches"), counts.get("flops")
     traffic = Traffic(

@@ -18,7 +18,8 @@ its bundled ptxas. From the cubin (``cuobjdump``):
   step loop; the main tile loop of the streaming kernels, the first
   innermost loop that loads, as ``machine.program_path`` finds it, not a
   larger one run rarely such as the non-finite counting or a split's
-  finishing; the whole kernel when it has no loop) divided by the elements each thread handles per iteration:
+  finishing; the whole kernel when it has no loop) divided by the elements
+  each thread handles per iteration:
   ``sass_per_elem_step`` (per element and grid step for the search kernels,
   per element for single-pass kernels), split by the pipe that issues them;
 - shared memory in the hot loop (``loop_shared``: its LDS / STS / LDSM /
