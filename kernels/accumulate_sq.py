@@ -39,7 +39,7 @@ from obskernels.kernels.launch import (
     current_config,
 )
 from obskernels.spec.calls import AccumulateCall
-from obskernels.spec.record import fresh_copy
+from obskernels.spec.record import fresh_copy, template_of
 
 __all__ = ["accumulate_sq", "prepare"]
 
@@ -62,9 +62,9 @@ def _finish_block(part_ptr, sum_ptr, count_ptr, ticket_ptr, H, s_sum, NT,
     counter at ``ticket_ptr + block``, zero at launch -- adds the block's
     partials part[s, h] over every split to sum_buf (in split order,
     Kahan-compensated per lane, then a fixed tree over lanes), block 0's adds
-    NT to the count, and it puts the ticket back to zero. The partials' stores come before
-    the ticket (a barrier; the atomic releases them) and are read after it
-    (it acquires them), as in min_max's ``_finish_tile``."""
+    NT to the count, and it puts the ticket back to zero. The partials'
+    stores come before the ticket (a barrier; the atomic releases them) and
+    are read after it (it acquires them), as in min_max's ``_finish_tile``."""
     tl.debug_barrier()
     block = tl.program_id(0)
     split = tl.num_programs(1)
@@ -191,7 +191,7 @@ def prepare(call: AccumulateCall):
         add_k = Replay(globals(), "_sum_sq_kernel", (tile.programs, 1), ADD=True, **blocks)
     else:  # partials, finished in the launch by the last program of each block
         new_part = allocator((split, H), torch.float32, x.device)
-        no_tickets = torch.zeros(tile.programs, dtype=torch.int64, device=x.device)
+        no_tickets = template_of((0,) * tile.programs, x.device)
         part_k = Replay(globals(), "_sum_sq_kernel", (tile.programs, split), ADD=False, FINISH=True,
                         **blocks)
 

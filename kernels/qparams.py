@@ -56,7 +56,7 @@ from obskernels.kernels.launch import (
 from obskernels.kernels.stats import as_bits, load_stat
 from obskernels.spec.calls import QParamsCall
 from obskernels.spec.checks import FLOAT_DTYPES
-from obskernels.spec.record import STATUS_FIRST_BAD, STATUS_INIT, fresh_copy, new_record
+from obskernels.spec.record import STATUS_FIRST_BAD, STATUS_INIT, fresh_copy, new_record, template_of
 from obskernels.spec.errors import KernelUnsupportedError
 
 __all__ = ["calculate_qparams", "prepare", "group_qparams", "store_qparams", "store_scale_flag",
@@ -421,7 +421,7 @@ def _status_template(flags: int, tickets: int, device) -> torch.Tensor:
     """A fresh status: the record, ``flags`` zeroed flag words (one that any
     program sets, ``flag_scale``, or one per program), then ``tickets``
     zeroed tickets (a split finished by its last programs)."""
-    return torch.tensor(STATUS_INIT + (0,) * (flags + tickets), dtype=torch.int64, device=device)
+    return template_of(STATUS_INIT + (0,) * (flags + tickets), device)
 
 
 def epilogue_plan(args, value: torch.Tensor, qshape, fast: bool, widen: bool = True,

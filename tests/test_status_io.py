@@ -111,6 +111,54 @@ def test_fresh_copy_clones_without_a_pool(monkeypatch):
         assert got.untyped_storage().nbytes() == template.untyped_storage().nbytes()
 
 
+@pytest.mark.skipif(not INTERPRETER, reason="the triton backend takes CPU tensors under TRITON_INTERPRET=1")
+def test_templates_outlive_the_launch_plans_that_copy_them(monkeypatch, pin_launch):
+    """A CUDA graph that captured a copy of a template (``fresh_copy`` clones
+    while a stream captures) reads the template again at every replay, so
+    the templates are kept for the process, not by the launch plans, which
+    get dropped (ops' plans start afresh past their limit, a launch_config
+    block prepares anew): a split min_max's zeroed tickets and a first
+    observation's status alike, the same objects for plans made again."""
+    import gc
+    import importlib
+    import weakref
+
+    from compressed_tensors.quantization import QuantizationArgs
+
+    from obskernels import ops
+
+    copied = []
+    for name in ("min_max", "qparams"):
+        module = importlib.import_module(f"obskernels.kernels.{name}")
+
+        def copy(template, _fresh_copy=module.fresh_copy):
+            copied.append(template)
+            return _fresh_copy(template)
+
+        monkeypatch.setattr(module, "fresh_copy", copy)
+    pin_launch("min_max", split=4, min_elems_per_program=1)
+    monkeypatch.setattr(ops, "_PLANS", {})
+    args = QuantizationArgs(num_bits=8, type="float", strategy="tensor")
+    value = torch.randn(64, 1024)[:, :512]  # rows (a contiguous value is one row: no split)
+
+    def templates():
+        ops._PLANS.clear()
+        copied.clear()
+        with use_backend("triton"):
+            ops.min_max(value, "input", args)
+            ops.min_max_qparams(value, "input", args, record=True)
+        return list(copied)
+
+    first = templates()
+    assert [t.numel() for t in first] == [1, len(STATUS_INIT) + 2], first  # tickets; status, flag, ticket
+    kept = [weakref.ref(t) for t in first]
+    del first
+    gc.collect()
+    again = templates()
+    assert all(ref() is not None for ref in kept), "a template went with its plan"
+    assert all(ref() is t for ref, t in zip(kept, again)), "plans made again copy other templates"
+
+
 @pytest.mark.parametrize("fast", [True, False])
 def test_a_cuda_copy_is_pooled_on_the_current_device_outside_a_capture(monkeypatch, fast):
     """``_cuda_unpooled`` on torch's C functions where torch has them, else

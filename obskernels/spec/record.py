@@ -26,7 +26,10 @@ per chunk of up to 256, where a ``template.clone()`` is an allocation and a
 device copy issued before each launch, on the path an idle GPU waits on
 (5-25 us of a min/max observer call on an H200's host, measured).
 ``OBSKERNELS_STATUS_POOL=0`` (read at import; ``POOL_ENABLED``) clones every
-one instead; a CPU one is always a clone.
+one instead; a CPU one is always a clone. The templates (``template_of``)
+are kept for the process: a CUDA graph that captured a copy of one (a clone,
+while its stream captures) reads it again at every replay, whatever became
+of the launch plan that asked for it.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ __all__ = [
     "IMPORTANCE_NEGATIVE",
     "IMPORTANCE_ZEROS",
     "new_record",
+    "template_of",
     "fresh_copy",
     "StatusPool",
     "POOL_ENABLED",
@@ -67,6 +71,21 @@ IMPORTANCE_OK, IMPORTANCE_NO_DATA, IMPORTANCE_NONFINITE, IMPORTANCE_NEGATIVE, IM
     0, 1, 2, 3, 4)
 
 
+#: (words, device) -> the template holding them, kept for the process
+_TEMPLATES: dict = {}
+
+
+def template_of(words: tuple, device) -> torch.Tensor:
+    """The int64 tensor of ``words`` on ``device`` that ``fresh_copy`` copies
+    from (a fresh record, a status with its flags and tickets, zeroed
+    tickets): made once per process and kept, never written."""
+    key = (tuple(words), torch.device(device))
+    kept = _TEMPLATES.get(key)
+    if kept is None:
+        kept = _TEMPLATES[key] = torch.tensor(key[0], dtype=torch.int64, device=device)
+    return kept
+
+
 # one fresh record per device, copied (device to device) for every new one:
 # building each from the Python tuple would copy host -> device every time
 _FRESH: dict = {}
@@ -76,7 +95,7 @@ def new_record(device) -> torch.Tensor:
     """A fresh record (``STATUS_INIT``, int64) on ``device``."""
     fresh = _FRESH.get(device)
     if fresh is None:
-        fresh = _FRESH[device] = torch.tensor(STATUS_INIT, dtype=torch.int64, device=device)
+        fresh = _FRESH[device] = template_of(STATUS_INIT, device)
     return fresh_copy(fresh)
 
 
