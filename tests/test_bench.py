@@ -817,7 +817,8 @@ def test_cuda_host_rounds_go_over_every_row_in_turn(monkeypatch):
     row's loop; issued: in separate wiped calls, the time until the call's
     first launch site returned (None for a row that launches through none);
     turns: wiped calls each after the row's partner's call (llm-compressor's,
-    untimed; None for a row without one), and issued in such calls.
+    untimed; None for a row without one), and issued in such calls; swept:
+    wiped calls each after a sweep of the host's caches, for the same rows.
     Faked: CUDA, the L2 wipe, the launch sites, the rows' calls (each
     advancing a clock by its own cost, 0.5 more right after a wipe; the lead
     call's launch 2.0 after its start and 0.25 long, part of its cost)."""
@@ -835,6 +836,10 @@ def test_cuda_host_rounds_go_over_every_row_in_turn(monkeypatch):
 
     def site(self, *args):
         clock.now += 0.25
+
+    def sweep():
+        order.append("sweep")
+        clock.now += 30.0  # untimed
 
     def row(name, cost, quiet=None, launch_at=None):
         """A call costing ``cost``, or ``quiet`` in the second round;
@@ -866,6 +871,7 @@ def test_cuda_host_rounds_go_over_every_row_in_turn(monkeypatch):
     monkeypatch.setattr(_replay.Replay, "__call__", site)
     monkeypatch.setattr(cuda_host, "_activation_rows", lambda: [])
     monkeypatch.setattr(cuda_host, "_wipe", lambda: wipe)
+    monkeypatch.setattr(host, "sweep_host_caches", sweep)
     monkeypatch.setattr(host, "SCENARIOS", (minmax,))
     monkeypatch.setattr(host, "_call_of", lambda sc, device="cpu": row(sc.name, 5.0, quiet=4.0))
     rows = cuda_host.measure(n=2, reps=6, rounds=3)
@@ -877,9 +883,10 @@ def test_cuda_host_rounds_go_over_every_row_in_turn(monkeypatch):
     # a round: per row, 2 calls back to back, 2 single calls, 2 single calls
     # after a wipe each, then 1 more after a wipe (issued); the lead call
     # then 2 more, each after its partner's call and a wipe (turns), and 1
-    # more so (issued in turns)
+    # more so (issued in turns), and 2 more, each after a sweep and a wipe
     assert timed == [step for name in names for step in [name] * 4 + ["wipe", name] * 3
-                     + (["partner", "wipe", name] * 3 if name == "lead" else [])] * 3
+                     + (["partner", "wipe", name] * 3 + ["sweep", "wipe", name] * 2
+                        if name == "lead" else [])] * 3
     for r, cost in zip(rows, (2.0, 3.0, 4.0, 7.0, 9.0)):  # the minmax call's quiet second round
         assert r["loop_us"] == pytest.approx((2 * cost + 1.0) / 2 * 1e6)  # one synchronisation timed
         assert r["sync_us"] == pytest.approx((cost + 1.0) * 1e6)
@@ -890,6 +897,8 @@ def test_cuda_host_rounds_go_over_every_row_in_turn(monkeypatch):
     assert [r["turns_us"] for r in rows[:-1]] == [r["turns_issued_us"] for r in rows[:-1]] == [None] * 4
     assert rows[-1]["turns_us"] == pytest.approx((9.0 + 0.5 + 1.0) * 1e6)  # the partner untimed
     assert rows[-1]["turns_issued_us"] == pytest.approx((0.5 + 2.0 + 0.25) * 1e6)
+    assert [r["swept_us"] for r in rows[:-1]] == [None] * 4
+    assert rows[-1]["swept_us"] == pytest.approx((9.0 + 0.5 + 1.0) * 1e6)  # the sweep untimed
     assert _replay.Replay.__call__ is site  # the sites unwrapped after
 
 
@@ -931,6 +940,8 @@ def test_cuda_host_measures_every_row():
     assert all((0 < r["turns_issued_us"] < r["turns_us"]) if llmc_available()
                else r["turns_us"] is r["turns_issued_us"] is None for r in lead)
     assert all(r["turns_us"] is r["turns_issued_us"] is None for r in rows if r not in lead)
+    assert all((r["swept_us"] > 0) if llmc_available() else r["swept_us"] is None for r in lead)
+    assert all(r["swept_us"] is None for r in rows if r not in lead)
     by_name = {r["row"]: r for r in rows}
     assert by_name["unit: one-element CUDA add_"]["issued_us"] is None
     assert by_name["activation forward 2048x4096, CUDA graph replay"]["issued_us"] is None

@@ -712,19 +712,21 @@ def test_host_proxy_interleaves_its_rounds_over_the_scenarios(monkeypatch):
 def test_host_proxy_times_a_scenario_in_turns_after_its_partner(monkeypatch):
     """Where a scenario has a partner (llm-compressor's own observer making
     the same call), the proxy times it once more in each round, each call
-    right after a partner call, untimed: the turns figures; None for a
-    scenario without one."""
+    right after a partner call, untimed: the turns figures; and once more
+    again, each call after a sweep of the host's caches, untimed: the swept
+    figures; None for a scenario without a partner."""
     from obskernels.bench import host
 
     order, now = [], [0.0]
     costs = {"a": 2.0, "b": 3.0}
-    after_partner = [False]
+    after_partner, swept = [False], [False]
 
     def call_of(sc):
         def call():
             order.append(sc.name)
-            now[0] += costs[sc.name] + (5.0 if after_partner[0] else 0.0)  # colder after the partner
-            after_partner[0] = False
+            # colder after the partner, less so after a sweep
+            now[0] += costs[sc.name] + (5.0 if after_partner[0] else 0.0) + (4.0 if swept[0] else 0.0)
+            after_partner[0] = swept[0] = False
         return call
 
     def partner():
@@ -732,19 +734,28 @@ def test_host_proxy_times_a_scenario_in_turns_after_its_partner(monkeypatch):
         now[0] += 100.0  # untimed
         after_partner[0] = True
 
+    def sweep():  # colder too, by less
+        order.append("sweep")
+        now[0] += 50.0  # untimed
+        swept[0] = True
+
     monkeypatch.setattr(host, "unit_seconds", lambda: 1.0)
     monkeypatch.setattr(host, "check_default_is_triton", lambda: None)
     monkeypatch.setattr(host.time, "perf_counter", lambda: now[0])
     monkeypatch.setattr(host, "_python_calls", lambda fn: 0)
     monkeypatch.setattr(host, "_call_of", call_of)
     monkeypatch.setattr(host, "_partner_of", lambda sc: partner if sc.name == "a" else None)
+    monkeypatch.setattr(host, "sweep_host_caches", sweep)
     a, b = (dataclasses.replace(host.SCENARIOS[0], name=n) for n in ("a", "b"))
     rows = host.measure((a, b), reps=4, warmup=1, rounds=2)
-    # warm-up: each call once, then its partner; each round: a and b alone, then a in turns
-    assert order == ["a", "partner", "b"] + (["a"] * 2 + ["b"] * 2 + ["partner", "a"] * 2) * 2
-    assert [(r["scenario"], r["host_us"], r["turns_us"]) for r in rows] == [
-        ("a", 2e6, 7e6), ("b", 3e6, None)]
+    # warm-up: each call once, then its partner; each round: a and b alone,
+    # then a in turns, then a after a sweep of the host's caches
+    assert order == ["a", "partner", "b"] + (["a"] * 2 + ["b"] * 2 + ["partner", "a"] * 2
+                                             + ["sweep", "a"] * 2) * 2
+    assert [(r["scenario"], r["host_us"], r["turns_us"], r["swept_us"]) for r in rows] == [
+        ("a", 2e6, 7e6, 6e6), ("b", 3e6, None, None)]
     assert rows[0]["turns_units"] == 7.0 and rows[1]["turns_units"] is None  # the unit: 1 s
+    assert rows[0]["swept_units"] == 6.0 and rows[1]["swept_units"] is None
 
 
 @needs_interpreter

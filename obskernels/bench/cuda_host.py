@@ -29,7 +29,11 @@ Every row gives four times in microseconds (the lead calls six):
   having pushed ours out of the host's caches, costs it; and
   ``turns_issued_us``, ``issued_us`` of such calls: whether that cost comes
   before the first launch (the host) or after it (the lead table's calls,
-  where llm-compressor imports; None elsewhere).
+  where llm-compressor imports; None elsewhere);
+- ``swept_us``: as ``turns_us``, each call after a sweep of the host's
+  caches (``host.sweep_host_caches``, before the wipe) instead of
+  llm-compressor's call: where it reads as ``turns_us`` does, the other
+  library's call costs ours the host caches it took and nothing more.
 The rows are timed in 5 rounds that go over all of them in turn
 (``host.interleaved``), so that a stretch of other work on the GPU's host
 slows one round of every row rather than every call of one.
@@ -309,13 +313,14 @@ def measure(n: int = 200, reps: int = 50, progress=None, rounds: int = 5) -> Lis
             partner()
 
         def figures(done) -> Dict:
-            loops, syncs, wipes, issues, turns, turns_issues = zip(*done)
+            loops, syncs, wipes, issues, turns, turns_issues, swept = zip(*done)
             return {"loop_us": min(loops) * 1e6,
                     "sync_us": host.quiet_seconds(syncs) * 1e6,
                     "wiped_us": host.quiet_seconds(wipes) * 1e6,
                     "issued_us": _issued_us(issues),
                     "turns_us": host.quiet_seconds(turns) * 1e6 if all(turns) else None,
-                    "turns_issued_us": _issued_us(turns_issues)}
+                    "turns_issued_us": _issued_us(turns_issues),
+                    "swept_us": host.quiet_seconds(swept) * 1e6 if all(swept) else None}
 
         def time_round(fn):
             partner = partners.get(id(fn))
@@ -324,11 +329,16 @@ def measure(n: int = 200, reps: int = 50, progress=None, rounds: int = 5) -> Lis
                 partner()
                 wipe()
 
+            def after_sweep():
+                host.sweep_host_caches()
+                wipe()
+
             issued_reps = max(per_round // 2, 1)
             return (loop_seconds(fn, n, rounds=1), sync_times(fn, per_round),
                     sync_times(fn, per_round, wipe), issued_times(fn, issued_reps, wipe),
                     None if partner is None else sync_times(fn, per_round, after_partner),
-                    None if partner is None else issued_times(fn, issued_reps, after_partner))
+                    None if partner is None else issued_times(fn, issued_reps, after_partner),
+                    None if partner is None else sync_times(fn, per_round, after_sweep))
 
         def report(r: int, timed) -> None:
             if progress:
@@ -337,7 +347,8 @@ def measure(n: int = 200, reps: int = 50, progress=None, rounds: int = 5) -> Lis
                     f = figures(done)
                     progress.write(f"    {name}: loop {f['loop_us']:.1f} us, sync {f['sync_us']:.1f} us, "
                                    f"wiped {f['wiped_us']:.1f} us, issued {_us(f['issued_us'])}, "
-                                   f"turns {_us(f['turns_us'])}, issued in turns {_us(f['turns_issued_us'])}\n")
+                                   f"turns {_us(f['turns_us'])}, issued in turns {_us(f['turns_issued_us'])}, "
+                                   f"swept {_us(f['swept_us'])}\n")
                 progress.flush()
 
         timed = host.interleaved([fn for _, fn in rows], rounds, time_round, report)
@@ -392,11 +403,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"MEASURED on {rows[0]['device']}: wall time per call; unit = one 1-element CUDA add_ "
           f"= {rows[0]['unit_us']:.2f} us (back to back)")
     print(f"{'row':58} {'loop us':>9} {'sync us':>9} {'wiped us':>9} {'issued us':>9} {'turns us':>9} "
-          f"{'t-issued':>9} {'units':>7}")
+          f"{'t-issued':>9} {'swept us':>9} {'units':>7}")
     for r in rows:
         print(f"{r['row']:58} {r['loop_us']:9.1f} {r['sync_us']:9.1f} {r['wiped_us']:9.1f} "
               f"{_us(r['issued_us']):>9} {_us(r['turns_us']):>9} {_us(r['turns_issued_us']):>9} "
-              f"{r['units']:7.1f}")
+              f"{_us(r['swept_us']):>9} {r['units']:7.1f}")
     return 0
 
 

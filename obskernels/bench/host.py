@@ -58,7 +58,11 @@ pushed ours out of the host's caches. Its MSE observers take the path a GPU
 user gets, their Triton search, its kernel stubbed as ours are (on a CPU
 they would run their eager body). None for the drop-in's scenarios, the
 forward hook and imatrix_mse (whose importance llm-compressor gathers in
-hooks of its own).
+hooks of its own). The same scenarios are timed once more after a sweep of
+the host's caches instead (``swept_us``, ``swept_units``:
+``sweep_host_caches``, untimed, before each call): where that reads as the
+turns do, the other library's call costs ours no more than the host caches
+it took.
 """
 
 from __future__ import annotations
@@ -277,6 +281,22 @@ def observer_call(registry, name: str, base_name: str, args, value) -> Callable[
 TURNS_OBSERVERS = ("memoryless_minmax", "static_minmax", "minmax")
 #: the most elements the partner's value holds (see ``_partner_of``)
 PARTNER_NUMEL = 65536
+#: bytes ``sweep_host_caches`` goes over: more than a core's L2 cache on the
+#: machines measured, a fraction of their last-level cache (a sweep of it
+#: all, 32 MB and more on the development CPU, makes a minmax call 8x slower:
+#: far colder than any call in turns)
+SWEEP_BYTES = 8 << 20
+_SWEPT = bytearray()
+
+
+def sweep_host_caches() -> None:
+    """Reads and writes a byte of every 64-byte line of a ``SWEEP_BYTES``
+    buffer: the host caches another call would have taken, without the rest
+    of what it does."""
+    global _SWEPT
+    if len(_SWEPT) != SWEEP_BYTES:
+        _SWEPT = bytearray(SWEEP_BYTES)
+    _SWEPT[::64] = _SWEPT[::64]
 
 
 def _partner_of(sc: Scenario) -> Optional[Callable[[], object]]:
@@ -387,7 +407,8 @@ def measure(scenarios=SCENARIOS, reps: int = 300, warmup: int = 20, rounds: int 
     ``interleaved`` over the scenarios), the same in units of
     ``unit_seconds()``, the same again in turns where the scenario has a
     partner (``_partner_of``: each call right after the partner's, untimed;
-    None otherwise), and Python calls."""
+    None otherwise) and after a sweep of the host's caches for those
+    scenarios (``sweep_host_caches``, untimed), and Python calls."""
     import warnings
 
     from obskernels.bench.backends import llmc_available
@@ -419,18 +440,25 @@ def measure(scenarios=SCENARIOS, reps: int = 300, warmup: int = 20, rounds: int 
                 fn()
                 if partner is not None:
                     partner()
-        # each scenario alone, then in turns where it has a partner, in the same rounds
-        runs = [(fn, None) for _, fn in calls] + [(fn, p) for (_, fn), p in zip(calls, partners) if p]
-        timed = iter(interleaved(runs, rounds, time_round))
-        alone = [next(timed) for _ in calls]
+        # each scenario alone, then in turns where it has a partner, then
+        # after a cache sweep where it has one, in the same rounds
+        paired = [fn for (_, fn), p in zip(calls, partners) if p]
+        runs = ([(fn, None) for _, fn in calls] + [(fn, p) for (_, fn), p in zip(calls, partners) if p]
+                + [(fn, sweep_host_caches) for fn in paired])
+        timed = interleaved(runs, rounds, time_round)
+        alone, turns_of = timed[:len(calls)], iter(timed[len(calls):len(calls) + len(paired)])
+        swept_of = iter(timed[len(calls) + len(paired):])
         for (sc, fn), partner, done in zip(calls, partners, alone):
             seconds = quiet_seconds(done)
-            turns = None if partner is None else quiet_seconds(next(timed))
+            turns = None if partner is None else quiet_seconds(next(turns_of))
+            swept = None if partner is None else quiet_seconds(next(swept_of))
             out.append({
                 "scenario": sc.name, "observer": sc.observer, "repeat": sc.repeat,
                 "host_us": seconds * 1e6, "units": seconds / unit,
                 "turns_us": None if turns is None else turns * 1e6,
                 "turns_units": None if turns is None else turns / unit,
+                "swept_us": None if swept is None else swept * 1e6,
+                "swept_units": None if swept is None else swept / unit,
                 "python_calls": _python_calls(fn), "unit_us": unit * 1e6,
             })
     return out
@@ -487,17 +515,19 @@ def _print_table(rows: List[Dict]) -> None:
     print(f"host cost per call, launches stubbed (a proxy; unit = one 1-element add_ = {unit:.2f} us)")
     turns = any(r.get("turns_us") is not None for r in rows)
     print(f"{'scenario':32} {'observer':22} {'us':>8} {'units':>7} {'py calls':>9}"
-          + (f" {'in turns us':>12} {'units':>7}" if turns else ""))
+          + (f" {'in turns us':>12} {'units':>7} {'swept us':>9} {'units':>7}" if turns else ""))
     for r in rows:
         line = f"{r['scenario']:32} {r['observer']:22} {r['host_us']:8.1f} {r['units']:7.1f} {r['python_calls']:9d}"
         if turns:
-            t = r.get("turns_us")
+            t, s = r.get("turns_us"), r.get("swept_us")
             line += f" {'-':>12} {'-':>7}" if t is None else f" {t:12.1f} {r['turns_units']:7.1f}"
+            line += f" {'-':>9} {'-':>7}" if s is None else f" {s:9.1f} {r['swept_units']:7.1f}"
         print(line)
     if turns:
         print("in turns: each call right after llm-compressor's own observer made the same call "
               "(untimed; its MSE search on its Triton path, the kernel stubbed), as the bench's "
-              "lead rows take turns")
+              "lead rows take turns; swept: each call after a sweep of the host's caches "
+              f"({SWEEP_BYTES >> 20} MB, untimed) instead")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
