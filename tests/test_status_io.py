@@ -332,3 +332,47 @@ def test_a_captured_first_observation_starts_from_a_fresh_status_at_every_replay
         flags.append(report.read_status(status)[1])
     assert flags == [True, False, True, False]
     assert torch.equal(scale, eager["scale"]) and torch.equal(zero_point, eager["zero_point"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_captured_split_replays_after_its_plans_are_dropped(monkeypatch, pin_launch):
+    """A whole-tensor min_max split across programs, captured with no tickets
+    kept (``ops.min_max`` itself: its zeroed tickets cloned in the graph from
+    their template), replayed after the launch plans were dropped and the
+    memory they held was handed out again and written: the template the
+    graph copies is kept for the process, so every replay's statistics are
+    the reference's for the value copied in."""
+    import gc
+
+    from compressed_tensors.quantization import QuantizationArgs
+
+    from obskernels import ops
+
+    pin_launch("min_max", split=64)
+    monkeypatch.setattr(ops, "_PLANS", {})
+    args = QuantizationArgs(num_bits=8, type="float", strategy="tensor")
+    gen = torch.Generator().manual_seed(4)
+    values = [(torch.randn(2048, 4096, generator=gen) * (1 + i)).to(torch.bfloat16).cuda()
+              for i in range(3)]
+    static = values[0].clone()
+    with use_backend("triton"):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            ops.min_max(static, "input", args)  # planned, compiled
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            mins, maxs = ops.min_max(static, "input", args)
+    ops._PLANS.clear()
+    gc.collect()
+    handed_out = [torch.full((1 << 14,), 7, dtype=torch.int64, device="cuda") for _ in range(256)]
+    for value in values:
+        static.copy_(value)
+        graph.replay()
+        torch.cuda.synchronize()
+        with use_backend("reference"):
+            want = ops.min_max(value, "input", args)
+        assert torch.equal(mins, want[0]) and torch.equal(maxs, want[1])
+    del handed_out
