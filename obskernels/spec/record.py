@@ -81,8 +81,8 @@ def template_of(words: tuple, device) -> torch.Tensor:
     tickets): made once per process and kept, never written."""
     key = (tuple(words), torch.device(device))
     kept = _TEMPLATES.get(key)
-    if kept is None:
-        kept = _TEMPLATES[key] = torch.tensor(key[0], dtype=torch.int64, device=device)
+    if kept is None:  # (setdefault: two threads making one both get the kept one)
+        kept = _TEMPLATES.setdefault(key, torch.tensor(key[0], dtype=torch.int64, device=device))
     return kept
 
 
