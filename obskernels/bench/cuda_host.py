@@ -7,7 +7,7 @@ The companion of ``obskernels.bench.host`` (the CPU proxy, launches stubbed):
 the same scenarios, on CUDA tensors with the kernels compiled for the GPU,
 timed on the wall, plus what the proxy and the bench's model take as given.
 
-Every row gives four times in microseconds (the lead calls six):
+Every row gives four times in microseconds (the lead calls seven):
 - ``loop_us``: ``n`` calls back to back, then one synchronisation, divided by
   ``n`` -- what a calibration loop pays per call, the host issuing while the
   GPU runs earlier work (the fastest of the rounds);
