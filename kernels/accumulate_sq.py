@@ -39,7 +39,7 @@ from obskernels.kernels.launch import (
     current_config,
 )
 from obskernels.spec.calls import AccumulateCall
-from obskernels.spec.record import fresh_copy, template_of
+from obskernels.spec.record import fresh_copy, zero_tickets
 
 __all__ = ["accumulate_sq", "prepare"]
 
@@ -191,7 +191,7 @@ def prepare(call: AccumulateCall):
         add_k = Replay(globals(), "_sum_sq_kernel", (tile.programs, 1), ADD=True, **blocks)
     else:  # partials, finished in the launch by the last program of each block
         new_part = allocator((split, H), torch.float32, x.device)
-        no_tickets = template_of((0,) * tile.programs, x.device)
+        no_tickets = zero_tickets(tile.programs, x.device)
         part_k = Replay(globals(), "_sum_sq_kernel", (tile.programs, split), ADD=False, FINISH=True,
                         **blocks)
 

@@ -77,7 +77,7 @@ from obskernels.kernels.qparams import (
 from obskernels.kernels.quant import DTYPE_CODE
 from obskernels.spec.calls import MinMaxCall, MinMaxQParamsCall
 from obskernels.spec.layout import Strategy
-from obskernels.spec.record import STATUS_INIT, fresh_copy, template_of
+from obskernels.spec.record import STATUS_INIT, fresh_copy, zero_tickets
 
 __all__ = ["min_max", "prepare", "min_max_qparams", "prepare_qparams"]
 
@@ -451,7 +451,7 @@ def prepare(call: MinMaxCall, qparams: bool = False, widen: bool = True):
         # zero at launch and put back to zero) finishes the block's split
         first = dict(first, **epilogue, FINISH=True, BLOCK_S=finish_lanes(first))
         # the tickets of a call whose caller keeps none (see ``new_scratch``)
-        no_tickets = template_of((0,) * grid[0], dev)
+        no_tickets = zero_tickets(grid[0], dev)
 
     # the launch site, its constexprs and options bound (kernels/_replay.py)
     kernel = Replay(globals(), "_min_max_kernel", grid, **first)

@@ -111,6 +111,17 @@ def test_fresh_copy_clones_without_a_pool(monkeypatch):
         assert got.untyped_storage().nbytes() == template.untyped_storage().nbytes()
 
 
+def test_zeroed_tickets_come_in_powers_of_two_kept_once():
+    """A split's zeroed tickets: at least one per block, as many as the next
+    power of two, so that a handful of kept templates serve blocks counts
+    that follow a varying token count."""
+    sizes = {n: record.zero_tickets(n, "cpu") for n in (1, 2, 3, 4, 5, 8, 9, 1000)}
+    assert {n: t.numel() for n, t in sizes.items()} == {1: 1, 2: 2, 3: 4, 4: 4, 5: 8, 8: 8, 9: 16,
+                                                        1000: 1024}
+    assert sizes[3] is sizes[4] and sizes[5] is sizes[8] is record.zero_tickets(7, "cpu")
+    assert all(t.dtype == torch.int64 and not t.any() for t in sizes.values())
+
+
 @pytest.mark.skipif(not INTERPRETER, reason="the triton backend takes CPU tensors under TRITON_INTERPRET=1")
 def test_templates_outlive_the_launch_plans_that_copy_them(monkeypatch, pin_launch):
     """A CUDA graph that captured a copy of a template (``fresh_copy`` clones
@@ -150,7 +161,7 @@ def test_templates_outlive_the_launch_plans_that_copy_them(monkeypatch, pin_laun
         return list(copied)
 
     first = templates()
-    assert [t.numel() for t in first] == [1, len(STATUS_INIT) + 2], first  # tickets; status, flag, ticket
+    assert [t.numel() for t in first] == [1, len(STATUS_INIT) + 2], first  # a ticket; status, flag, ticket
     kept = [weakref.ref(t) for t in first]
     del first
     gc.collect()

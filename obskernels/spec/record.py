@@ -53,6 +53,7 @@ __all__ = [
     "IMPORTANCE_ZEROS",
     "new_record",
     "template_of",
+    "zero_tickets",
     "fresh_copy",
     "StatusPool",
     "POOL_ENABLED",
@@ -84,6 +85,13 @@ def template_of(words: tuple, device) -> torch.Tensor:
     if kept is None:  # (setdefault: two threads making one both get the kept one)
         kept = _TEMPLATES.setdefault(key, torch.tensor(key[0], dtype=torch.int64, device=device))
     return kept
+
+
+def zero_tickets(n: int, device) -> torch.Tensor:
+    """A template of at least ``n`` zeroed tickets, as many as the next power
+    of two: a launch counts in the first ``n`` only, and a few kept templates
+    serve every size (a split's blocks can follow a varying token count)."""
+    return template_of((0,) * (1 << max(n - 1, 0).bit_length()), device)
 
 
 # one fresh record per device, copied (device to device) for every new one:
