@@ -1039,11 +1039,11 @@ def test_split_profiles_the_call_and_not_its_setup():
 def test_split_goes_into_the_record_and_the_lead_table():
     from obskernels.bench import report
     from obskernels.bench.records import CaseInfo, Provenance, Record, Timing
-    from obskernels.bench.runner import Options, _measured, with_split
+    from obskernels.bench.runner import Options, _measured, _stats, interleaved_samples, with_split
 
     prepared, _ = _known_work("cpu")
     quiet = Options(min_reps=1, max_reps=1, min_time_s=0.0, progress=None)
-    timed = _measured(prepared, "cpu", quiet)
+    timed = _measured(prepared, "cpu", _stats(interleaved_samples([prepared], "cpu", quiet)[0]), "")
     assert timed.device_s is None  # taken apart (with_split), after every row is timed
     timing = with_split(timed, prepared, "cpu")
     assert timing.measured_s == timed.measured_s
@@ -1075,7 +1075,8 @@ def test_a_split_that_fails_leaves_the_rows_time_and_says_why(monkeypatch):
     monkeypatch.setattr(runner, "device_split", broken)
     prepared, _ = _known_work("cpu")
     opts = Options(min_reps=1, max_reps=1, min_time_s=0.0, progress=None)
-    timing = runner.with_split(runner._measured(prepared, "cpu", opts), prepared, "cpu")
+    calls = runner.interleaved_samples([prepared], "cpu", opts)[0]
+    timing = runner.with_split(runner._measured(prepared, "cpu", runner._stats(calls), ""), prepared, "cpu")
     assert timing.measured_s > 0 and timing.device_s is None and timing.device_ops is None
     assert timing.device_method == "not taken: RuntimeError: no profiler here"
 
@@ -1106,11 +1107,11 @@ def test_rows_are_timed_after_a_warm_up_of_their_own_calls(monkeypatch):
 
     monkeypatch.setattr(runner.time, "perf_counter", clock)
     opts = Options(min_reps=4, max_reps=4, min_time_s=0.0, warmup_s=0.025, progress=None)
-    median, reps, fastest = runner.time_calls(Prepared(fn), "cpu", opts)
+    median, reps, fastest = runner._stats(runner.interleaved_samples([Prepared(fn)], "cpu", opts)[0])
     assert (len(calls), reps) == (3 + 4, 4)
     assert median == pytest.approx(0.010) and fastest == pytest.approx(0.010)
     calls.clear()
-    runner.time_calls(Prepared(fn), "cpu", dataclasses.replace(opts, warmup_s=0.0))
+    runner.interleaved_samples([Prepared(fn)], "cpu", dataclasses.replace(opts, warmup_s=0.0))
     assert len(calls) == 4
 
 
@@ -1133,7 +1134,8 @@ def test_rows_of_a_case_take_turns_and_stop_on_their_own_time(monkeypatch):
 
     monkeypatch.setattr(runner.time, "perf_counter", clock)
     opts = Options(min_reps=2, max_reps=4, min_time_s=0.05, warmup_s=0.025, progress=None)
-    timed = runner.time_interleaved([row("a", 0.010), row("b", 0.030)], "cpu", opts)
+    timed = [runner._stats(t) for t in
+             runner.interleaved_samples([row("a", 0.010), row("b", 0.030)], "cpu", opts)]
     assert "".join(order) == "ab" + "abab" + "aa"
     assert timed == [pytest.approx((0.010, 4, 0.010)), pytest.approx((0.030, 2, 0.030))]
 

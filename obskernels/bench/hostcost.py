@@ -22,7 +22,7 @@ model scales a PyTorch path whose op count grows with the shape (a search
 that stops early on small data) by the op count at the modelled shape.
 
 The lead rows time a case's backends in turns, one call each
-(``runner.time_interleaved``), so each of their calls runs after the other
+(``runner.interleaved_samples``), so each of their calls runs after the other
 library's, which has pushed its code and data out of the host's caches.
 The same shows on a CPU: each path stubbed here took
 1.6-1.9x its time alone, right after llm-compressor's call of the same

@@ -187,16 +187,10 @@ def _one_call(prepared, device: str, flush=None) -> float:
     return time.perf_counter() - t0
 
 
-def time_interleaved(prepared: List, device: str, opts: Options) -> List[Tuple[float, int, float]]:
-    """Per call of ``prepared`` (the rows of one case and target, one per
-    backend): the median seconds of one call, how many calls were timed
-    (after the warm-up), and the fastest call (a guide when other work
-    shares the machine); the calls those of ``interleaved_samples``."""
-    return [_stats(t) for t in interleaved_samples(prepared, device, opts)]
-
-
 def _stats(times: List[float]) -> Tuple[float, int, float]:
-    """(median, count, fastest) of some calls' seconds."""
+    """(median, count, fastest) of some calls' seconds: the median of one
+    call, how many calls were timed (after the warm-up), and the fastest (a
+    guide when other work shares the machine)."""
     return statistics.median(times), len(times), min(times)
 
 
@@ -234,11 +228,6 @@ def interleaved_samples(prepared: List, device: str, opts: Options) -> List[List
                     or spent[i] >= opts.max_time_s):
                 running.remove(i)
     return times
-
-
-def time_calls(prepared, device: str, opts: Options) -> Tuple[float, int, float]:
-    """``time_interleaved`` of one row alone."""
-    return time_interleaved([prepared], device, opts)[0]
 
 
 #: calls ``device_split`` profiles per row
@@ -355,15 +344,13 @@ class _Progress:
         )
         self.stream.flush()
 
-def _measured(prepared, device: str, opts: Options, peak_bytes: Optional[int] = None,
-              peak_method: Optional[str] = None, timed: Optional[Tuple[float, int, float]] = None,
-              timer: str = "") -> Timing:
-    """The timing of ``prepared``: ``timed`` (the median, count and fastest
-    of its timed calls, taken with ``timer``: how) or, without, ``time_calls``'
-    of it alone; the peak is CUDA's on a GPU, else the one given. The device work
-    (``--split``) is not taken here: ``run`` profiles every row after the last
-    one is timed (``with_split``)."""
-    median, reps, fastest = timed if timed is not None else time_calls(prepared, device, opts)
+def _measured(prepared, device: str, timed: Tuple[float, int, float], timer: str,
+              peak_bytes: Optional[int] = None, peak_method: Optional[str] = None) -> Timing:
+    """The timing of ``prepared``: ``timed`` (``_stats`` of its timed calls,
+    taken with ``timer``: how); the peak is CUDA's on a GPU, else the one
+    given. The device work (``--split``) is not taken here: ``run`` profiles
+    every row after the last one is timed (``with_split``)."""
+    median, reps, fastest = timed
     if device == "cuda":
         peak_bytes, peak_method = cuda_peak(prepared), "torch.cuda.max_memory_allocated above the memory held before"
     return Timing(measured_s=median, measured_reps=reps, measured_min_s=fastest,
@@ -472,8 +459,8 @@ def _timings(group: _Group, device: str, opts: Options) -> List[object]:
             out.append(per_pass)
             continue
         try:
-            timing = _measured(row.prepared, device, opts, row.peak_bytes, row.peak_method,
-                               _stats([t for calls in per_pass for t in calls]), timer)
+            timing = _measured(row.prepared, device, _stats([t for calls in per_pass for t in calls]),
+                               timer, row.peak_bytes, row.peak_method)
         except Exception as exc:
             out.append(exc)
             continue
