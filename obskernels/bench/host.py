@@ -442,12 +442,12 @@ def measure(scenarios=SCENARIOS, reps: int = 300, warmup: int = 20, rounds: int 
                     partner()
         # each scenario alone, then in turns where it has a partner, then
         # after a cache sweep where it has one, in the same rounds
-        paired = [fn for (_, fn), p in zip(calls, partners) if p]
-        runs = ([(fn, None) for _, fn in calls] + [(fn, p) for (_, fn), p in zip(calls, partners) if p]
-                + [(fn, sweep_host_caches) for fn in paired])
-        timed = interleaved(runs, rounds, time_round)
-        alone, turns_of = timed[:len(calls)], iter(timed[len(calls):len(calls) + len(paired)])
-        swept_of = iter(timed[len(calls) + len(paired):])
+        paired = [(fn, p) for (_, fn), p in zip(calls, partners) if p]
+        runs = [(fn, None) for _, fn in calls] + paired + [(fn, sweep_host_caches) for fn, _ in paired]
+        timed = iter(interleaved(runs, rounds, time_round))
+        alone = [next(timed) for _ in calls]
+        turns_of = iter([next(timed) for _ in paired])
+        swept_of = timed
         for (sc, fn), partner, done in zip(calls, partners, alone):
             seconds = quiet_seconds(done)
             turns = None if partner is None else quiet_seconds(next(turns_of))
