@@ -428,11 +428,10 @@ def prepare(call: MinMaxCall, qparams: bool = False, widen: bool = True):
     record = call.status is not None
     epilogue = dict(MODE=mode, DTYPE=DTYPE_CODE[dtype], BITS16=bits16, **ST.mode_options(mode))
     grid = (tile.programs, split)
-    first = dict(
-        **tile.blocks(), PAD=layout.pad, GATHER=layout.gather, RECORD=record, **tile.launch(),
-        **(epilogue if split == 1 else dict(MODE=ST.MODE_REPLACE.value, DTYPE=epilogue["DTYPE"],
-                                            BITS16=False, **ST.mode_options(ST.MODE_REPLACE.value))),
-    )
+    # (with a split the programs store plain partials, FINISH: the epilogue
+    # is the finishing program's)
+    first = dict(**tile.blocks(), PAD=layout.pad, GATHER=layout.gather, RECORD=record,
+                 **tile.launch(), **epilogue)
 
     # outputs (contiguous); bf16 statistics are read and written as their
     # bits by the kernels themselves (kernels/stats.py), no view here
@@ -449,7 +448,7 @@ def prepare(call: MinMaxCall, qparams: bool = False, widen: bool = True):
     if split > 1:
         # one launch: the last program of each block to arrive (a ticket,
         # zero at launch and put back to zero) finishes the block's split
-        first = dict(first, **epilogue, FINISH=True, BLOCK_S=finish_lanes(first))
+        first = dict(first, FINISH=True, BLOCK_S=finish_lanes(first))
         # the tickets of a call whose caller keeps none (see ``new_scratch``)
         no_tickets = zero_tickets(grid[0], dev)
 
