@@ -28,6 +28,21 @@ kept in its place. So a replayed launch runs the kernel Triton would have
 chosen, with the same arguments; ``tests/kernels/test_replay.py`` checks
 that against Triton's own launch with a recording driver.
 
+A replayed launch hands the launcher each tensor's data pointer, an int,
+where Triton's hands it the tensor: for a tensor Triton's C launcher calls
+its ``data_ptr()`` and asks the driver whether the pointer is one the GPU
+can access (``cuPointerGetAttribute``, to refuse a CPU tensor with a clear
+error), one driver call per tensor argument per launch (3 to 12 in the
+observers' launches); for an int it takes the value as the pointer. The
+replay reads the pointers anyway (their alignment) and needs no such check:
+the kept call passed it, and a prepared launch's tensors are the checked
+call's, on the device of its signature (a plan's key holds every tensor's
+device), or made on it. Only a GPU's launches take pointers
+(``_hands_pointers``): the recording driver that stands in for the launcher
+without a GPU (``obskernels.bench.launch``) zero-fills the integer tensors
+it is handed, as a kernel writes them. ``POINTERS = False``
+(``OBSKERNELS_REPLAY_POINTERS=0`` at import) hands the tensors everywhere.
+
 Under the interpreter (``TRITON_INTERPRET=1``), or where the kernel is
 replaced (the host proxy's stubs, the compile report's recorders: the
 kernel is looked up by name at each call), every call is ``kernel[grid]``.
@@ -45,18 +60,26 @@ import triton
 from triton.compiler import CompiledKernel
 from triton.runtime.jit import JITFunction
 
-__all__ = ["Replay", "ENABLED"]
+__all__ = ["Replay", "ENABLED", "POINTERS"]
 
 ENABLED = os.environ.get("OBSKERNELS_REPLAY", "1") != "0"
+#: replayed launches hand the launcher data pointers, not tensors (see above)
+POINTERS = os.environ.get("OBSKERNELS_REPLAY_POINTERS", "1") != "0"
 
 _dtype = operator.attrgetter("dtype")
 _data_ptr = torch.Tensor.data_ptr
 _low_bits = (15).__and__
 
 
-def _aligned(tensors) -> tuple:
-    """Per tensor, whether its data pointer is a multiple of 16 bytes."""
-    return tuple(map(operator.not_, map(_low_bits, map(_data_ptr, tensors))))
+def _aligned(pointers) -> tuple:
+    """Per data pointer, whether it is a multiple of 16 bytes."""
+    return tuple(map(operator.not_, map(_low_bits, pointers)))
+
+
+def _hands_pointers(tensors) -> bool:
+    """Whether a kept call's launches hand the launcher pointers (``POINTERS``):
+    where its tensors are a GPU's, which Triton's C launcher would check."""
+    return all(t.is_cuda for t in tensors)
 
 
 def _knobs():
@@ -121,7 +144,7 @@ class _Fields:
     returns the tuple's tensors then (their dtypes and alignment are checked
     with the call's other tensors), None where it does not match."""
 
-    __slots__ = ("type", "len", "tensors_of", "others_of", "others", "models")
+    __slots__ = ("type", "len", "tensors_of", "others_of", "others", "models", "count", "pointed_of")
 
     @classmethod
     def of(cls, value):
@@ -132,7 +155,12 @@ class _Fields:
             return None
         self = cls()
         self.type, self.len = type(value), len(value)
-        self.tensors_of = _getter([i for i, k in enumerate(kinds) if k[0] is _TENSOR])
+        held = [i for i, k in enumerate(kinds) if k[0] is _TENSOR]
+        self.tensors_of, self.count = _getter(held), len(held)
+        # a plain tuple of the fields with the tensors' pointers in their
+        # places, picked from the tuple followed by those pointers
+        self.pointed_of = _getter([self.len + held.index(i) if i in held else i
+                                   for i in range(self.len)])
         others = [i for i, k in enumerate(kinds) if k[0] is not _TENSOR]
         self.others_of = _getter(others)
         self.others = self.others_of(value)
@@ -157,11 +185,13 @@ class _Kept:
     and the defaults of the parameters neither passes (``tail``); ``args_of``
     picks the kernel's arguments from it in signature order. Only the call's
     own part is compared: the site's keywords are the site's, the same
-    objects at every call."""
+    objects at every call. ``pointed_of`` picks them with the tensors'
+    pointers in their places (``POINTERS``)."""
 
-    __slots__ = ("fn", "n_args", "keys", "tail", "args_of", "fixed_of", "fixed", "fixed_types",
-                 "free_of", "free", "free_types", "ints_of", "fields", "tuples", "tensors_of", "dtypes",
-                 "aligned", "all_aligned", "device", "knobs", "globals", "runner")
+    __slots__ = ("fn", "n_args", "keys", "tail", "args_of", "pointed_of", "spans", "pointers",
+                 "fixed_of", "fixed", "fixed_types", "free_of", "free", "free_types", "ints_of",
+                 "fields", "tuples", "tensors_of", "dtypes", "aligned", "all_aligned", "device",
+                 "knobs", "globals", "runner")
 
     def __init__(self, fn, kernel, grid, args, kwargs, bound, device):
         self.fn, self.device = fn, device
@@ -202,10 +232,24 @@ class _Kept:
         self.tensors_of = _getter(tensors)
         kept = self._tensors(flat)
         self.dtypes = tuple(map(_dtype, kept))
+        # the launch with pointers (``POINTERS``): the kernel's arguments in
+        # signature order picked from the call's flat arguments followed by
+        # its tensors' pointers (``_tensors``' order: the plain ones, then
+        # each tuple's) and its tuples holding tensors rebuilt with theirs
+        # (``spans``: each such tuple's place and its pointers' slice)
+        n_flat, start, spans = len(flat), len(tensors), []
+        for i, fields in self.fields:
+            spans.append((i, fields, start, start + fields.count))
+            start += fields.count
+        self.spans = tuple(spans)
+        source = {f: n_flat + k for k, f in enumerate(tensors)}
+        source.update((i, n_flat + len(kept) + k) for k, (i, _) in enumerate(self.fields))
+        self.pointed_of = _getter([source.get(f, f) for f in (flat_names.index(n) for n in names)])
+        self.pointers = bool(kept) and _hands_pointers(kept)
         # which tensors are 16-byte aligned, which Triton specialises on (the
         # compiled code may assume it): a call whose pattern differs takes its
         # path (where all were, one test of their pointers' bits together)
-        self.aligned = _aligned(kept)
+        self.aligned = _aligned(map(_data_ptr, kept))
         self.all_aligned = all(self.aligned)
         self.knobs = _knobs()
         # the globals the kernel read when it compiled, per module, as bound
@@ -241,7 +285,9 @@ class _Kept:
         return tensors
 
     def _matching(self, args, kwargs, device):
-        """The call's kernel arguments in signature order where it matches; None otherwise."""
+        """The call's kernel arguments in signature order where it matches
+        (its tensors as their data pointers where ``POINTERS`` and the kept
+        call's launches take them); None otherwise."""
         if len(args) != self.n_args or tuple(kwargs) != self.keys:
             return None
         flat = args + tuple(kwargs.values()) + self.tail if kwargs else args + self.tail
@@ -255,9 +301,11 @@ class _Kept:
                     or tuple(map(type, free)) != self.free_types
                     or (ints and not (_I32_MIN <= min(ints) and max(ints) <= _I32_MAX))):
                 return None
-        if (tensors is None or tuple(map(_dtype, tensors)) != self.dtypes
-                or (functools.reduce(operator.or_, map(_data_ptr, tensors), 0) & 15
-                    if self.all_aligned else _aligned(tensors) != self.aligned)
+        if tensors is None or tuple(map(_dtype, tensors)) != self.dtypes:
+            return None
+        pointers = tuple(map(_data_ptr, tensors))
+        if ((functools.reduce(operator.or_, pointers, 0) & 15 if self.all_aligned
+             else _aligned(pointers) != self.aligned)
                 or device != self.device or _knobs() != self.knobs or self.fn.pre_run_hooks):
             return None
         for i, model in self.tuples:
@@ -268,7 +316,11 @@ class _Kept:
         for scope, bound, values in self.globals:
             if bound(scope) != values:
                 return None
-        return self.args_of(flat)
+        if not (POINTERS and self.pointers):
+            return self.args_of(flat)
+        for i, fields, start, stop in self.spans:
+            pointers += (fields.pointed_of(flat[i] + pointers[start:stop]),)
+        return self.pointed_of(flat + pointers)
 
 
 def _device():

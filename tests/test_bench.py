@@ -866,6 +866,7 @@ def test_cuda_host_rounds_go_over_every_row_in_turn(monkeypatch):
     monkeypatch.setattr(cuda_host, "_unit", lambda: row("unit", 2.0))
     monkeypatch.setattr(cuda_host, "_bare_launch", lambda: row("launch", 3.0))
     monkeypatch.setattr(cuda_host, "_through_triton", lambda fn: row("through triton", 7.0))
+    monkeypatch.setattr(cuda_host, "_with_tensors", lambda fn: row("tensors", 6.0))
     monkeypatch.setattr(cuda_host, "_lead_rows", lambda: [
         ("lead call", row("lead", 9.0, launch_at=2.0), row("partner", 50.0))])
     monkeypatch.setattr(_replay.Replay, "__call__", site)
@@ -875,10 +876,11 @@ def test_cuda_host_rounds_go_over_every_row_in_turn(monkeypatch):
     monkeypatch.setattr(host, "SCENARIOS", (minmax,))
     monkeypatch.setattr(host, "_call_of", lambda sc, device="cpu": row(sc.name, 5.0, quiet=4.0))
     rows = cuda_host.measure(n=2, reps=6, rounds=3)
-    names = ["unit", "launch", "minmax call", "through triton", "lead"]
+    names = ["unit", "launch", "minmax call", "through triton", "tensors", "lead"]
     assert [r["row"] for r in rows] == ["unit: one-element CUDA add_", "bare Triton launch",
-                                        "minmax call", "minmax call, Triton's launch path", "lead call"]
-    warm, timed = order[:26], order[26:]
+                                        "minmax call", "minmax call, Triton's launch path",
+                                        "minmax call, tensors to Triton's launcher", "lead call"]
+    warm, timed = order[:31], order[31:]
     assert warm == [name for name in names for _ in range(5)] + ["partner"]
     # a round: per row, 2 calls back to back, 2 single calls, 2 single calls
     # after a wipe each, then 1 more after a wipe (issued); the lead call
@@ -887,17 +889,17 @@ def test_cuda_host_rounds_go_over_every_row_in_turn(monkeypatch):
     assert timed == [step for name in names for step in [name] * 4 + ["wipe", name] * 3
                      + (["partner", "wipe", name] * 3 + ["sweep", "wipe", name] * 2
                         if name == "lead" else [])] * 3
-    for r, cost in zip(rows, (2.0, 3.0, 4.0, 7.0, 9.0)):  # the minmax call's quiet second round
+    for r, cost in zip(rows, (2.0, 3.0, 4.0, 7.0, 6.0, 9.0)):  # the minmax call's quiet second round
         assert r["loop_us"] == pytest.approx((2 * cost + 1.0) / 2 * 1e6)  # one synchronisation timed
         assert r["sync_us"] == pytest.approx((cost + 1.0) * 1e6)
         assert r["wiped_us"] == pytest.approx((cost + 0.5 + 1.0) * 1e6)
         assert r["units"] == pytest.approx(r["loop_us"] / rows[0]["loop_us"])
-    assert [r["issued_us"] for r in rows[:-1]] == [None] * 4
+    assert [r["issued_us"] for r in rows[:-1]] == [None] * 5
     assert rows[-1]["issued_us"] == pytest.approx((0.5 + 2.0 + 0.25) * 1e6)
-    assert [r["turns_us"] for r in rows[:-1]] == [r["turns_issued_us"] for r in rows[:-1]] == [None] * 4
+    assert [r["turns_us"] for r in rows[:-1]] == [r["turns_issued_us"] for r in rows[:-1]] == [None] * 5
     assert rows[-1]["turns_us"] == pytest.approx((9.0 + 0.5 + 1.0) * 1e6)  # the partner untimed
     assert rows[-1]["turns_issued_us"] == pytest.approx((0.5 + 2.0 + 0.25) * 1e6)
-    assert [r["swept_us"] for r in rows[:-1]] == [None] * 4
+    assert [r["swept_us"] for r in rows[:-1]] == [None] * 5
     assert rows[-1]["swept_us"] == pytest.approx((9.0 + 0.5 + 1.0) * 1e6)  # the sweep untimed
     assert _replay.Replay.__call__ is site  # the sites unwrapped after
 
@@ -929,7 +931,9 @@ def test_cuda_host_measures_every_row():
     assert [n for n in names if n.startswith("memoryless_minmax ")] == [
         f"memoryless_minmax w4096x4096 bf16 {scheme}" for scheme in bench_cases.WEIGHT_SCHEMES] + [
         f"memoryless_minmax a2048x4096 bf16 {scheme}" for scheme in bench_cases.ACTIVATION_SCHEMES]
-    assert {"minmax call, Triton's launch path", "activation forward 2048x4096, Triton's launch path"} <= set(names)
+    assert {"minmax call, Triton's launch path", "activation forward 2048x4096, Triton's launch path",
+            "minmax call, tensors to Triton's launcher",
+            "activation forward 2048x4096, tensors to Triton's launcher"} <= set(names)
     assert rows[0]["units"] == 1.0
     assert all(r["loop_us"] > 0 and r["sync_us"] > 0 and r["wiped_us"] > 0 and r["kind"] == "measured"
                for r in rows)

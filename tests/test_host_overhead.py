@@ -599,9 +599,12 @@ def test_repeated_calls_launch_past_tritons_front_end_on_cuda(name, base_name, s
                                                               monkeypatch):
     """On CUDA, once a call's launches have run, the same call again makes
     every launch through its launch site's replay (kernels/_replay.py:
-    Triton's launch path not taken, counted at JITFunction.run), and its
-    results are the reference backend's, call after call."""
+    Triton's launch path not taken, counted at JITFunction.run), handing
+    Triton's C launcher data pointers, not tensors, and its results are the
+    reference backend's, call after call."""
     from triton.runtime.jit import JITFunction
+
+    from obskernels.kernels import _replay
 
     args = SCHEMES[scheme].qargs()
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -628,9 +631,21 @@ def test_repeated_calls_launch_past_tritons_front_end_on_cuda(name, base_name, s
         count[0] += 1
         return run(self, *a, **k)
 
+    handed = []  # per replayed launch: whether it handed the launcher a tensor
+    matching = _replay._Kept._matching
+
+    def spied(self, *a):
+        vals = matching(self, *a)
+        if vals is not None:
+            handed.append(any(isinstance(v, torch.Tensor) or (isinstance(v, tuple) and any(
+                isinstance(f, torch.Tensor) for f in v)) for v in vals))
+        return vals
+
     monkeypatch.setattr(JITFunction, "run", counted)
+    monkeypatch.setattr(_replay._Kept, "_matching", spied)
     got = results("triton", count)
     assert count[0] == 0, f"{count[0]} launches of the last three calls took Triton's launch path"
+    assert handed and not any(handed), f"replays handing tensors: {handed}"
     want = results("reference")
     for k, (g_, w) in enumerate(zip(got, want)):
         for key in w:

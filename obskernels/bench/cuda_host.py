@@ -46,15 +46,18 @@ Rows:
 - every scenario of ``obskernels.bench.host.SCENARIOS`` (its shapes; the
   drop-in's where llm-compressor imports), and the minmax call again with
   every launch through Triton's launch path (launch replays off,
-  kernels/_replay.py);
+  kernels/_replay.py), and again replayed but handing the launcher tensors
+  instead of their data pointers (``_replay.POINTERS`` off: Triton's C
+  launcher then asks the driver about each one);
 - the lead table's min/max calls: a memoryless_minmax call (new, observe,
   get_qparams) on the bench's 4096x4096 bf16 value of each weight scheme
   and its 2048x4096 bf16 value of each activation scheme, so that a lead
   row reads beside the same call timed here;
 - an fp8 activation's static_minmax forward at 2048x4096 bf16 (the
   calibration loop's repeated call): obskernels' observer eagerly (and with
-  launch replays off), the same forward captured in a CUDA graph and replayed (``nonfinite="propagate"``,
-  the pattern of the README), and, where llm-compressor imports, its own
+  launch replays off, and with tensors to the launcher), the same forward
+  captured in a CUDA graph and replayed (``nonfinite="propagate"``, the
+  pattern of the README), and, where llm-compressor imports, its own
   observer plain and through the drop-in.
 
 The default backend choice is timed ("auto", which picks triton for a CUDA
@@ -193,6 +196,22 @@ def _through_triton(fn: Callable[[], object]) -> Callable[[], object]:
     return call
 
 
+def _with_tensors(fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` with its replayed launches handing the launcher tensors, not
+    their data pointers (kernels/_replay.py's ``POINTERS``): what the
+    pointers save."""
+    from obskernels.kernels import _replay
+
+    def call():
+        _replay.POINTERS = False
+        try:
+            return fn()
+        finally:
+            _replay.POINTERS = True
+
+    return call
+
+
 def _wipe() -> Callable[[], object]:
     """Zeroes 256 MB of the GPU (more than any L2), as the lead rows do."""
     from obskernels.bench.runner import _wipe_buffer
@@ -247,7 +266,9 @@ def _activation_rows() -> List[tuple]:
     value = _activation_value()
     eager = Observer.load_from_registry("static_minmax", base_name="input", args=args)
     rows = [("activation forward 2048x4096 (obskernels static_minmax)", lambda: eager(value)),
-            ("activation forward 2048x4096, Triton's launch path", _through_triton(lambda: eager(value)))]
+            ("activation forward 2048x4096, Triton's launch path", _through_triton(lambda: eager(value))),
+            ("activation forward 2048x4096, tensors to Triton's launcher",
+             _with_tensors(lambda: eager(value)))]
 
     graphed = Observer.load_from_registry("static_minmax", base_name="input", args=args,
                                           nonfinite="propagate")
@@ -301,6 +322,8 @@ def measure(n: int = 200, reps: int = 50, progress=None, rounds: int = 5) -> Lis
         minmax = next(sc for sc in host.SCENARIOS if sc.name == "minmax call")
         rows.append(("minmax call, Triton's launch path",
                      _through_triton(host._call_of(minmax, device="cuda"))))
+        rows.append(("minmax call, tensors to Triton's launcher",
+                     _with_tensors(host._call_of(minmax, device="cuda"))))
         lead = _lead_rows()
         rows += [(name, fn) for name, fn, _ in lead]
         rows += _activation_rows()

@@ -7,8 +7,14 @@ same launch through Triton's own ``kernel[grid](...)``, and prints one JSON
 object per case: which path the Replay took ("replay": the kept kernel,
 past Triton's front end; "triton": Triton's launch path, counted at
 ``JITFunction.run``), whether both launches reached the launcher with the
-same compiled kernel (function handle), grid and argument objects, or the
-error each raised. The test holds the expectations.
+same compiled kernel (function handle), grid and arguments, or the error
+each raised. The test holds the expectations.
+
+A replay on a GPU hands the launcher each tensor's data pointer (an int)
+where Triton's launch hands the tensor (``_replay.POINTERS``); here, on CPU
+tensors, it does so because the worker says their launches take pointers
+(``_replay._hands_pointers``), so that every replay is compared as a GPU's:
+the same objects but for the tensors, each replaced by its ``data_ptr()``.
 """
 
 from __future__ import annotations
@@ -57,15 +63,34 @@ def _metadata(m):
     return None if m is None else (type(m).__name__, m.data, len(m.extras))
 
 
+def _same_arg(x, y) -> bool:
+    """Whether the replay's argument ``x`` is Triton's ``y``: the same object,
+    or ``y``'s data pointer for a tensor (fieldwise in a tuple)."""
+    if x is y:
+        return True
+    if isinstance(y, torch.Tensor):
+        return type(x) is int and x == y.data_ptr()
+    return (isinstance(y, tuple) and type(x) is tuple and len(x) == len(y)
+            and all(map(_same_arg, x, y)))
+
+
+def _holds_tensor(args) -> bool:
+    return any(isinstance(a, torch.Tensor) or (isinstance(a, tuple) and _holds_tensor(a)) for a in args)
+
+
 def _same(a, b) -> dict:
     """Facts about two launcher records (name, grid, stream, function, args,
-    (packed metadata, launch metadata, enter hook, exit hook))."""
+    (packed metadata, launch metadata, enter hook, exit hook)): ``a`` the
+    replay's, ``b`` Triton's."""
     if isinstance(a, str) or isinstance(b, str) or a is None or b is None:
         return {"errors": [a if isinstance(a, str) else None, b if isinstance(b, str) else None],
-                "same_function": False, "same_args": False, "same_grid": False, "same_launch": False}
+                "same_function": False, "same_args": False, "same_grid": False, "same_launch": False,
+                "pointers": False}
     (packed_a, meta_a, *hooks_a), (packed_b, meta_b, *hooks_b) = a[5], b[5]
     return {"errors": [None, None], "same_function": a[3] == b[3], "same_grid": a[1] == b[1],
-            "same_args": len(a[4]) == len(b[4]) and all(x is y for x, y in zip(a[4], b[4])),
+            "same_args": len(a[4]) == len(b[4]) and all(map(_same_arg, a[4], b[4])),
+            # whether the replay handed pointers only (Triton handed tensors)
+            "pointers": _holds_tensor(b[4]) and not _holds_tensor(a[4]),
             # the stream, the packed metadata, the hooks and what they are handed
             "same_launch": (a[2] == b[2] and packed_a is packed_b and _metadata(meta_a) == _metadata(meta_b)
                             and all(x is y for x, y in zip(hooks_a, hooks_b)))}
@@ -170,6 +195,8 @@ def probe_cases(recorder, runs) -> list:
              teardown=lambda: _probe.pre_run_hooks.remove(hook))
     run_case("replays off", setup=lambda: setattr(_replay, "ENABLED", False),
              teardown=lambda: setattr(_replay, "ENABLED", True))
+    run_case("pointers off", setup=lambda: setattr(_replay, "POINTERS", False),
+             teardown=lambda: setattr(_replay, "POINTERS", True))
     saved = globals()["_OFFSET"]
     run_case("a global rebound", setup=lambda: globals().__setitem__("_OFFSET", tl.constexpr(2)),
              teardown=lambda: globals().__setitem__("_OFFSET", saved))
@@ -250,8 +277,11 @@ def main() -> int:
 
     from obskernels.bench.launch import compiled_on_cpu, triton_runs
 
+    from obskernels.kernels import _replay
+
     warnings.simplefilter("ignore")
     part = sys.argv[1]
+    _replay._hands_pointers = lambda tensors: True  # every replay as a GPU's (see above)
     with compiled_on_cpu() as recorder, triton_runs() as runs:
         rows = probe_cases(recorder, runs) if part == "probe" else observer_cases(recorder, runs)
     for row in rows:

@@ -6,7 +6,8 @@ each triton of ``compile_pythons()``: the kernels compile for sm_90 and a
 recording driver (obskernels.bench.launch) stands in for Triton's C
 launcher. Every launch a ``Replay`` makes is made again through Triton's
 ``kernel[grid](...)`` with the same arguments; the two must reach the
-launcher with the same compiled kernel, grid and argument objects. A call
+launcher with the same compiled kernel, grid and argument objects, but for
+the tensors: a replay hands each one's data pointer (as on a GPU). A call
 that Triton would specialise differently must take Triton's path.
 """
 
@@ -57,6 +58,7 @@ EXPECTED_PATHS = {
     "a stream of its own": "replay",
     "a pre-run hook": "triton",
     "replays off": "triton",
+    "pointers off": "replay",  # the tensors handed, as Triton hands them
     "a global rebound": "triton",
 }
 
@@ -87,6 +89,8 @@ def test_a_replay_launches_what_triton_launches_and_only_where_it_would(python):
         assert row["errors"] == [None, None], f"{case}: {row['errors']}"
         assert row["same_function"] and row["same_grid"] and row["same_args"] and row["same_launch"], \
             f"{case}: the replay's launch differs from Triton's: {row}"
+        # a replay hands the launcher its tensors' pointers, unless told not to
+        assert row["pointers"] == (want == "replay" and case != "pointers off"), f"{case}: {row}"
 
 
 def test_every_repeated_observer_launch_is_replayed_as_triton_launches_it(python):
@@ -109,6 +113,7 @@ def test_every_repeated_observer_launch_is_replayed_as_triton_launches_it(python
         for rep in row["replays"]:
             assert rep["same_function"] and rep["same_grid"] and rep["same_args"] and rep["same_launch"], \
                 f"{case}: {rep}"
+            assert rep["pointers"], f"{case}: a replay handed the launcher a tensor: {rep}"
 
 
 def test_launch_proxy_cli_json_rows():
