@@ -871,6 +871,7 @@ def test_cuda_host_rounds_go_over_every_row_in_turn(monkeypatch):
         ("lead call", row("lead", 9.0, launch_at=2.0), row("partner", 50.0))])
     monkeypatch.setattr(_replay.Replay, "__call__", site)
     monkeypatch.setattr(cuda_host, "_activation_rows", lambda: [])
+    monkeypatch.setattr(cuda_host, "part_rows", lambda device: ([], 4))
     monkeypatch.setattr(cuda_host, "_wipe", lambda: wipe)
     monkeypatch.setattr(host, "sweep_host_caches", sweep)
     monkeypatch.setattr(host, "SCENARIOS", (minmax,))
@@ -902,6 +903,32 @@ def test_cuda_host_rounds_go_over_every_row_in_turn(monkeypatch):
     assert [r["swept_us"] for r in rows[:-1]] == [None] * 5
     assert rows[-1]["swept_us"] == pytest.approx((9.0 + 0.5 + 1.0) * 1e6)  # the sweep untimed
     assert _replay.Replay.__call__ is site  # the sites unwrapped after
+
+
+def test_minmax_call_parts_are_its_pieces():
+    """bench.cuda_host's parts of the minmax call, made here on CPU tensors
+    (the launch interpreted): the call allocates its four outputs (mins,
+    maxs, scale, zero point), its one launch replays with the call's own
+    arguments (writing the outputs again) and the status read reads a
+    status; the split charges the outputs as many times as a call makes
+    them and leaves the rest to the call's other work."""
+    from obskernels.bench import cuda_host
+    from obskernels.spec.record import STATUS_INIT
+
+    rows, outputs = cuda_host.part_rows("cpu")
+    assert [name for name, _ in rows] == list(cuda_host.PARTS)
+    assert outputs == 4
+    made = {name: fn() for name, fn in rows}
+    assert type(made["part: a new observer"]).__name__ == "MemorylessMinMaxObserver"
+    assert made["part: a fresh status"].tolist()[:len(STATUS_INIT)] == list(STATUS_INIT)
+    record, scale_bad = made["part: the status read"]
+    assert len(record) == len(STATUS_INIT) and scale_bad is False
+    loops = dict(zip(cuda_host.PARTS, (10.0, 3.0, 2.0, 12.0, 15.0, 20.0)))
+    timed = [{"row": "minmax call", "loop_us": 100.0}] + [{"row": n, "loop_us": v} for n, v in loops.items()]
+    assert cuda_host.minmax_by_part(timed, outputs) == {
+        "a new observer": 10.0, "4 outputs": 12.0, "a fresh status": 2.0, "the launch": 12.0,
+        "the status read": 20.0, "the rest": 44.0}
+    assert cuda_host.minmax_by_part(timed[:-1], outputs) is None  # a part missing
 
 
 def test_cuda_host_refuses_without_cuda(monkeypatch, capsys):
@@ -949,6 +976,10 @@ def test_cuda_host_measures_every_row():
     by_name = {r["row"]: r for r in rows}
     assert by_name["unit: one-element CUDA add_"]["issued_us"] is None
     assert by_name["activation forward 2048x4096, CUDA graph replay"]["issued_us"] is None
+    # the minmax call's pieces, each timed alone, and its split into them
+    assert set(cuda_host.PARTS) <= set(names)
+    by_part = by_name["minmax call"]["by_part_us"]
+    assert list(by_part)[-1] == "the rest" and all(v > 0 for k, v in by_part.items() if k != "the rest")
 
 
 def test_oneshot_comparison_alternates_the_modes_repeated_calls(monkeypatch):

@@ -53,6 +53,13 @@ Rows:
   get_qparams) on the bench's 4096x4096 bf16 value of each weight scheme
   and its 2048x4096 bf16 value of each activation scheme, so that a lead
   row reads beside the same call timed here;
+- the minmax call's host pieces, each alone, back to back (``part_rows``):
+  a new observer; one output allocated as the launch allocates its outputs;
+  a fresh status (from the status pool); the call's one launch replayed
+  with its own arguments (and with tensors handed to the launcher); the
+  status read in ``get_qparams`` (a device-to-host copy). ``minmax_by_part``
+  splits the minmax call's ``loop_us`` into them (the outputs counted in a
+  call), the rest being its Python and torch's dispatch;
 - an fp8 activation's static_minmax forward at 2048x4096 bf16 (the
   calibration loop's repeated call): obskernels' observer eagerly (and with
   launch replays off, and with tensors to the launcher), the same forward
@@ -74,7 +81,7 @@ import time
 from typing import Callable, Dict, List, Optional
 
 __all__ = ["measure", "main", "ACTIVATION_SHAPE", "LEAD_WEIGHT_SHAPE", "loop_seconds", "sync_times",
-           "sync_seconds", "issued_times"]
+           "sync_seconds", "issued_times", "part_rows", "minmax_by_part", "PARTS"]
 
 try:  # the bare launch's kernel (this module imports without triton too)
     import triton
@@ -212,6 +219,101 @@ def _with_tensors(fn: Callable[[], object]) -> Callable[[], object]:
     return call
 
 
+#: the minmax call's pieces timed alone (``part_rows``), in ``minmax_by_part``'s order
+PARTS = ("part: a new observer", "part: an output allocated", "part: a fresh status",
+         "part: the launch, replayed", "part: the launch, tensors to Triton's launcher",
+         "part: the status read")
+
+
+def _allocations(fn: Callable[[], object]) -> int:
+    """How many tensors one call of ``fn`` allocates (torch's ``empty*`` ops:
+    a pooled status's chunk, ``new_empty``, is not counted)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    count = [0]
+
+    class Counting(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.__name__.startswith("empty"):
+                count[0] += 1
+            return func(*args, **(kwargs or {}))
+
+    with Counting():
+        fn()
+    return count[0]
+
+
+def part_rows(device: str = "cuda") -> tuple:
+    """((name, call) per ``PARTS``, outputs): the host scenarios' minmax call
+    (new observer, observe, get_qparams) in pieces, each made alone on
+    ``device``'s tensors of the call: its observer's construction; one of
+    its outputs allocated (the launch's allocator, the scale's shape and
+    dtype); a fresh status from its template; its one launch, through its
+    launch site with the arguments of a call (outputs and status written
+    again); the same with tensors handed to Triton's launcher; the read of
+    a status. ``outputs``: the tensors one call allocates."""
+    import torch
+
+    from obskernels import Observer
+    from obskernels.bench import host
+    from obskernels.kernels import _replay
+    from obskernels.kernels._layout import allocator
+    from obskernels.observers.report import read_status
+    from obskernels.spec.record import STATUS_INIT, fresh_copy, template_of
+
+    minmax = next(sc for sc in host.SCENARIOS if sc.name == "minmax call")
+    call = host._call_of(minmax, device=device)
+    for _ in range(3):
+        call()  # compiled and planned
+    site_call = _replay.Replay.__call__
+    launches = []
+
+    def seen(self, *args, **kwargs):
+        launches.append((self, args, kwargs))
+        return site_call(self, *args, **kwargs)
+
+    with host.stubbed_launches():  # the call's own allocations, not a launch's (the interpreter's)
+        outputs = _allocations(call)
+    _replay.Replay.__call__ = seen
+    try:
+        qparams = call()
+    finally:
+        _replay.Replay.__call__ = site_call
+    if len(launches) != 1:
+        raise RuntimeError(f"the minmax call made {len(launches)} launches, not one")
+    ((site, args, kwargs),) = launches
+    status = next(a for a in args if isinstance(a, torch.Tensor) and a.dtype == torch.int64)
+    # the template the launch's statuses are copied from (kept per words and device)
+    template = template_of(STATUS_INIT + (0,) * (status.numel() - len(STATUS_INIT)), status.device)
+    scale = qparams["scale"]
+    new_output = allocator(tuple(scale.shape), scale.dtype, scale.device)
+    qargs = host._qargs(minmax.args)
+    rows = [
+        (PARTS[0], lambda: Observer.load_from_registry(minmax.observer, base_name=minmax.base_name,
+                                                       args=qargs)),
+        (PARTS[1], new_output),
+        (PARTS[2], lambda: fresh_copy(template)),
+        (PARTS[3], lambda: site(*args, **kwargs)),
+        (PARTS[4], _with_tensors(lambda: site(*args, **kwargs))),
+        (PARTS[5], lambda: read_status(status)),
+    ]
+    return rows, outputs
+
+
+def minmax_by_part(rows: List[Dict], outputs: int) -> Optional[Dict[str, float]]:
+    """The minmax call's ``loop_us`` split into its pieces' (``PARTS``, each
+    once but the output, ``outputs`` times; the launch replayed) and the
+    rest; None where a row is missing."""
+    loop = {r["row"]: r["loop_us"] for r in rows}
+    if "minmax call" not in loop or not all(p in loop for p in PARTS):
+        return None
+    pieces = {"a new observer": loop[PARTS[0]], f"{outputs} outputs": outputs * loop[PARTS[1]],
+              "a fresh status": loop[PARTS[2]], "the launch": loop[PARTS[3]],
+              "the status read": loop[PARTS[5]]}
+    pieces["the rest"] = loop["minmax call"] - sum(pieces.values())
+    return pieces
+
+
 def _wipe() -> Callable[[], object]:
     """Zeroes 256 MB of the GPU (more than any L2), as the lead rows do."""
     from obskernels.bench.runner import _wipe_buffer
@@ -324,6 +426,8 @@ def measure(n: int = 200, reps: int = 50, progress=None, rounds: int = 5) -> Lis
                      _through_triton(host._call_of(minmax, device="cuda"))))
         rows.append(("minmax call, tensors to Triton's launcher",
                      _with_tensors(host._call_of(minmax, device="cuda"))))
+        parts, outputs = part_rows("cuda")
+        rows += parts
         lead = _lead_rows()
         rows += [(name, fn) for name, fn, _ in lead]
         rows += _activation_rows()
@@ -380,6 +484,9 @@ def measure(n: int = 200, reps: int = 50, progress=None, rounds: int = 5) -> Lis
     device = torch.cuda.get_device_name(0)
     for r in out:
         r.update(units=r["loop_us"] / unit, unit_us=unit, device=device, kind="measured")
+    by_part = minmax_by_part(out, outputs)
+    if by_part is not None:  # on the minmax call's row
+        next(r for r in out if r["row"] == "minmax call")["by_part_us"] = by_part
     return out
 
 
@@ -431,6 +538,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"{r['row']:58} {r['loop_us']:9.1f} {r['sync_us']:9.1f} {r['wiped_us']:9.1f} "
               f"{_us(r['issued_us']):>9} {_us(r['turns_us']):>9} {_us(r['turns_issued_us']):>9} "
               f"{_us(r['swept_us']):>9} {r['units']:7.1f}")
+    for r in rows:
+        if "by_part_us" in r:
+            print("minmax call by part (loop us): " + ", ".join(
+                f"{name} {us:.1f}" for name, us in r["by_part_us"].items()))
     return 0
 
 
