@@ -810,7 +810,7 @@ def test_cuda_host_times_per_call_from_the_clock(monkeypatch):
     assert cuda_host.sync_seconds(clock.call, reps=5) == pytest.approx(3.0 + 8.0)
 
 
-def test_cuda_host_rounds_go_over_every_row_in_turn(monkeypatch):
+def test_cuda_host_rounds_go_over_every_row_in_turn(monkeypatch, capsys):
     """cuda_host.measure times its rows in interleaved rounds (each round
     times every row), a row's loop figure the fastest round's and its sync
     and wiped figures the quietest round's median; units over the unit
@@ -871,7 +871,10 @@ def test_cuda_host_rounds_go_over_every_row_in_turn(monkeypatch):
         ("lead call", row("lead", 9.0, launch_at=2.0), row("partner", 50.0))])
     monkeypatch.setattr(_replay.Replay, "__call__", site)
     monkeypatch.setattr(cuda_host, "_activation_rows", lambda: [])
-    monkeypatch.setattr(cuda_host, "part_rows", lambda device: ([], 4))
+    def no_parts(device):
+        raise RuntimeError("no parts here")
+
+    monkeypatch.setattr(cuda_host, "part_rows", no_parts)  # the other rows measured all the same
     monkeypatch.setattr(cuda_host, "_wipe", lambda: wipe)
     monkeypatch.setattr(host, "sweep_host_caches", sweep)
     monkeypatch.setattr(host, "SCENARIOS", (minmax,))
@@ -903,6 +906,7 @@ def test_cuda_host_rounds_go_over_every_row_in_turn(monkeypatch):
     assert [r["swept_us"] for r in rows[:-1]] == [None] * 5
     assert rows[-1]["swept_us"] == pytest.approx((9.0 + 0.5 + 1.0) * 1e6)  # the sweep untimed
     assert _replay.Replay.__call__ is site  # the sites unwrapped after
+    assert "the minmax call's parts not timed: RuntimeError: no parts here" in capsys.readouterr().err
 
 
 def test_minmax_call_parts_are_its_pieces():

@@ -426,7 +426,12 @@ def measure(n: int = 200, reps: int = 50, progress=None, rounds: int = 5) -> Lis
                      _through_triton(host._call_of(minmax, device="cuda"))))
         rows.append(("minmax call, tensors to Triton's launcher",
                      _with_tensors(host._call_of(minmax, device="cuda"))))
-        parts, outputs = part_rows("cuda")
+        try:
+            parts, outputs = part_rows("cuda")
+        except Exception as exc:  # noqa: BLE001 - the other rows are measured all the same
+            parts, outputs = [], 0
+            print(f"obskernels.bench.cuda_host: the minmax call's parts not timed: "
+                  f"{type(exc).__name__}: {exc}", file=sys.stderr)
         rows += parts
         lead = _lead_rows()
         rows += [(name, fn) for name, fn, _ in lead]
