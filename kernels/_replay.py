@@ -43,6 +43,12 @@ without a GPU (``obskernels.bench.launch``) zero-fills the integer tensors
 it is handed, as a kernel writes them. ``POINTERS = False``
 (``OBSKERNELS_REPLAY_POINTERS=0`` at import) hands the tensors everywhere.
 
+Where the launch hooks do nothing (None, or Triton's default: a hook chain
+holding no hook, in 3.6 as in 3.9) a replayed launch hands the launcher no
+hooks and no launch metadata (which only hooks read): Triton's runner would
+build the metadata and the C launcher call both empty chains, per launch.
+A hook added to a chain, or set in its place, is handed as Triton hands it.
+
 Under the interpreter (``TRITON_INTERPRET=1``), or where the kernel is
 replaced (the host proxy's stubs, the compile report's recorders: the
 kernel is looked up by name at each call), every call is ``kernel[grid]``.
@@ -191,7 +197,7 @@ class _Kept:
     __slots__ = ("fn", "n_args", "keys", "tail", "args_of", "pointed_of", "spans", "pointers",
                  "fixed_of", "fixed", "fixed_types", "free_of", "free", "free_types", "ints_of",
                  "fields", "tuples", "tensors_of", "dtypes", "aligned", "all_aligned", "device",
-                 "knobs", "globals", "runner")
+                 "knobs", "globals", "runner", "kernel", "grid")
 
     def __init__(self, fn, kernel, grid, args, kwargs, bound, device):
         self.fn, self.device = fn, device
@@ -259,7 +265,8 @@ class _Kept:
             scopes.setdefault(id(scope), (scope, []))[1].append(name)
         self.globals = tuple((scope, _getter(names), _getter(names)(scope))
                              for scope, names in scopes.values())
-        self.runner = kernel[(tuple(grid) + (1, 1))[:3]]
+        self.grid = (tuple(grid) + (1, 1))[:3]
+        self.kernel, self.runner = kernel, kernel[self.grid]
 
     def launch(self, args, kwargs, device) -> bool:
         """Launches the kept kernel where this call matches; False otherwise."""
@@ -269,7 +276,16 @@ class _Kept:
             return False
         if vals is None:
             return False
-        self.runner(*vals, stream=_stream(device))
+        enter, leave = _runtime.launch_enter_hook, _runtime.launch_exit_hook
+        if _no_hook(enter) and _no_hook(leave):
+            # what the runner does, less the launch metadata only hooks read
+            # and the calls of hook chains holding no hook (triton 3.9's
+            # default: two Python calls per launch)
+            kernel, (gx, gy, gz) = self.kernel, self.grid
+            kernel.run(gx, gy, gz, _stream(device), kernel.function, kernel.packed_metadata, None,
+                       None, None, *vals)
+        else:
+            self.runner(*vals, stream=_stream(device))
         return True
 
     def _tensors(self, flat):
@@ -321,6 +337,16 @@ class _Kept:
         for i, fields, start, stop in self.spans:
             pointers += (fields.pointed_of(flat[i] + pointers[start:stop]),)
         return self.pointed_of(flat + pointers)
+
+
+_runtime = triton.knobs.runtime
+# triton 3.7+ keeps the launch hooks in chains (none in a new one); 3.6 has None
+_HookChain = getattr(triton.knobs, "HookChain", None)
+
+
+def _no_hook(hook) -> bool:
+    """Whether a launch hook does nothing: None, or a hook chain holding none."""
+    return hook is None or (type(hook) is _HookChain and not hook.calls)
 
 
 def _device():

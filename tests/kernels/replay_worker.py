@@ -85,15 +85,21 @@ def _same(a, b) -> dict:
     if isinstance(a, str) or isinstance(b, str) or a is None or b is None:
         return {"errors": [a if isinstance(a, str) else None, b if isinstance(b, str) else None],
                 "same_function": False, "same_args": False, "same_grid": False, "same_launch": False,
-                "pointers": False}
+                "pointers": False, "hooks_dropped": False}
     (packed_a, meta_a, *hooks_a), (packed_b, meta_b, *hooks_b) = a[5], b[5]
+    # hooks that do nothing (None, or a chain holding none: Triton's default)
+    # the replay may leave out, with the metadata only hooks read
+    dropped = meta_a is None and hooks_a == [None, None] and all(
+        h is None or (isinstance(h, triton.knobs.HookChain) and not h.calls) for h in hooks_b)
+    same_hooks = _metadata(meta_a) == _metadata(meta_b) and all(x is y for x, y in zip(hooks_a, hooks_b))
     return {"errors": [None, None], "same_function": a[3] == b[3], "same_grid": a[1] == b[1],
             "same_args": len(a[4]) == len(b[4]) and all(map(_same_arg, a[4], b[4])),
             # whether the replay handed pointers only (Triton handed tensors)
             "pointers": _holds_tensor(b[4]) and not _holds_tensor(a[4]),
             # the stream, the packed metadata, the hooks and what they are handed
-            "same_launch": (a[2] == b[2] and packed_a is packed_b and _metadata(meta_a) == _metadata(meta_b)
-                            and all(x is y for x, y in zip(hooks_a, hooks_b)))}
+            "same_launch": a[2] == b[2] and packed_a is packed_b and (same_hooks or dropped),
+            # whether the replay left out hooks that do nothing
+            "hooks_dropped": dropped and any(h is not None for h in hooks_b)}
 
 
 def probe_cases(recorder, runs) -> list:
@@ -157,10 +163,11 @@ def probe_cases(recorder, runs) -> list:
         try:
             path, rec = _launch_of(recorder, runs, lambda: replay(*args, **kw))
             _, ref = _launch_of(recorder, runs, lambda: _probe[(1,)](*args, **kw, **bound))
+            same = _same(rec, ref)  # (before the teardown: a hook chain is changed in place)
         finally:
             if teardown is not None:
                 teardown()
-        out.append(dict(case=name, path=path, **_same(rec, ref)))
+        out.append(dict(case=name, path=path, **same))
 
     for name, change in cases.items():
         run_case(name, change)
@@ -181,12 +188,16 @@ def probe_cases(recorder, runs) -> list:
     def hooks(enter, exit_):
         triton.knobs.runtime.launch_enter_hook, triton.knobs.runtime.launch_exit_hook = enter, exit_
 
-    # launch hooks of one's own, and none (the default is triton's: none in
-    # 3.6, an empty chain in 3.9): the replay hands them what Triton's launch
-    # does, the launch metadata too
+    # launch hooks of one's own, a hook added to the default chain, and none
+    # (the default is triton's: a chain holding no hook, which the replay
+    # leaves out with the launch metadata): the replay hands any hook what
+    # Triton's launch does, the launch metadata too
     default = triton.knobs.runtime.launch_enter_hook, triton.knobs.runtime.launch_exit_hook
     run_case("launch hooks", setup=lambda: hooks(lambda m: None, lambda m: None),
              teardown=lambda: hooks(*default))
+    chained = lambda m: None  # noqa: E731
+    run_case("a hook in the default chain", setup=lambda: default[0].add(chained),
+             teardown=lambda: default[0].remove(chained))
     run_case("no launch hooks", setup=lambda: hooks(None, None), teardown=lambda: hooks(*default))
     run_case("a stream of its own", setup=lambda: setattr(recorder, "stream", 7),
              teardown=lambda: setattr(recorder, "stream", 0))

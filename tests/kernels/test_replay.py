@@ -54,6 +54,7 @@ EXPECTED_PATHS = {
     "another device": "triton",
     "Triton debug knob": "triton",
     "launch hooks": "replay",  # handed what Triton's launch hands them
+    "a hook in the default chain": "replay",  # the chain handed, as Triton hands it
     "no launch hooks": "replay",
     "a stream of its own": "replay",
     "a pre-run hook": "triton",
@@ -91,6 +92,9 @@ def test_a_replay_launches_what_triton_launches_and_only_where_it_would(python):
             f"{case}: the replay's launch differs from Triton's: {row}"
         # a replay hands the launcher its tensors' pointers, unless told not to
         assert row["pointers"] == (want == "replay" and case != "pointers off"), f"{case}: {row}"
+        # and leaves out the default hook chain while it holds no hook
+        assert row["hooks_dropped"] == (want == "replay" and case not in (
+            "launch hooks", "a hook in the default chain", "no launch hooks")), f"{case}: {row}"
 
 
 def test_every_repeated_observer_launch_is_replayed_as_triton_launches_it(python):
@@ -114,6 +118,7 @@ def test_every_repeated_observer_launch_is_replayed_as_triton_launches_it(python
             assert rep["same_function"] and rep["same_grid"] and rep["same_args"] and rep["same_launch"], \
                 f"{case}: {rep}"
             assert rep["pointers"], f"{case}: a replay handed the launcher a tensor: {rep}"
+            assert rep["hooks_dropped"], f"{case}: a replay handed the launcher empty hook chains: {rep}"
 
 
 def test_launch_proxy_cli_json_rows():
