@@ -57,7 +57,8 @@ Rows:
   a new observer; one output allocated as the launch allocates its outputs;
   a fresh status (from the status pool); the call's one launch replayed
   with its own arguments (and with tensors handed to the launcher); the
-  status read in ``get_qparams`` (a device-to-host copy). ``minmax_by_part``
+  status read in ``get_qparams`` (a device-to-host copy; on CUDA also as a
+  copy into pinned memory made once, ``PINNED_READ``). ``minmax_by_part``
   splits the minmax call's ``loop_us`` into them (the outputs counted in a
   call), the rest being its Python and torch's dispatch;
 - an fp8 activation's static_minmax forward at 2048x4096 bf16 (the
@@ -81,7 +82,7 @@ import time
 from typing import Callable, Dict, List, Optional
 
 __all__ = ["measure", "main", "ACTIVATION_SHAPE", "LEAD_WEIGHT_SHAPE", "loop_seconds", "sync_times",
-           "sync_seconds", "issued_times", "part_rows", "minmax_by_part", "PARTS"]
+           "sync_seconds", "issued_times", "part_rows", "minmax_by_part", "PARTS", "PINNED_READ"]
 
 try:  # the bare launch's kernel (this module imports without triton too)
     import triton
@@ -297,7 +298,31 @@ def part_rows(device: str = "cuda") -> tuple:
         (PARTS[4], _with_tensors(lambda: site(*args, **kwargs))),
         (PARTS[5], lambda: read_status(status)),
     ]
+    if status.is_cuda:
+        rows.append((PINNED_READ, _pinned_read(status)))
     return rows, outputs
+
+
+#: a part timed on CUDA only: the status read into pinned host memory
+PINNED_READ = "part: the status read, into pinned memory"
+
+
+def _pinned_read(status) -> Callable[[], object]:
+    """The status's words read as ``read_status`` reads them, but copied
+    into a pinned host buffer made once (an asynchronous copy, then the
+    stream synchronised) instead of ``tolist()``'s copy into new pageable
+    memory: what a read could cost done so."""
+    import torch
+
+    buf = torch.empty(status.shape, dtype=status.dtype, pin_memory=True)
+    stream = torch.cuda.current_stream(status.device)
+
+    def read():
+        buf.copy_(status, non_blocking=True)
+        stream.synchronize()
+        return buf.tolist()
+
+    return read
 
 
 def minmax_by_part(rows: List[Dict], outputs: int) -> Optional[Dict[str, float]]:
