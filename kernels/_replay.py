@@ -340,7 +340,8 @@ class _Kept:
 
 
 _runtime = triton.knobs.runtime
-# triton 3.7+ keeps the launch hooks in chains (none in a new one); 3.6 has None
+# Triton keeps its launch hooks in chains (3.6 and 3.9 alike; a new chain
+# holds none); a Triton without them has None for no hook
 _HookChain = getattr(triton.knobs, "HookChain", None)
 
 
