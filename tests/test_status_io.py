@@ -257,7 +257,7 @@ def test_observers_counting_into_pooled_copies_agree_with_the_reference(monkeypa
         return StatusPool.take(pool, template)
 
     monkeypatch.setattr(pool, "take", take)
-    monkeypatch.setattr(record, "_POOLS", {"cpu": pool})
+    monkeypatch.setattr(record, "_POOLS", {False: pool})  # the pool of tensors not on CUDA
     monkeypatch.setattr(record, "POOL_ENABLED", True)
     for poison in (False, True, True, False):
         with use_backend("triton"):

@@ -118,7 +118,7 @@ class Report:
         """
         observations = self._observations
         self.__dict__["_observations"] = []  # (a plain attribute: see Observer.__setattr__)
-        if scale.device.type == "meta":
+        if scale.is_meta:
             return
         if self.nonfinite != "error" and not self._verdict_pending():
             return  # nothing to judge: no read

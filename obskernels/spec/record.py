@@ -197,13 +197,15 @@ def _cuda_stream(device) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
-#: the pool of each device type that has one
-_POOLS = {"cuda": StatusPool(_cuda_unpooled, _cuda_stream)}
+#: the pool of a template's copies by whether the template is a CUDA tensor
+#: (``is_cuda``: a device's ``type`` is a new string at every read, five
+#: times the cost); none for another device
+_POOLS = {True: StatusPool(_cuda_unpooled, _cuda_stream)}
 
 
 def fresh_copy(template: torch.Tensor) -> torch.Tensor:
     """A new tensor holding ``template``'s words (a fresh record, a status
     template), for a launch to count into: from its device type's pool where
     ``POOL_ENABLED`` (CUDA's), else ``template.clone()``."""
-    pool = _POOLS.get(template.device.type) if POOL_ENABLED else None
+    pool = _POOLS.get(template.is_cuda) if POOL_ENABLED else None
     return template.clone() if pool is None else pool.take(template)
