@@ -279,8 +279,8 @@ class _Kept:
         enter, leave = _runtime.launch_enter_hook, _runtime.launch_exit_hook
         if _no_hook(enter) and _no_hook(leave):
             # what the runner does, less the launch metadata only hooks read
-            # and the calls of hook chains holding no hook (triton 3.9's
-            # default: two Python calls per launch)
+            # and the calls of hook chains holding no hook (Triton's default:
+            # two Python calls per launch)
             kernel, (gx, gy, gz) = self.kernel, self.grid
             kernel.run(gx, gy, gz, _stream(device), kernel.function, kernel.packed_metadata, None,
                        None, None, *vals)
