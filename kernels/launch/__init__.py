@@ -17,8 +17,8 @@ prepared under; ``config_token()`` tells it whether that is still the one in
 force (the same object while no ``launch_config`` block is entered or left).
 
 The package is the one place of that policy: this module holds the
-configuration and the generic helpers (blocks, warps, splits, the finish
-passes, the small kernels' fixed blocks); ``stream`` the streaming kernels'
+configuration and the generic helpers (blocks, warps, splits, the small
+kernels' fixed blocks); ``stream`` the streaming kernels'
 tiles (min_max, flatten, accumulate_sq), ``search`` the MSE search's warps
 and blocks. Launchers import every name from here.
 """
@@ -42,7 +42,6 @@ __all__ = [
     "choose_blocks",
     "num_warps_for",
     "choose_split",
-    "finish_blocks",
     "StreamTile",
     "stream_tile",
     "min_max_tile",
@@ -212,8 +211,8 @@ def choose_split(work_rows: int, row_block: int, work_per_row: int, other_progra
     program is left without rows. Every launcher puts the split on grid axis
     1, which CUDA caps at 65535 programs. The split follows the work only,
     never the device: the same call splits the same way on every GPU and
-    under the interpreter, so the interpreter tests run the split and finish
-    kernels a GPU runs.
+    under the interpreter, so the interpreter tests run the split and its
+    finishing a GPU runs.
     """
     row_tiles = -(-work_rows // row_block)
     if config.split is not None:
@@ -225,17 +224,6 @@ def choose_split(work_rows: int, row_block: int, work_per_row: int, other_progra
     split = min(split, MAX_GRID_1)
     per_split = cdiv(cdiv(work_rows, split), row_block) * row_block
     return cdiv(work_rows, per_split), per_split
-
-
-def finish_blocks(n: int, split: int, config: LaunchConfig) -> tuple[int, int]:
-    """(BLOCK_N, BLOCK_S) of a finish pass that reduces ``split`` partials of
-    ``n`` outputs: up to 256 outputs per program, the partials in tile-sized
-    steps. BLOCK_S depends on BLOCK_N only, never on ``split`` (masked lanes
-    past it): the split follows the tensor's size, and a block that followed
-    it would be one more compiled variant per size (each loaded from triton's
-    cache at its first launch in a process)."""
-    block_n = pow2_at_most(n, 256)
-    return block_n, max(config.tile // block_n, 1)
 
 
 def combine_block(groups: int) -> int:
