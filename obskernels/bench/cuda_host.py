@@ -189,35 +189,32 @@ def _unit() -> Callable[[], object]:
     return lambda: t.add_(1)
 
 
-def _through_triton(fn: Callable[[], object]) -> Callable[[], object]:
-    """``fn`` with every launch through Triton's launch path (no replay past
-    its front end, kernels/_replay.py): what the replays save."""
+def _replay_switch_off(switch: str, fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` with kernels/_replay.py's module switch ``switch`` off during
+    each call (on again after it)."""
     from obskernels.kernels import _replay
 
     def call():
-        _replay.ENABLED = False
+        setattr(_replay, switch, False)
         try:
             return fn()
         finally:
-            _replay.ENABLED = True
+            setattr(_replay, switch, True)
 
     return call
+
+
+def _through_triton(fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` with every launch through Triton's launch path (no replay past
+    its front end, kernels/_replay.py): what the replays save."""
+    return _replay_switch_off("ENABLED", fn)
 
 
 def _with_tensors(fn: Callable[[], object]) -> Callable[[], object]:
     """``fn`` with its replayed launches handing the launcher tensors, not
     their data pointers (kernels/_replay.py's ``POINTERS``): what the
     pointers save."""
-    from obskernels.kernels import _replay
-
-    def call():
-        _replay.POINTERS = False
-        try:
-            return fn()
-        finally:
-            _replay.POINTERS = True
-
-    return call
+    return _replay_switch_off("POINTERS", fn)
 
 
 #: the minmax call's pieces timed alone (``part_rows``), in ``minmax_by_part``'s order
