@@ -94,8 +94,9 @@ def zero_tickets(n: int, device) -> torch.Tensor:
     return template_of((0,) * (1 << max(n - 1, 0).bit_length()), device)
 
 
-# one fresh record per device, copied (device to device) for every new one:
-# building each from the Python tuple would copy host -> device every time
+# the fresh record's template per device as the callers name it, looked up
+# without ``template_of``'s key (the words' tuple and a torch.device made per
+# call): a new record is taken at every get_qparams that recorded something
 _FRESH: dict = {}
 
 
