@@ -7,7 +7,7 @@
   tests/test_bad_input.py.)
 - The work split (programs sharing one group) follows the amount of work, not
   the device's SM count, so a call splits the same way on every GPU and under
-  the interpreter: the split and finish kernels a GPU runs at a given shape
+  the interpreter: the split and its finishing a GPU runs at a given shape
   run here at that shape, with the default configuration.
 """
 

@@ -171,8 +171,8 @@ def test_registers_within_budget(probe):
     assert not bad, "\n".join(bad)
 
 
-# The kernels that stream the value. The finishing of a split (min_max's last
-# program of a block, accumulate_sq's finish pass) reduces its partials (at
+# The kernels that stream the value. The finishing of a split (the last
+# program of a block, in min_max and accumulate_sq alike) reduces its partials (at
 # most a few hundred per group, a fixed cost per call, not per byte of the
 # value) and is not held to the per-element targets.
 STREAMING = ("min_max._min_max_kernel", "flatten._flatten_kernel", "accumulate_sq._sum_sq_kernel")

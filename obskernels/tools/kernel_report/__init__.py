@@ -37,8 +37,8 @@ its bundled ptxas. From the cubin (``cuobjdump``):
   shared memory and the block size (sm_90: 64K registers allocated per warp
   in units of 256, 228 KiB of shared memory with 1 KiB reserved per block,
   at most 64 warps and 32 blocks);
-- for the streaming kernels (min_max, flatten, accumulate_sq and their
-  finish passes), ``sass_per_elem_program``: the instructions one program
+- for the streaming kernels (min_max, flatten, accumulate_sq, a split's
+  finishing included), ``sass_per_elem_program``: the instructions one program
   issues per element of the value it covers, at the case's shape: its main
   loop x the trips the launch's arguments give, plus everything it issues
   once (prologue, the reduction across lanes, the epilogue), per thread,
