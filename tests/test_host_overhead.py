@@ -43,6 +43,7 @@ import importlib
 import math
 import os
 import random
+import shutil
 import struct
 import traceback
 
@@ -843,7 +844,7 @@ INSTRUCTION_BUDGETS = {"minmax call": 258_000, "activation forward": 120_000}
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not __import__("shutil").which("valgrind"), reason="needs valgrind")
+@pytest.mark.skipif(not shutil.which("valgrind"), reason="needs valgrind")
 def test_host_instructions_per_call_within_budget():
     """The stubbed minmax call and activation forward counted under
     callgrind (obskernels.bench.instructions): within their budgets, the
