@@ -660,7 +660,7 @@ DOCUMENTED_OPTIONAL = (
     "aten_ops triton_launches syncs triton_unique_bytes atomics op_names "
     "triton_programs_at_counted_shape sass_kernel issue_efficiency model_gpu_s model_host_s model_before_s "
     "model_after_s model_sync_s host_units host_method search_steps flops_per_element_step device_s device_ops "
-    "device_method measured_pass_s"
+    "device_method measured_pass_s issued_s issued_method"
 ).split()
 
 
@@ -1118,6 +1118,145 @@ def test_a_split_that_fails_leaves_the_rows_time_and_says_why(monkeypatch):
     timing = runner.with_split(runner._measured(prepared, "cpu", runner._stats(calls), ""), prepared, "cpu")
     assert timing.measured_s > 0 and timing.device_s is None and timing.device_ops is None
     assert timing.device_method == "not taken: RuntimeError: no profiler here"
+
+
+def test_issued_is_the_host_before_a_calls_first_launch(monkeypatch):
+    """``issued_samples``: per timed call of a marked row, the clock from the
+    call's start until its first launch through a launch site returned (the
+    second launch and the time after it not counted); the warm-up's calls
+    left out; None for a row not marked and for a call with no launch; the
+    launch sites as they were afterwards."""
+    from obskernels.bench import runner
+    from obskernels.bench.backends import Prepared
+    from obskernels.kernels import _replay
+
+    clock = _FakeClock(step=0.0, sync=0.0)
+    launched = []
+
+    def site(self, *args, **kwargs):  # a launch: 1 ms on the clock
+        launched.append(args)
+        clock.now += 0.001
+
+    monkeypatch.setattr(_replay.Replay, "__call__", site)
+    monkeypatch.setattr(runner.time, "perf_counter", clock)
+    calls = []
+
+    def ours():  # 3 ms of host (8 ms in the first), a launch, 2 ms, another launch, 4 ms
+        calls.append(clock.now)
+        clock.now += 0.008 if len(calls) == 1 else 0.003
+        _replay.Replay.__call__(None, "first")
+        clock.now += 0.002
+        _replay.Replay.__call__(None, "second")
+        clock.now += 0.004
+
+    def other():
+        clock.now += 0.005
+
+    opts = Options(min_reps=3, max_reps=3, min_time_s=0.0, warmup_s=0.025, progress=None)
+    got = runner.issued_samples([Prepared(ours), Prepared(other), Prepared(other)], "cpu", opts,
+                                [True, False, True])
+    assert len(calls) == 1 + 3  # 25 ms of warm-up in turns (one turn: 16 + 5 + 5 ms), then 3 timed
+    assert got[0] == pytest.approx([0.004] * 3)
+    assert got[1] is None and got[2] == [None] * 3
+    assert _replay.Replay.__call__ is site
+    assert len(launched) == 2 * len(calls)
+
+
+def test_issued_lands_in_the_rows_of_our_backend(monkeypatch):
+    """``_issue_group`` takes ``issued_samples`` of the rows whose backend
+    launches through launch sites (not llm-compressor's), and ``_timings``
+    puts their median into those rows' timing, the others' left without;
+    a failing pass leaves every row's time and says why in ours."""
+    from obskernels.bench import runner
+    from obskernels.bench.backends import Prepared
+    from obskernels.bench.records import Record
+    from obskernels.kernels import _replay
+
+    clock = _FakeClock(step=0.0, sync=0.0)
+    monkeypatch.setattr(_replay.Replay, "__call__", lambda self: None)
+    monkeypatch.setattr(runner.time, "perf_counter", clock)
+
+    def launching(host_s):
+        def fn():
+            clock.now += host_s
+            _replay.Replay.__call__(None)
+            clock.now += 0.010
+        return Prepared(fn)
+
+    case = bench_cases.Case("weight", (16, 256), "bf16", "int8-channel", (4096, 4096))
+    target = bench_cases.OBSERVERS["memoryless_minmax"]
+    rec = {b: Record("obs:memoryless_minmax", "observer", b, None, None) for b in ("llmc", "triton")}
+    rows = [(rec["llmc"], runner._ToTime(launching(0.001))), (rec["triton"], runner._ToTime(launching(0.002)))]
+    opts = Options(min_reps=3, max_reps=3, min_time_s=0.0, warmup_s=0.0, progress=None)
+    group = runner._Group(case, target, rows, [r for _, r in rows], [[], []], [], [None, None])
+    runner._sample_group(group, "cpu", opts)
+    runner._issue_group(group, "cpu", opts)
+    theirs, ours = runner._timings(group, "cpu", opts)
+    assert theirs.issued_s is None and theirs.issued_method is None
+    assert ours.issued_s == pytest.approx(0.002) and ours.measured_s == pytest.approx(0.012)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no sites")
+
+    monkeypatch.setattr(runner, "issued_samples", broken)
+    runner._issue_group(group, "cpu", opts)
+    theirs, ours = runner._timings(group, "cpu", opts)
+    assert ours.measured_s == pytest.approx(0.012) and ours.issued_method == "not taken: RuntimeError: no sites"
+    assert theirs.issued_method is None
+
+
+def test_issued_sees_the_observers_real_launches():
+    """The real launch sites (the interpreter's, here) are the ones wrapped:
+    an obskernels observer call's first launch is seen, a reference call
+    makes none."""
+    from obskernels.bench import runner
+    from obskernels.bench.backends import prepare
+    from obskernels.bench.cases import OBSERVERS
+
+    case = bench_cases.Case("weight", (16, 256), "bf16", "int8-channel", (4096, 4096))
+    rows = [prepare(case, OBSERVERS["memoryless_minmax"], backend, device="cpu")
+            for backend in ("triton", "reference")]
+    opts = Options(min_reps=2, max_reps=2, min_time_s=0.0, warmup_s=0.0, progress=None)
+    ours, reference = runner.issued_samples(rows, "cpu", opts, [True, True])
+    assert len(ours) == 2 and all(t is not None and t > 0 for t in ours), ours
+    assert reference == [None, None]
+
+
+def test_issued_goes_into_the_record_and_the_lead_table():
+    from obskernels.bench import report, runner
+    from obskernels.bench.records import CaseInfo, Provenance, Record, Timing
+
+    timing = runner._with_issued(Timing(measured_s=2e-4), [60e-6, None, 70e-6, 90e-6])
+    assert timing.issued_s == pytest.approx(70e-6) and "median of 3 calls" in timing.issued_method
+    assert runner._with_issued(Timing(), [None, None]).issued_method == "no launch through a launch site"
+    assert runner._with_issued(Timing(), RuntimeError("gone")).issued_method == "not taken: RuntimeError: gone"
+    assert runner._with_issued(Timing(measured_s=1.0), None) == Timing(measured_s=1.0)
+    case = CaseInfo("w4096x4096 bf16 int8-channel", "weight", "weight", (4096, 4096), (4096, 4096),
+                    False, "bf16", "channel", "int8 sym channel", "int8-channel")
+    prov = Provenance("full", machine={"gpu": "a GPU"})
+    ours = Record("obs:memoryless_minmax", "observer", "triton", case, prov, status="measured", timing=timing)
+    theirs = Record("obs:memoryless_minmax", "observer", "llmc", case, prov, status="measured",
+                    timing=Timing(measured_s=5e-4))
+    again = Record.from_dict(json.loads(json.dumps(ours.to_dict())))
+    assert again.timing.issued_s == timing.issued_s and again.timing.issued_method == timing.issued_method
+    text = report.lead_table([ours, theirs])
+    head, _, row = text.splitlines()[:3]
+    assert head.index("ISSUED tri us") > head.index("llmc/tri")
+    assert row.split()[8] == "70.0", row  # after the case (3 words), the op and the 4 MEAS cells
+    assert "ISSUED: the host's time in our call before its first kernel launch" in text
+    assert "ISSUED" not in report.lead_table([ours.replace(timing=Timing(measured_s=2e-4)), theirs])
+
+
+@pytest.mark.gpu
+def test_a_cuda_run_gives_our_rows_the_host_before_their_first_launch():
+    case = bench_cases.Case("weight", (256, 512), "bf16", "int8-channel", (4096, 4096))
+    opts = Options(mode="tiny", ops=(), observers=("memoryless_minmax",), backends=("reference", "triton"),
+                   cases=[case], device="cuda", min_reps=3, max_reps=3, min_time_s=0.0, model=False,
+                   progress=None)
+    records = {r.backend: r for r in run(opts) if r.scope == "run"}
+    ours, reference = records["triton"].timing, records["reference"].timing
+    assert 0 < ours.issued_s < ours.measured_s, ours
+    assert reference.measured_s > 0 and reference.issued_s is None and reference.issued_method is None
 
 
 @pytest.mark.gpu

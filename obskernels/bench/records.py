@@ -67,6 +67,10 @@ class Timing:
     device_s: Optional[float] = None
     device_ops: Optional[Dict[str, float]] = None
     device_method: Optional[str] = None
+    # on CUDA, our rows: the host's seconds from a call's start until its
+    # first kernel launch was issued (``runner.issued_samples``: median), how
+    issued_s: Optional[float] = None
+    issued_method: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -243,6 +247,8 @@ JSON_KEYS: Tuple[Tuple[str, str, str, bool], ...] = (
     ("device_s", "timing", "device_s", False),
     ("device_ops", "timing", "device_ops", False),
     ("device_method", "timing", "device_method", False),
+    ("issued_s", "timing", "issued_s", False),
+    ("issued_method", "timing", "issued_method", False),
 )
 ALWAYS: Tuple[str, ...] = tuple(k for k, _, _, always in JSON_KEYS if always)
 OPTIONAL: Tuple[str, ...] = tuple(k for k, _, _, always in JSON_KEYS if not always)

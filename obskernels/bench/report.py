@@ -233,6 +233,7 @@ def lead_speedups(records: Sequence[Record]) -> List[Dict]:
         ts, ls, rs = _modelled_s(t), _modelled_s(ld), _modelled_s(ref)
         tm, lm, em = _measured_s(t), _measured_s(g.get("llmc")), _measured_s(g.get("llmc-eager"))
         td, ldev = _device_s(t), _device_s(g.get("llmc"))
+        ti = None if t is None else t.timing.issued_s
         out.append(dict(
             case=case, op=op, triton_us=ts and ts * 1e6, llmc_us=ls and ls * 1e6,
             llmc_path=ld and ld.backend, reference_us=rs and rs * 1e6,
@@ -245,6 +246,7 @@ def lead_speedups(records: Sequence[Record]) -> List[Dict]:
             eager_measured_ms=em and em * 1e3,
             measured_speedup=(lm / tm) if lm and tm else None,
             triton_device_us=td and td * 1e6, llmc_device_us=ldev and ldev * 1e6,
+            triton_issued_us=ti and ti * 1e6,
             triton_peak_pct=peak("triton"), eager_peak_pct=peak("llmc-eager"),
             llmc_peak_pct=peak("llmc") if peak("llmc") is not None else (ld and peak(ld.backend)),
         ))
@@ -266,9 +268,12 @@ def lead_table(records: Sequence[Record]) -> str:
     measured = any(r["triton_measured_ms"] or r["llmc_measured_ms"] for r in rows)
     modelled = any(r["triton_us"] for r in rows)
     split = any(r["triton_device_us"] is not None or r["llmc_device_us"] is not None for r in rows)
+    issued = any(r["triton_issued_us"] is not None for r in rows)
     head = ["case (full size)", "observer"]
     if measured:
         head += ["MEAS tri ms", "MEAS llmc ms", "MEAS eager ms", "llmc/tri"]
+    if issued:
+        head += ["ISSUED tri us"]
     if split:
         head += ["DEV tri us", "DEV llmc us"]
     if modelled:
@@ -281,6 +286,8 @@ def lead_table(records: Sequence[Record]) -> str:
         if measured:
             line += [f(r["triton_measured_ms"], "{:.3f}"), f(r["llmc_measured_ms"], "{:.3f}"),
                      f(r["eager_measured_ms"], "{:.3f}"), f(r["measured_speedup"], "{:.2f}x")]
+        if issued:
+            line += [f(r["triton_issued_us"], "{:.1f}")]
         if split:
             line += [f(r["triton_device_us"], "{:.1f}"), f(r["llmc_device_us"], "{:.1f}")]
         if modelled:
@@ -300,6 +307,10 @@ def lead_table(records: Sequence[Record]) -> str:
     if measured:
         out.append(f"MEAS: measured on {where}: wall time of one call (new observer + observer(value) + "
                    "get_qparams(), synchronised), median after warm-up; llmc = llm-compressor as installed")
+    if issued:
+        out.append("ISSUED: the host's time in our call before its first kernel launch was issued (median, "
+                   "calls made as MEAS's, in turns, in one more pass with the launch sites wrapped): the "
+                   "device has no work before it")
     if split:
         out.append("DEV: the device work of one call (torch profiler over 5 calls, timed as MEAS: on "
                    "CUDA the device time of its kernels and copies; on a CPU its aten ops); MEAS minus "

@@ -30,7 +30,7 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Dict, List, NamedTuple, Optional, TextIO, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, TextIO, Tuple
 
 import torch
 
@@ -230,6 +230,59 @@ def interleaved_samples(prepared: List, device: str, opts: Options) -> List[List
     return times
 
 
+class _Issued:
+    """A prepared call that notes, per call, the seconds from its start
+    until its first launch through a launch site returned (``first``: the
+    time of that return, set by the wrapped site), None where it made none."""
+
+    def __init__(self, prepared, first: List[float]):
+        self.prepared, self.setup, self.first, self.issued = prepared, prepared.setup, first, []
+
+    def call(self):
+        self.first.clear()
+        t0 = time.perf_counter()
+        out = self.prepared.call()
+        self.issued.append(self.first[0] - t0 if self.first else None)
+        return out
+
+
+def issued_samples(prepared: List, device: str, opts: Options,
+                   marked: Sequence[bool]) -> List[Optional[List[Optional[float]]]]:
+    """Per row of ``prepared`` that ``marked`` marks (obskernels' rows: their
+    launches go through launch sites, ``kernels/_replay.Replay``), the
+    host's seconds from each timed call's start until its first launch was
+    issued (the site returned), None for a call that made none; None for a
+    row not marked. The rows take turns as ``interleaved_samples`` times
+    them (its warm-up, the L2 wiped, synchronised), in one more pass made
+    for this only: the sites are wrapped within it (a Python frame per
+    launch), no measured time comes from it. On a GPU an idle device waits
+    that long for work: MEAS minus it is the device's work, the read that
+    waits for it, and the host after."""
+    from obskernels.kernels import _replay
+
+    site_call = _replay.Replay.__call__
+    first: List[float] = []
+
+    def site(self, *args, **kwargs):
+        out = site_call(self, *args, **kwargs)
+        if not first:
+            first.append(time.perf_counter())
+        return out
+
+    rows = [_Issued(p, first) if m else p for p, m in zip(prepared, marked)]
+    _replay.Replay.__call__ = site
+    try:
+        times = interleaved_samples(rows, device, opts)
+    finally:
+        _replay.Replay.__call__ = site_call
+    # the timed calls are the last ones (the warm-up's precede them)
+    return [row.issued[len(row.issued) - len(t):] if m else None
+            for row, m, t in zip(rows, marked, times)]
+
+
+#: the backends whose launches go through launch sites (``issued_samples``)
+ISSUED_BACKENDS = ("triton",)
+
 #: calls ``device_split`` profiles per row
 SPLIT_CALLS = 5
 #: the most kernel (or op) names a split keeps, the longest first
@@ -408,7 +461,9 @@ class _Group(NamedTuple):
     """One case and target's rows (one per backend, ``(record, row to time
     or None)``) and, per row to time, the seconds of its calls in each pass
     so far (a list per pass) or the exception that stopped it; ``alone``:
-    per pass so far, whether it timed them one by one (taking turns failed)."""
+    per pass so far, whether it timed them one by one (taking turns failed);
+    ``issued``: per row to time, its ``issued_samples`` (None where not
+    taken) or the exception that stopped them."""
 
     case: Case
     target: Target
@@ -416,6 +471,7 @@ class _Group(NamedTuple):
     timed: List[_ToTime]
     samples: List[object]
     alone: List[bool]
+    issued: List[object]
 
 
 def _sample_rows(rows: List[_ToTime], device: str, opts: Options) -> Tuple[List[object], bool]:
@@ -446,6 +502,35 @@ def _sample_group(group: _Group, device: str, opts: Options) -> None:
     group.alone.append(alone)
 
 
+def _issue_group(group: _Group, device: str, opts: Options) -> None:
+    """``group.issued``: ``issued_samples`` of its obskernels rows, the rows
+    taking turns as in a timed pass; where that fails, every row's the
+    exception (the rows' times stand)."""
+    marked = [rec.backend in ISSUED_BACKENDS for rec, row in group.rows if row is not None]
+    if not any(marked):
+        return
+    try:
+        group.issued[:] = issued_samples([r.prepared for r in group.timed], device, opts, marked)
+    except Exception as exc:
+        group.issued[:] = [exc if m else None for m in marked]
+
+
+def _with_issued(timing: Timing, issued) -> Timing:
+    """``timing`` with its row's ``issued_samples`` (their median), or with
+    why they were not taken."""
+    if issued is None:
+        return timing
+    if isinstance(issued, Exception):
+        return dataclasses.replace(timing, issued_method=f"not taken: {type(issued).__name__}: "
+                                                         f"{str(issued)[:200]}")
+    seen = [t for t in issued if t is not None]
+    if not seen:
+        return dataclasses.replace(timing, issued_method="no launch through a launch site")
+    return dataclasses.replace(timing, issued_s=statistics.median(seen), issued_method=(
+        f"host from the call's start until its first launch was issued, median of {len(seen)} calls "
+        "in one more pass taking turns as the timed calls (the launch sites wrapped)"))
+
+
 def _timings(group: _Group, device: str, opts: Options) -> List[object]:
     """The ``Timing`` of each row of ``group`` to time, from its calls of
     every pass (their median, count and fastest; with more than one pass,
@@ -454,7 +539,7 @@ def _timings(group: _Group, device: str, opts: Options) -> List[object]:
     if opts.rounds > 1:
         timer += f", {opts.rounds} passes over the run"
     out: List[object] = []
-    for row, per_pass in zip(group.timed, group.samples):
+    for row, per_pass, issued in zip(group.timed, group.samples, group.issued):
         if isinstance(per_pass, Exception):
             out.append(per_pass)
             continue
@@ -464,8 +549,9 @@ def _timings(group: _Group, device: str, opts: Options) -> List[object]:
         except Exception as exc:
             out.append(exc)
             continue
-        out.append(dataclasses.replace(timing, measured_pass_s=tuple(map(statistics.median, per_pass)))
-                   if opts.rounds > 1 else timing)
+        if opts.rounds > 1:
+            timing = dataclasses.replace(timing, measured_pass_s=tuple(map(statistics.median, per_pass)))
+        out.append(_with_issued(timing, issued))
     return out
 
 
@@ -744,8 +830,10 @@ def run(opts: Options) -> List[Record]:
                 rec = rec.replace(status=_error(exc))
             rows.append((rec, row))
         timed = [row for _, row in rows if row is not None]
-        group = _Group(case, target, rows, timed, [[] for _ in timed], [])
+        group = _Group(case, target, rows, timed, [[] for _ in timed], [], [None] * len(timed))
         _sample_group(group, device, per_pass)
+        if device == "cuda":  # the host before the device has work (on a CPU the kernels run in it)
+            _issue_group(group, device, per_pass)
         if opts.rounds == 1:
             finish(group)
         else:  # timed again in the later passes: its rows (and the value) kept until then
