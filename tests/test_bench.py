@@ -945,6 +945,55 @@ def test_cuda_host_refuses_without_cuda(monkeypatch, capsys):
     assert "no CUDA device is available" in capsys.readouterr().err
 
 
+def test_a_traced_call_puts_each_piece_in_its_span(monkeypatch):
+    """cuda_host.traced_spans on a CPU minmax call, launches stubbed, the
+    clock advancing only in the launch (2 ms), in the status read (5 ms) and
+    in the observer's construction (1 ms): each lands in its own span, the
+    others read zero; the wrapped functions are as they were afterwards."""
+    from obskernels import ops
+    from obskernels.bench import cuda_host, host
+    from obskernels.kernels import _replay
+    from obskernels.observers import Observer, report
+
+    clock = _FakeClock(step=0.0, sync=0.0)
+    sc = next(s for s in host.SCENARIOS if s.name == "minmax call")
+    call = host._call_of(sc)
+    with host.stubbed_launches():
+        call()  # planned
+        stub, read, load = _replay.Replay.__call__, report.read_status, Observer.load_from_registry.__func__
+
+        def launch(*args, **kwargs):
+            clock.now += 0.002
+            return stub(*args, **kwargs)
+
+        def slow_read(status):
+            clock.now += 0.005
+            return read(status)
+
+        def slow_load(cls, *args, **kwargs):
+            clock.now += 0.001
+            return load(cls, *args, **kwargs)
+
+        monkeypatch.setattr(_replay.Replay, "__call__", launch)
+        monkeypatch.setattr(report, "read_status", slow_read)
+        monkeypatch.setattr(Observer, "load_from_registry", classmethod(slow_load))
+        monkeypatch.setattr(cuda_host.time, "perf_counter", clock)
+        monkeypatch.setattr(cuda_host, "_sync", lambda: None)
+        before = (Observer.__dict__["load_from_registry"], ops.min_max_qparams, report.read_status)
+        spans = cuda_host.traced_spans(call, reps=3)
+        assert (Observer.__dict__["load_from_registry"], ops.min_max_qparams, report.read_status) == before
+        assert _replay.Replay.__call__ is launch
+    assert list(spans) == list(cuda_host.SPANS)
+    assert spans == pytest.approx({"new observer": 1000.0, "observe, before ops": 0.0,
+                                   "ops, before the launch": 0.0, "the launch": 2000.0,
+                                   "the launch to the read": 0.0, "the status read": 5000.0,
+                                   "after the read": 0.0})
+    # a call passing no launch site (every launch through another path) is not traced
+    monkeypatch.setattr(cuda_host, "_sync", lambda: None)
+    with host.stubbed_launches():
+        assert cuda_host.traced_spans(lambda: None, reps=2) is None
+
+
 @pytest.mark.gpu
 def test_cuda_host_measures_every_row():
     """On a GPU: every row measured (positive times), the unit row is the
@@ -984,6 +1033,12 @@ def test_cuda_host_measures_every_row():
     assert set(cuda_host.PARTS) | {cuda_host.PINNED_READ} <= set(names)
     by_part = by_name["minmax call"]["by_part_us"]
     assert list(by_part)[-1] == "the rest" and all(v > 0 for k, v in by_part.items() if k != "the rest")
+    # the lead calls traced: every span taken, wiped and (where llm-compressor imports) in turns
+    traced = cuda_host.trace_rows(reps=3)
+    assert [(r["row"], r["setting"]) for r in traced] == [
+        (r["row"], setting) for r in lead for setting in (("wiped", "turns") if llmc_available() else ("wiped",))]
+    assert all(list(r["spans_us"]) == list(cuda_host.SPANS) and all(v > 0 for v in r["spans_us"].values())
+               for r in traced)
 
 
 def test_oneshot_comparison_alternates_the_modes_repeated_calls(monkeypatch):

@@ -61,6 +61,13 @@ Rows:
   copy into pinned memory made once, ``PINNED_READ``). ``minmax_by_part``
   splits the minmax call's ``loop_us`` into them (the outputs counted in a
   call), the rest being its Python and torch's dispatch;
+- printed after the table (``trace_rows``, not rows of it): the lead
+  calls traced, each single call timed at the points between its pieces
+  (``SPANS``: the new observer, observing up to the operation, the
+  operation up to its launch, the launch, on to the status read, the read,
+  the rest), after the L2 wipe and, where llm-compressor imports, right
+  after its call: which piece a cold call (the lead rows' in turns) pays
+  for, where the parts above are timed hot;
 - an fp8 activation's static_minmax forward at 2048x4096 bf16 (the
   calibration loop's repeated call): obskernels' observer eagerly (and with
   launch replays off, and with tensors to the launcher), the same forward
@@ -82,7 +89,8 @@ import time
 from typing import Callable, Dict, List, Optional
 
 __all__ = ["measure", "main", "ACTIVATION_SHAPE", "LEAD_WEIGHT_SHAPE", "loop_seconds", "sync_times",
-           "sync_seconds", "issued_times", "part_rows", "minmax_by_part", "PARTS", "PINNED_READ"]
+           "sync_seconds", "issued_times", "part_rows", "minmax_by_part", "PARTS", "PINNED_READ",
+           "traced_spans", "trace_rows", "SPANS"]
 
 try:  # the bare launch's kernel (this module imports without triton too)
     import triton
@@ -336,6 +344,113 @@ def minmax_by_part(rows: List[Dict], outputs: int) -> Optional[Dict[str, float]]
     return pieces
 
 
+#: the spans of a traced observer call (``traced_spans``), in call order
+SPANS = ("new observer", "observe, before ops", "ops, before the launch", "the launch",
+         "the launch to the read", "the status read", "after the read")
+#: their columns in the printed table
+_SPAN_HEADS = ("new", "observe", "ops", "launch", "to read", "read", "after")
+#: the points between them (the call's start and end around them)
+_POINTS = ("built", "ops", "launch", "launched", "read", "read back")
+
+
+def traced_spans(fn: Callable[[], object], reps: int,
+                 before: Optional[Callable[[], object]] = None) -> Optional[Dict[str, float]]:
+    """Median microseconds per ``SPANS`` of ``reps`` observer calls ``fn``
+    (a new observer, observe, get_qparams; each made as ``sync_times``
+    makes them, after ``before()`` where given): each call timed at the
+    points between its pieces -- the observer built
+    (``Observer.load_from_registry`` returned), ``ops.min_max_qparams``
+    entered, the first launch through a launch site entered and returned,
+    the status read (``observers.report.read_status``) entered and
+    returned -- so that a call made cold (after llm-compressor's) says which
+    piece the host's caches slow, where the parts timed alone
+    (``part_rows``) are hot. Each point is a wrapper, within this function
+    only (a Python frame and a clock read, ~0.3-0.5 us each on the
+    development CPU). None where no call passed every point (a call on
+    another path)."""
+    from obskernels import ops
+    from obskernels.kernels import _replay
+    from obskernels.observers import Observer, report
+
+    marks: Dict[str, float] = {}
+
+    def at(point: str) -> None:
+        if point not in marks:
+            marks[point] = time.perf_counter()
+
+    load = Observer.__dict__["load_from_registry"]
+    qparams, site, read_status = ops.min_max_qparams, _replay.Replay.__call__, report.read_status
+
+    def built(cls, *args, **kwargs):
+        out = load.__func__(cls, *args, **kwargs)
+        at("built")
+        return out
+
+    def entered(*args, **kwargs):
+        at("ops")
+        return qparams(*args, **kwargs)
+
+    def launched(self, *args, **kwargs):
+        at("launch")
+        out = site(self, *args, **kwargs)
+        at("launched")
+        return out
+
+    def read(status):
+        at("read")
+        out = read_status(status)
+        at("read back")
+        return out
+
+    spans: List[List[float]] = []
+
+    def call():
+        marks.clear()  # ``before`` may pass the points too
+        t0 = time.perf_counter()
+        fn()
+        end = time.perf_counter()
+        if all(p in marks for p in _POINTS):
+            points = [t0] + [marks[p] for p in _POINTS] + [end]
+            spans.append([(b - a) * 1e6 for a, b in zip(points, points[1:])])
+
+    Observer.load_from_registry = classmethod(built)
+    ops.min_max_qparams, _replay.Replay.__call__, report.read_status = entered, launched, read
+    try:
+        sync_times(call, reps, before)
+    finally:
+        Observer.load_from_registry = load
+        ops.min_max_qparams, _replay.Replay.__call__, report.read_status = qparams, site, read_status
+    if not spans:
+        return None
+    return {name: statistics.median(column) for name, column in zip(SPANS, zip(*spans))}
+
+
+def trace_rows(reps: int = 20) -> List[Dict]:
+    """The lead table's memoryless_minmax calls (``_lead_rows``) traced
+    (``traced_spans``): each after the L2 wiped ("wiped"), and each right
+    after llm-compressor's own call and the wipe ("turns", where it
+    imports), as the lead rows take turns with it."""
+    wipe = _wipe()
+    out = []
+    for name, fn, partner in _lead_rows():
+        for _ in range(5):
+            fn()  # compiled and planned
+        settings = [("wiped", wipe)]
+        if partner is not None:
+            partner()
+
+            def after_partner(partner=partner):
+                partner()
+                wipe()
+
+            settings.append(("turns", after_partner))
+        for setting, before in settings:
+            spans = traced_spans(fn, reps, before)
+            out.append({"row": name, "setting": setting, "spans_us": spans,
+                        "total_us": None if spans is None else sum(spans.values()), "kind": "measured"})
+    return out
+
+
 def _wipe() -> Callable[[], object]:
     """Zeroes 256 MB of the GPU (more than any L2), as the lead rows do."""
     from obskernels.bench.runner import _wipe_buffer
@@ -553,8 +668,14 @@ def main(argv: Optional[List[str]] = None) -> int:
               file=sys.stderr)
         return 2
     rows = measure(ns.n, ns.reps, progress=None if ns.json else sys.stderr)
+    try:
+        traced = trace_rows()
+    except Exception as exc:  # noqa: BLE001 - the measured rows stand
+        traced = []
+        print(f"obskernels.bench.cuda_host: the lead calls not traced: {type(exc).__name__}: {exc}",
+              file=sys.stderr)
     if ns.json:
-        for r in rows:
+        for r in rows + traced:
             print(json.dumps(r))
         return 0
     print(f"MEASURED on {rows[0]['device']}: wall time per call; unit = one 1-element CUDA add_ "
@@ -569,6 +690,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         if "by_part_us" in r:
             print("minmax call by part (loop us): " + ", ".join(
                 f"{name} {us:.1f}" for name, us in r["by_part_us"].items()))
+    if traced:
+        print("the lead calls traced (us, median per span of single calls; wiped: after the L2 wipe, "
+              "turns: after llm-compressor's call and the wipe)")
+        print("  columns: " + "; ".join(f"{head}: {span}" for head, span in zip(_SPAN_HEADS, SPANS)))
+        print(f"{'row':52} {'setting':7} " + " ".join(f"{h:>8}" for h in _SPAN_HEADS) + f" {'total':>8}")
+        for r in traced:
+            spans = r["spans_us"] or {}
+            print(f"{r['row']:52} {r['setting']:7} "
+                  + " ".join(f"{_us(spans.get(s)):>8}" for s in SPANS) + f" {_us(r['total_us']):>8}")
     return 0
 
 
