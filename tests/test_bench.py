@@ -660,7 +660,7 @@ DOCUMENTED_OPTIONAL = (
     "aten_ops triton_launches syncs triton_unique_bytes atomics op_names "
     "triton_programs_at_counted_shape sass_kernel issue_efficiency model_gpu_s model_host_s model_before_s "
     "model_after_s model_sync_s host_units host_method search_steps flops_per_element_step device_s device_ops "
-    "device_method measured_pass_s issued_s issued_method"
+    "device_method measured_pass_s issued_s kernels_s issued_method"
 ).split()
 
 
@@ -1211,10 +1211,57 @@ def test_issued_is_the_host_before_a_calls_first_launch(monkeypatch):
     got = runner.issued_samples([Prepared(ours), Prepared(other), Prepared(other)], "cpu", opts,
                                 [True, False, True])
     assert len(calls) == 1 + 3  # 25 ms of warm-up in turns (one turn: 16 + 5 + 5 ms), then 3 timed
-    assert got[0] == pytest.approx([0.004] * 3)
-    assert got[1] is None and got[2] == [None] * 3
+    assert got[0].host_s == pytest.approx([0.004] * 3) and got[0].kernels_s == [None] * 3  # no CUDA
+    assert got[1] is None and got[2] == runner.Issued([None] * 3, [None] * 3)
     assert _replay.Replay.__call__ is site
     assert len(launched) == 2 * len(calls)
+
+
+def test_issued_on_cuda_times_the_launches_with_events(monkeypatch):
+    """On CUDA (faked: events reading the fake clock, each record taking
+    0.5 ms of host): the device's span runs from an event before the first
+    launch to one after the last, and the first event's recording is not
+    counted as host time before the launch (still 3 ms + the 1-ms launch)."""
+    from obskernels.bench import runner
+    from obskernels.bench.backends import Prepared
+    from obskernels.kernels import _replay
+
+    clock = _FakeClock(step=0.0, sync=0.0)
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+            self.at = None
+
+        def record(self):
+            self.at = clock.now
+            clock.now += 0.0005
+
+        def elapsed_time(self, end):  # ms, as torch's
+            return (end.at - self.at) * 1e3
+
+    def site(self, *args):
+        clock.now += 0.001
+
+    monkeypatch.setattr(_replay.Replay, "__call__", site)
+    monkeypatch.setattr(runner.time, "perf_counter", clock)
+    monkeypatch.setattr(runner.torch.cuda, "Event", Event)
+    monkeypatch.setattr(runner, "_sync", lambda device: None)
+    monkeypatch.setattr(runner, "_wipe_buffer", lambda device: None)
+
+    def ours():
+        clock.now += 0.003
+        _replay.Replay.__call__(None)
+        clock.now += 0.002
+        _replay.Replay.__call__(None)
+        clock.now += 0.004
+
+    opts = Options(min_reps=3, max_reps=3, min_time_s=0.0, warmup_s=0.0, progress=None)
+    (got,) = runner.issued_samples([Prepared(ours)], "cuda", opts, [True])
+    assert got.host_s == pytest.approx([0.004] * 3)
+    # the fake events read the host's clock: from the start's record to the last end's,
+    # 0.5 (that record) + 1 (the launch) + 0.5 (its end's record) + 2 + 1 (the second launch)
+    assert got.kernels_s == pytest.approx([0.005] * 3)
 
 
 def test_issued_lands_in_the_rows_of_our_backend(monkeypatch):
@@ -1273,17 +1320,22 @@ def test_issued_sees_the_observers_real_launches():
             for backend in ("triton", "reference")]
     opts = Options(min_reps=2, max_reps=2, min_time_s=0.0, warmup_s=0.0, progress=None)
     ours, reference = runner.issued_samples(rows, "cpu", opts, [True, True])
-    assert len(ours) == 2 and all(t is not None and t > 0 for t in ours), ours
-    assert reference == [None, None]
+    assert len(ours.host_s) == 2 and all(t is not None and t > 0 for t in ours.host_s), ours
+    assert reference == runner.Issued([None, None], [None, None])
 
 
 def test_issued_goes_into_the_record_and_the_lead_table():
     from obskernels.bench import report, runner
     from obskernels.bench.records import CaseInfo, Provenance, Record, Timing
 
-    timing = runner._with_issued(Timing(measured_s=2e-4), [60e-6, None, 70e-6, 90e-6])
-    assert timing.issued_s == pytest.approx(70e-6) and "median of 3 calls" in timing.issued_method
-    assert runner._with_issued(Timing(), [None, None]).issued_method == "no launch through a launch site"
+    timing = runner._with_issued(Timing(measured_s=2e-4), runner.Issued([60e-6, None, 70e-6, 90e-6],
+                                                                         [20e-6, None, 30e-6, 25e-6]))
+    assert timing.issued_s == pytest.approx(70e-6) and timing.kernels_s == pytest.approx(25e-6)
+    assert "median of 3 calls" in timing.issued_method and "(CUDA events)" in timing.issued_method
+    off_cuda = runner._with_issued(Timing(), runner.Issued([60e-6], [None]))
+    assert off_cuda.kernels_s is None and "CUDA events" not in off_cuda.issued_method
+    assert runner._with_issued(Timing(), runner.Issued([None, None], [None, None])).issued_method == (
+        "no launch through a launch site")
     assert runner._with_issued(Timing(), RuntimeError("gone")).issued_method == "not taken: RuntimeError: gone"
     assert runner._with_issued(Timing(measured_s=1.0), None) == Timing(measured_s=1.0)
     case = CaseInfo("w4096x4096 bf16 int8-channel", "weight", "weight", (4096, 4096), (4096, 4096),
@@ -1293,12 +1345,13 @@ def test_issued_goes_into_the_record_and_the_lead_table():
     theirs = Record("obs:memoryless_minmax", "observer", "llmc", case, prov, status="measured",
                     timing=Timing(measured_s=5e-4))
     again = Record.from_dict(json.loads(json.dumps(ours.to_dict())))
-    assert again.timing.issued_s == timing.issued_s and again.timing.issued_method == timing.issued_method
+    assert again.timing == timing
     text = report.lead_table([ours, theirs])
     head, _, row = text.splitlines()[:3]
-    assert head.index("ISSUED tri us") > head.index("llmc/tri")
-    assert row.split()[8] == "70.0", row  # after the case (3 words), the op and the 4 MEAS cells
+    assert head.index("llmc/tri") < head.index("ISSUED tri us") < head.index("KERNELS tri us")
+    assert row.split()[8:10] == ["70.0", "25.0"], row  # after the case (3 words), the op, 4 MEAS cells
     assert "ISSUED: the host's time in our call before its first kernel launch" in text
+    assert "KERNELS: in the same calls, the device's time" in text
     assert "ISSUED" not in report.lead_table([ours.replace(timing=Timing(measured_s=2e-4)), theirs])
 
 
@@ -1310,7 +1363,7 @@ def test_a_cuda_run_gives_our_rows_the_host_before_their_first_launch():
                    progress=None)
     records = {r.backend: r for r in run(opts) if r.scope == "run"}
     ours, reference = records["triton"].timing, records["reference"].timing
-    assert 0 < ours.issued_s < ours.measured_s, ours
+    assert 0 < ours.issued_s < ours.measured_s and 0 < ours.kernels_s < ours.measured_s, ours
     assert reference.measured_s > 0 and reference.issued_s is None and reference.issued_method is None
 
 

@@ -230,54 +230,101 @@ def interleaved_samples(prepared: List, device: str, opts: Options) -> List[List
     return times
 
 
-class _Issued:
-    """A prepared call that notes, per call, the seconds from its start
-    until its first launch through a launch site returned (``first``: the
-    time of that return, set by the wrapped site), None where it made none."""
+class _Watch:
+    """What the wrapped launch sites note in one call (``issued_samples``):
+    when its first launch returned and, on CUDA, an event recorded before
+    that launch and one after its last."""
 
-    def __init__(self, prepared, first: List[float]):
-        self.prepared, self.setup, self.first, self.issued = prepared, prepared.setup, first, []
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+        self.begin()
+
+    def begin(self) -> None:
+        self.issued_at = None
+        if self.cuda:  # made before the call starts: not in its time
+            self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def site(self, site_call):
+        """``site_call`` (a launch site's ``__call__``) noting the launches."""
+        def launch(site, *args, **kwargs):
+            first, spent = self.issued_at is None, 0.0
+            if first and self.cuda:
+                t = time.perf_counter()
+                self.start.record()
+                spent = time.perf_counter() - t  # not the host's own time before the launch
+            out = site_call(site, *args, **kwargs)
+            if first:
+                self.issued_at = time.perf_counter() - spent
+            if self.cuda:
+                self.end.record()
+            return out
+
+        return launch
+
+
+class Issued(NamedTuple):
+    """``issued_samples`` of one row: per timed call, the host's seconds
+    until its first launch was issued and, on CUDA, the device's seconds
+    from that launch's start to its last launch's end (None where a call
+    made no launch through a site, or off CUDA)."""
+
+    host_s: List[Optional[float]]
+    kernels_s: List[Optional[float]]
+
+
+class _Issued:
+    """A prepared call noting what ``watch`` saw in each of its calls."""
+
+    def __init__(self, prepared, watch: _Watch):
+        self.prepared, self.setup, self.watch, self.seen = prepared, prepared.setup, watch, []
 
     def call(self):
-        self.first.clear()
+        watch = self.watch
+        watch.begin()
         t0 = time.perf_counter()
         out = self.prepared.call()
-        self.issued.append(self.first[0] - t0 if self.first else None)
+        if watch.issued_at is None:
+            self.seen.append(None)
+        else:
+            self.seen.append((watch.issued_at - t0, (watch.start, watch.end) if watch.cuda else None))
         return out
 
 
 def issued_samples(prepared: List, device: str, opts: Options,
-                   marked: Sequence[bool]) -> List[Optional[List[Optional[float]]]]:
+                   marked: Sequence[bool]) -> List[Optional[Issued]]:
     """Per row of ``prepared`` that ``marked`` marks (obskernels' rows: their
-    launches go through launch sites, ``kernels/_replay.Replay``), the
-    host's seconds from each timed call's start until its first launch was
-    issued (the site returned), None for a call that made none; None for a
-    row not marked. The rows take turns as ``interleaved_samples`` times
-    them (its warm-up, the L2 wiped, synchronised), in one more pass made
-    for this only: the sites are wrapped within it (a Python frame per
-    launch), no measured time comes from it. On a GPU an idle device waits
-    that long for work: MEAS minus it is the device's work, the read that
-    waits for it, and the host after."""
+    launches go through launch sites, ``kernels/_replay.Replay``), for each
+    timed call: the host's seconds from the call's start until its first
+    launch was issued (the site returned) and, on CUDA, the device's
+    seconds from that launch's start to the end of the call's last launch
+    (CUDA events recorded around them); None for a row not marked. The
+    rows take turns as ``interleaved_samples`` times them (its warm-up, the
+    L2 wiped, synchronised), in one more pass made for this only: the sites
+    are wrapped within it (a Python frame per launch, an event recorded
+    after each), no measured time comes from it. An idle GPU waits the
+    first figure for work; the second is its work as the timed calls meet
+    it (the GPU's clocks and caches after the other rows' calls), where
+    ``device_split`` profiles calls made back to back."""
     from obskernels.kernels import _replay
 
     site_call = _replay.Replay.__call__
-    first: List[float] = []
-
-    def site(self, *args, **kwargs):
-        out = site_call(self, *args, **kwargs)
-        if not first:
-            first.append(time.perf_counter())
-        return out
-
-    rows = [_Issued(p, first) if m else p for p, m in zip(prepared, marked)]
-    _replay.Replay.__call__ = site
+    watch = _Watch(device == "cuda")
+    rows = [_Issued(p, watch) if m else p for p, m in zip(prepared, marked)]
+    _replay.Replay.__call__ = watch.site(site_call)
     try:
         times = interleaved_samples(rows, device, opts)
     finally:
         _replay.Replay.__call__ = site_call
-    # the timed calls are the last ones (the warm-up's precede them)
-    return [row.issued[len(row.issued) - len(t):] if m else None
-            for row, m, t in zip(rows, marked, times)]
+    out: List[Optional[Issued]] = []
+    for row, m, t in zip(rows, marked, times):
+        if not m:
+            out.append(None)
+            continue
+        seen = row.seen[len(row.seen) - len(t):]  # the timed calls (the warm-up's precede them)
+        out.append(Issued([None if s is None else s[0] for s in seen],
+                          [None if s is None or s[1] is None else s[1][0].elapsed_time(s[1][1]) * 1e-3
+                           for s in seen]))
+    return out
 
 
 #: the backends whose launches go through launch sites (``issued_samples``)
@@ -523,12 +570,16 @@ def _with_issued(timing: Timing, issued) -> Timing:
     if isinstance(issued, Exception):
         return dataclasses.replace(timing, issued_method=f"not taken: {type(issued).__name__}: "
                                                          f"{str(issued)[:200]}")
-    seen = [t for t in issued if t is not None]
+    seen = [t for t in issued.host_s if t is not None]
     if not seen:
         return dataclasses.replace(timing, issued_method="no launch through a launch site")
-    return dataclasses.replace(timing, issued_s=statistics.median(seen), issued_method=(
-        f"host from the call's start until its first launch was issued, median of {len(seen)} calls "
-        "in one more pass taking turns as the timed calls (the launch sites wrapped)"))
+    kernels = [t for t in issued.kernels_s if t is not None]
+    return dataclasses.replace(
+        timing, issued_s=statistics.median(seen), kernels_s=statistics.median(kernels) if kernels else None,
+        issued_method=(f"median of {len(seen)} calls in one more pass taking turns as the timed calls, "
+                       "the launch sites wrapped: the host from the call's start until its first launch "
+                       "was issued" + ("; the device from that launch's start to the end of the last "
+                                       "(CUDA events)" if kernels else "")))
 
 
 def _timings(group: _Group, device: str, opts: Options) -> List[object]:
