@@ -15,6 +15,7 @@ import contextlib
 import importlib
 import importlib.util
 import os
+import sys
 
 import torch
 
@@ -102,6 +103,20 @@ def device():
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _launch_sites_kept():
+    """Fails a test that leaves the launch sites' call replaced (a stub
+    undone in the wrong order, say): every later launch of its worker would
+    compute nothing, and hundreds of tests after it fail on wrong numbers.
+    The call is put back first."""
+    replay = sys.modules.get("obskernels.kernels._replay")
+    site = None if replay is None else replay.Replay.__call__
+    yield
+    if site is not None and replay.Replay.__call__ is not site:
+        replay.Replay.__call__ = site
+        pytest.fail("the test left kernels/_replay.Replay.__call__ replaced (put back now)")
 
 
 @pytest.fixture

@@ -958,7 +958,9 @@ def test_a_traced_call_puts_each_piece_in_its_span(monkeypatch):
     clock = _FakeClock(step=0.0, sync=0.0)
     sc = next(s for s in host.SCENARIOS if s.name == "minmax call")
     call = host._call_of(sc)
-    with host.stubbed_launches():
+    real_site = _replay.Replay.__call__
+    # the patches undone before the stubs (else the stub would stay in place after the test)
+    with host.stubbed_launches(), monkeypatch.context() as patched:
         call()  # planned
         stub, read, load = _replay.Replay.__call__, report.read_status, Observer.load_from_registry.__func__
 
@@ -974,15 +976,16 @@ def test_a_traced_call_puts_each_piece_in_its_span(monkeypatch):
             clock.now += 0.001
             return load(cls, *args, **kwargs)
 
-        monkeypatch.setattr(_replay.Replay, "__call__", launch)
-        monkeypatch.setattr(report, "read_status", slow_read)
-        monkeypatch.setattr(Observer, "load_from_registry", classmethod(slow_load))
-        monkeypatch.setattr(cuda_host.time, "perf_counter", clock)
-        monkeypatch.setattr(cuda_host, "_sync", lambda: None)
+        patched.setattr(_replay.Replay, "__call__", launch)
+        patched.setattr(report, "read_status", slow_read)
+        patched.setattr(Observer, "load_from_registry", classmethod(slow_load))
+        patched.setattr(cuda_host.time, "perf_counter", clock)
+        patched.setattr(cuda_host, "_sync", lambda: None)
         before = (Observer.__dict__["load_from_registry"], ops.min_max_qparams, report.read_status)
         spans = cuda_host.traced_spans(call, reps=3)
         assert (Observer.__dict__["load_from_registry"], ops.min_max_qparams, report.read_status) == before
         assert _replay.Replay.__call__ is launch
+    assert _replay.Replay.__call__ is real_site
     assert list(spans) == list(cuda_host.SPANS)
     assert spans == pytest.approx({"new observer": 1000.0, "observe, before ops": 0.0,
                                    "ops, before the launch": 0.0, "the launch": 2000.0,
@@ -990,8 +993,7 @@ def test_a_traced_call_puts_each_piece_in_its_span(monkeypatch):
                                    "after the read": 0.0})
     # a call passing no launch site (every launch through another path) is not traced
     monkeypatch.setattr(cuda_host, "_sync", lambda: None)
-    with host.stubbed_launches():
-        assert cuda_host.traced_spans(lambda: None, reps=2) is None
+    assert cuda_host.traced_spans(lambda: None, reps=2) is None
 
 
 @pytest.mark.gpu
