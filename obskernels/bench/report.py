@@ -269,10 +269,10 @@ def lead_table(records: Sequence[Record]) -> str:
     modelled = any(r["triton_us"] for r in rows)
     split = any(r["triton_device_us"] is not None or r["llmc_device_us"] is not None for r in rows)
     issued = any(r["triton_issued_us"] is not None for r in rows)
+    kernels = any(r["triton_kernels_us"] is not None for r in rows)
     head = ["case (full size)", "observer"]
     if measured:
         head += ["MEAS tri ms", "MEAS llmc ms", "MEAS eager ms", "llmc/tri"]
-    kernels = any(r["triton_kernels_us"] is not None for r in rows)
     if issued:
         head += ["ISSUED tri us"]
     if kernels:

@@ -551,8 +551,8 @@ def _sample_group(group: _Group, device: str, opts: Options) -> None:
 
 def _issue_group(group: _Group, device: str, opts: Options) -> None:
     """``group.issued``: ``issued_samples`` of its obskernels rows, the rows
-    taking turns as in a timed pass; where that fails, every row's the
-    exception (the rows' times stand)."""
+    taking turns as in a timed pass; where that fails, the exception in
+    each of those rows' place (their times stand)."""
     marked = [rec.backend in ISSUED_BACKENDS for rec, row in group.rows if row is not None]
     if not any(marked):
         return
