@@ -105,18 +105,38 @@ def _seed():
     yield
 
 
-@pytest.fixture(autouse=True)
-def _launch_sites_kept():
-    """Fails a test that leaves the launch sites' call replaced (a stub
-    undone in the wrong order, say): every later launch of its worker would
-    compute nothing, and hundreds of tests after it fail on wrong numbers.
-    The call is put back first."""
+def _launch_state() -> list:
+    """(owner, attribute, value) of what launches a kernel, as the test
+    starts: the launch sites' call and every @triton.jit function of the
+    kernel modules imported so far (none before the kernels are)."""
     replay = sys.modules.get("obskernels.kernels._replay")
-    site = None if replay is None else replay.Replay.__call__
+    if replay is None:
+        return []
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    state = [(replay.Replay, "__call__", replay.Replay.__call__)]
+    for name, module in list(sys.modules.items()):
+        if name.startswith("obskernels.kernels.") and module is not None:
+            state += [(module, attr, fn) for attr, fn in vars(module).items()
+                      if isinstance(fn, (JITFunction, InterpretedFunction))]
+    return state
+
+
+@pytest.fixture(autouse=True)
+def _launches_kept():
+    """Fails a test that leaves a kernel or the launch sites' call replaced
+    (a stub undone in the wrong order, say): every later launch of its
+    worker would compute nothing, and hundreds of tests after it fail on
+    wrong numbers. What it replaced is put back first."""
+    state = _launch_state()
     yield
-    if site is not None and replay.Replay.__call__ is not site:
-        replay.Replay.__call__ = site
-        pytest.fail("the test left kernels/_replay.Replay.__call__ replaced (put back now)")
+    left = [(owner, attr, value) for owner, attr, value in state if getattr(owner, attr) is not value]
+    for owner, attr, value in left:
+        setattr(owner, attr, value)
+    if left:
+        pytest.fail("the test left replaced (put back now): "
+                    + ", ".join(f"{getattr(owner, '__name__', owner)}.{attr}" for owner, attr, _ in left))
 
 
 @pytest.fixture
