@@ -1219,6 +1219,34 @@ def test_issued_is_the_host_before_a_calls_first_launch(monkeypatch):
     assert len(launched) == 2 * len(calls)
 
 
+def test_cuda_host_issued_is_the_host_before_a_calls_first_launch(monkeypatch):
+    """cuda_host.issued_times: per single call (after the wipe), the clock
+    from its start until its first launch through a site returned; None for
+    a call with no launch; the sites as they were afterwards."""
+    from obskernels.bench import cuda_host
+    from obskernels.kernels import _replay
+
+    clock = _FakeClock(step=0.0, sync=0.0)
+
+    def site(self, *args):
+        clock.now += 0.001
+
+    monkeypatch.setattr(_replay.Replay, "__call__", site)
+    monkeypatch.setattr(cuda_host.time, "perf_counter", clock)
+    monkeypatch.setattr(cuda_host, "_sync", lambda: None)
+    wipes = []
+
+    def call():  # 3 ms of host, a launch, 2 ms, another launch
+        clock.now += 0.003
+        _replay.Replay.__call__(None)
+        clock.now += 0.002
+        _replay.Replay.__call__(None)
+
+    assert cuda_host.issued_times(call, 3, lambda: wipes.append(1)) == pytest.approx([0.004] * 3)
+    assert cuda_host.issued_times(lambda: None, 2, lambda: wipes.append(1)) == [None, None]
+    assert len(wipes) == 5 and _replay.Replay.__call__ is site
+
+
 def test_issued_on_cuda_times_the_launches_with_events(monkeypatch):
     """On CUDA (faked: events reading the fake clock, each record taking
     0.5 ms of host): the device's span runs from an event before the first

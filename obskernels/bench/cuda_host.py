@@ -151,30 +151,20 @@ def issued_times(fn: Callable[[], object], reps: int,
     """Per call of ``reps`` single calls, each after ``wipe()`` and a
     synchronisation: the seconds from its start until its first launch
     through a launch site (``Replay``) returned, None where it made none.
-    The sites are wrapped only within this function."""
-    from obskernels.kernels import _replay
+    The sites are watched (``runner.LaunchWatch``) only within this function."""
+    from obskernels.bench.runner import LaunchWatch
 
-    site_call = _replay.Replay.__call__
-    issued: List[float] = []
-
-    def marked(self, *args, **kwargs):
-        site_call(self, *args, **kwargs)
-        if not issued:
-            issued.append(time.perf_counter())
-
+    watch = LaunchWatch()
     times: List[Optional[float]] = []
 
     def call():
-        issued.clear()
+        watch.begin()
         t0 = time.perf_counter()
         fn()
-        times.append(issued[0] - t0 if issued else None)
+        times.append(None if watch.issued_at is None else watch.issued_at - t0)
 
-    _replay.Replay.__call__ = marked
-    try:
+    with watch.watching():
         sync_times(call, reps, wipe)  # each call made as sync_times makes them
-    finally:
-        _replay.Replay.__call__ = site_call
     return times
 
 

@@ -20,6 +20,7 @@ For each (case, target, backend) one record:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import itertools
@@ -230,12 +231,13 @@ def interleaved_samples(prepared: List, device: str, opts: Options) -> List[List
     return times
 
 
-class _Watch:
-    """What the wrapped launch sites note in one call (``issued_samples``):
-    when its first launch returned and, on CUDA, an event recorded before
-    that launch and one after its last."""
+class LaunchWatch:
+    """What the launch sites (``kernels/_replay.Replay``) note of a call while
+    ``watching()``: ``issued_at``, when its first launch returned (None
+    until one has), and with ``cuda`` the events ``start``, recorded before
+    that launch, and ``end``, after its last. ``begin()`` before each call."""
 
-    def __init__(self, cuda: bool):
+    def __init__(self, cuda: bool = False):
         self.cuda = cuda
         self.begin()
 
@@ -244,8 +246,14 @@ class _Watch:
         if self.cuda:  # made before the call starts: not in its time
             self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
-    def site(self, site_call):
-        """``site_call`` (a launch site's ``__call__``) noting the launches."""
+    @contextlib.contextmanager
+    def watching(self):
+        """Within the block every launch site's call is noted (a Python
+        frame per launch; on CUDA an event recorded after each)."""
+        from obskernels.kernels import _replay
+
+        site_call = _replay.Replay.__call__
+
         def launch(site, *args, **kwargs):
             first, spent = self.issued_at is None, 0.0
             if first and self.cuda:
@@ -259,7 +267,11 @@ class _Watch:
                 self.end.record()
             return out
 
-        return launch
+        _replay.Replay.__call__ = launch
+        try:
+            yield self
+        finally:
+            _replay.Replay.__call__ = site_call
 
 
 class Issued(NamedTuple):
@@ -273,20 +285,21 @@ class Issued(NamedTuple):
 
 
 class _Issued:
-    """A prepared call noting what ``watch`` saw in each of its calls."""
+    """A prepared call noting what ``watch`` saw in each of its calls: the
+    seconds until its first launch was issued (``host``) and, on CUDA, the
+    events around its launches (``events``); None where it made none."""
 
-    def __init__(self, prepared, watch: _Watch):
-        self.prepared, self.setup, self.watch, self.seen = prepared, prepared.setup, watch, []
+    def __init__(self, prepared, watch: LaunchWatch):
+        self.prepared, self.setup, self.watch, self.host, self.events = prepared, prepared.setup, watch, [], []
 
     def call(self):
         watch = self.watch
         watch.begin()
         t0 = time.perf_counter()
         out = self.prepared.call()
-        if watch.issued_at is None:
-            self.seen.append(None)
-        else:
-            self.seen.append((watch.issued_at - t0, (watch.start, watch.end) if watch.cuda else None))
+        launched = watch.issued_at is not None
+        self.host.append(watch.issued_at - t0 if launched else None)
+        self.events.append((watch.start, watch.end) if launched and watch.cuda else None)
         return out
 
 
@@ -305,25 +318,18 @@ def issued_samples(prepared: List, device: str, opts: Options,
     first figure for work; the second is its work as the timed calls meet
     it (the GPU's clocks and caches after the other rows' calls), where
     ``device_split`` profiles calls made back to back."""
-    from obskernels.kernels import _replay
-
-    site_call = _replay.Replay.__call__
-    watch = _Watch(device == "cuda")
+    watch = LaunchWatch(device == "cuda")
     rows = [_Issued(p, watch) if m else p for p, m in zip(prepared, marked)]
-    _replay.Replay.__call__ = watch.site(site_call)
-    try:
+    with watch.watching():
         times = interleaved_samples(rows, device, opts)
-    finally:
-        _replay.Replay.__call__ = site_call
     out: List[Optional[Issued]] = []
     for row, m, t in zip(rows, marked, times):
         if not m:
             out.append(None)
             continue
-        seen = row.seen[len(row.seen) - len(t):]  # the timed calls (the warm-up's precede them)
-        out.append(Issued([None if s is None else s[0] for s in seen],
-                          [None if s is None or s[1] is None else s[1][0].elapsed_time(s[1][1]) * 1e-3
-                           for s in seen]))
+        timed = len(row.host) - len(t)  # the timed calls (the warm-up's precede them)
+        out.append(Issued(row.host[timed:], [None if e is None else e[0].elapsed_time(e[1]) * 1e-3
+                                             for e in row.events[timed:]]))
     return out
 
 
