@@ -660,7 +660,7 @@ DOCUMENTED_OPTIONAL = (
     "aten_ops triton_launches syncs triton_unique_bytes atomics op_names "
     "triton_programs_at_counted_shape sass_kernel issue_efficiency model_gpu_s model_host_s model_before_s "
     "model_after_s model_sync_s host_units host_method search_steps flops_per_element_step device_s device_ops "
-    "device_method measured_pass_s issued_s kernels_s issued_method"
+    "device_method measured_pass_s issued_s launched_s issued_method"
 ).split()
 
 
@@ -1213,7 +1213,7 @@ def test_issued_is_the_host_before_a_calls_first_launch(monkeypatch):
     got = runner.issued_samples([Prepared(ours), Prepared(other), Prepared(other)], "cpu", opts,
                                 [True, False, True])
     assert len(calls) == 1 + 3  # 25 ms of warm-up in turns (one turn: 16 + 5 + 5 ms), then 3 timed
-    assert got[0].host_s == pytest.approx([0.004] * 3) and got[0].kernels_s == [None] * 3  # no CUDA
+    assert got[0].host_s == pytest.approx([0.004] * 3) and got[0].launched_s == [None] * 3  # no CUDA
     assert got[1] is None and got[2] == runner.Issued([None] * 3, [None] * 3)
     assert _replay.Replay.__call__ is site
     assert len(launched) == 2 * len(calls)
@@ -1291,7 +1291,7 @@ def test_issued_on_cuda_times_the_launches_with_events(monkeypatch):
     assert got.host_s == pytest.approx([0.004] * 3)
     # the fake events read the host's clock: from the start's record to the last end's,
     # 0.5 (that record) + 1 (the launch) + 0.5 (its end's record) + 2 + 1 (the second launch)
-    assert got.kernels_s == pytest.approx([0.005] * 3)
+    assert got.launched_s == pytest.approx([0.005] * 3)
 
 
 def test_issued_lands_in_the_rows_of_our_backend(monkeypatch):
@@ -1360,10 +1360,10 @@ def test_issued_goes_into_the_record_and_the_lead_table():
 
     timing = runner._with_issued(Timing(measured_s=2e-4), runner.Issued([60e-6, None, 70e-6, 90e-6],
                                                                          [20e-6, None, 30e-6, 25e-6]))
-    assert timing.issued_s == pytest.approx(70e-6) and timing.kernels_s == pytest.approx(25e-6)
+    assert timing.issued_s == pytest.approx(70e-6) and timing.launched_s == pytest.approx(25e-6)
     assert "median of 3 calls" in timing.issued_method and "(CUDA events)" in timing.issued_method
     off_cuda = runner._with_issued(Timing(), runner.Issued([60e-6], [None]))
-    assert off_cuda.kernels_s is None and "CUDA events" not in off_cuda.issued_method
+    assert off_cuda.launched_s is None and "CUDA events" not in off_cuda.issued_method
     assert runner._with_issued(Timing(), runner.Issued([None, None], [None, None])).issued_method == (
         "no launch through a launch site")
     assert runner._with_issued(Timing(), RuntimeError("gone")).issued_method == "not taken: RuntimeError: gone"
@@ -1378,10 +1378,10 @@ def test_issued_goes_into_the_record_and_the_lead_table():
     assert again.timing == timing
     text = report.lead_table([ours, theirs])
     head, _, row = text.splitlines()[:3]
-    assert head.index("llmc/tri") < head.index("ISSUED tri us") < head.index("KERNELS tri us")
+    assert head.index("llmc/tri") < head.index("ISSUED tri us") < head.index("LAUNCHED tri us")
     assert row.split()[8:10] == ["70.0", "25.0"], row  # after the case (3 words), the op, 4 MEAS cells
     assert "ISSUED: the host's time in our call before its first kernel launch" in text
-    assert "KERNELS: in the same calls, the device's time" in text
+    assert "LAUNCHED: in the same calls, from just before our first launch was issued" in text
     assert "ISSUED" not in report.lead_table([ours.replace(timing=Timing(measured_s=2e-4)), theirs])
 
 
@@ -1393,7 +1393,7 @@ def test_a_cuda_run_gives_our_rows_the_host_before_their_first_launch():
                    progress=None)
     records = {r.backend: r for r in run(opts) if r.scope == "run"}
     ours, reference = records["triton"].timing, records["reference"].timing
-    assert 0 < ours.issued_s < ours.measured_s and 0 < ours.kernels_s < ours.measured_s, ours
+    assert 0 < ours.issued_s < ours.measured_s and 0 < ours.launched_s < ours.measured_s, ours
     assert reference.measured_s > 0 and reference.issued_s is None and reference.issued_method is None
 
 

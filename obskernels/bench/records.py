@@ -69,9 +69,9 @@ class Timing:
     device_method: Optional[str] = None
     # on CUDA, our rows (``runner.issued_samples``, medians): the host's
     # seconds from a call's start until its first kernel launch was issued,
-    # the device's from that launch's start to its last launch's end, how
+    # from just before that launch to its last kernel's end (CUDA events), how
     issued_s: Optional[float] = None
-    kernels_s: Optional[float] = None
+    launched_s: Optional[float] = None
     issued_method: Optional[str] = None
 
 
@@ -250,7 +250,7 @@ JSON_KEYS: Tuple[Tuple[str, str, str, bool], ...] = (
     ("device_ops", "timing", "device_ops", False),
     ("device_method", "timing", "device_method", False),
     ("issued_s", "timing", "issued_s", False),
-    ("kernels_s", "timing", "kernels_s", False),
+    ("launched_s", "timing", "launched_s", False),
     ("issued_method", "timing", "issued_method", False),
 )
 ALWAYS: Tuple[str, ...] = tuple(k for k, _, _, always in JSON_KEYS if always)

@@ -233,7 +233,7 @@ def lead_speedups(records: Sequence[Record]) -> List[Dict]:
         ts, ls, rs = _modelled_s(t), _modelled_s(ld), _modelled_s(ref)
         tm, lm, em = _measured_s(t), _measured_s(g.get("llmc")), _measured_s(g.get("llmc-eager"))
         td, ldev = _device_s(t), _device_s(g.get("llmc"))
-        ti, tk = (None, None) if t is None else (t.timing.issued_s, t.timing.kernels_s)
+        ti, tk = (None, None) if t is None else (t.timing.issued_s, t.timing.launched_s)
         out.append(dict(
             case=case, op=op, triton_us=ts and ts * 1e6, llmc_us=ls and ls * 1e6,
             llmc_path=ld and ld.backend, reference_us=rs and rs * 1e6,
@@ -246,7 +246,7 @@ def lead_speedups(records: Sequence[Record]) -> List[Dict]:
             eager_measured_ms=em and em * 1e3,
             measured_speedup=(lm / tm) if lm and tm else None,
             triton_device_us=td and td * 1e6, llmc_device_us=ldev and ldev * 1e6,
-            triton_issued_us=ti and ti * 1e6, triton_kernels_us=tk and tk * 1e6,
+            triton_issued_us=ti and ti * 1e6, triton_launched_us=tk and tk * 1e6,
             triton_peak_pct=peak("triton"), eager_peak_pct=peak("llmc-eager"),
             llmc_peak_pct=peak("llmc") if peak("llmc") is not None else (ld and peak(ld.backend)),
         ))
@@ -269,14 +269,14 @@ def lead_table(records: Sequence[Record]) -> str:
     modelled = any(r["triton_us"] for r in rows)
     split = any(r["triton_device_us"] is not None or r["llmc_device_us"] is not None for r in rows)
     issued = any(r["triton_issued_us"] is not None for r in rows)
-    kernels = any(r["triton_kernels_us"] is not None for r in rows)
+    launched = any(r["triton_launched_us"] is not None for r in rows)
     head = ["case (full size)", "observer"]
     if measured:
         head += ["MEAS tri ms", "MEAS llmc ms", "MEAS eager ms", "llmc/tri"]
     if issued:
         head += ["ISSUED tri us"]
-    if kernels:
-        head += ["KERNELS tri us"]
+    if launched:
+        head += ["LAUNCHED tri us"]
     if split:
         head += ["DEV tri us", "DEV llmc us"]
     if modelled:
@@ -291,8 +291,8 @@ def lead_table(records: Sequence[Record]) -> str:
                      f(r["eager_measured_ms"], "{:.3f}"), f(r["measured_speedup"], "{:.2f}x")]
         if issued:
             line += [f(r["triton_issued_us"], "{:.1f}")]
-        if kernels:
-            line += [f(r["triton_kernels_us"], "{:.1f}")]
+        if launched:
+            line += [f(r["triton_launched_us"], "{:.1f}")]
         if split:
             line += [f(r["triton_device_us"], "{:.1f}"), f(r["llmc_device_us"], "{:.1f}")]
         if modelled:
@@ -316,10 +316,11 @@ def lead_table(records: Sequence[Record]) -> str:
         out.append("ISSUED: the host's time in our call before its first kernel launch was issued (median, "
                    "calls made as MEAS's, in turns, in one more pass with the launch sites wrapped): the "
                    "device has no work before it")
-    if kernels:
-        out.append("KERNELS: in the same calls, the device's time from our first launch's start to the end "
-                   "of our last (CUDA events): the GPU's work as the calls in turns meet it (DEV profiles "
-                   "calls made back to back)")
+    if launched:
+        out.append("LAUNCHED: in the same calls, from just before our first launch was issued to the end of "
+                   "our last kernel, on the device's clock (CUDA events): the host issuing that launch (the "
+                   "GPU idles until it arrives), our kernels, and the host's time between launches; minus "
+                   "DEV (the kernels alone), the host's launching")
     if split:
         out.append("DEV: the device work of one call (torch profiler over 5 calls, timed as MEAS: on "
                    "CUDA the device time of its kernels and copies; on a CPU its aten ops); MEAS minus "

@@ -276,12 +276,13 @@ class LaunchWatch:
 
 class Issued(NamedTuple):
     """``issued_samples`` of one row: per timed call, the host's seconds
-    until its first launch was issued and, on CUDA, the device's seconds
-    from that launch's start to its last launch's end (None where a call
-    made no launch through a site, or off CUDA)."""
+    until its first launch was issued and, on CUDA, the seconds from just
+    before that launch was issued to the end of its last launch, on the
+    device's clock (None where a call made no launch through a site, or off
+    CUDA)."""
 
     host_s: List[Optional[float]]
-    kernels_s: List[Optional[float]]
+    launched_s: List[Optional[float]]
 
 
 class _Issued:
@@ -308,16 +309,19 @@ def issued_samples(prepared: List, device: str, opts: Options,
     """Per row of ``prepared`` that ``marked`` marks (obskernels' rows: their
     launches go through launch sites, ``kernels/_replay.Replay``), for each
     timed call: the host's seconds from the call's start until its first
-    launch was issued (the site returned) and, on CUDA, the device's
-    seconds from that launch's start to the end of the call's last launch
-    (CUDA events recorded around them); None for a row not marked. The
+    launch was issued (the site returned) and, on CUDA, the seconds from
+    just before that launch was issued to the end of the call's last
+    launch (CUDA events recorded around them, on the device's clock: the
+    host's issue of the first launch, which an idle GPU waits for, the
+    kernels, and the host's time between launches); None for a row not
+    marked. The
     rows take turns as ``interleaved_samples`` times them (its warm-up, the
     L2 wiped, synchronised), in one more pass made for this only: the sites
     are wrapped within it (a Python frame per launch, an event recorded
     after each), no measured time comes from it. An idle GPU waits the
-    first figure for work; the second is its work as the timed calls meet
-    it (the GPU's clocks and caches after the other rows' calls), where
-    ``device_split`` profiles calls made back to back."""
+    first figure for work; the second less ``device_split``'s kernels (the
+    device's work of the same calls, profiled) is the host's launching, as
+    the timed calls meet it."""
     watch = LaunchWatch(device == "cuda")
     rows = [_Issued(p, watch) if m else p for p, m in zip(prepared, marked)]
     with watch.watching():
@@ -579,13 +583,13 @@ def _with_issued(timing: Timing, issued) -> Timing:
     seen = [t for t in issued.host_s if t is not None]
     if not seen:
         return dataclasses.replace(timing, issued_method="no launch through a launch site")
-    kernels = [t for t in issued.kernels_s if t is not None]
+    launched = [t for t in issued.launched_s if t is not None]
     return dataclasses.replace(
-        timing, issued_s=statistics.median(seen), kernels_s=statistics.median(kernels) if kernels else None,
+        timing, issued_s=statistics.median(seen), launched_s=statistics.median(launched) if launched else None,
         issued_method=(f"median of {len(seen)} calls in one more pass taking turns as the timed calls, "
                        "the launch sites wrapped: the host from the call's start until its first launch "
-                       "was issued" + ("; the device from that launch's start to the end of the last "
-                                       "(CUDA events)" if kernels else "")))
+                       "was issued" + ("; from just before that launch was issued to the end of the "
+                                       "last kernel (CUDA events)" if launched else "")))
 
 
 def _timings(group: _Group, device: str, opts: Options) -> List[object]:
