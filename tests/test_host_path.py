@@ -140,21 +140,24 @@ def test_an_asymmetric_group_of_128_takes_the_epilogue_at_any_size(default_backe
 
 @pytest.mark.parametrize("size", [7, 10, 128, 129, 518, 4102])
 @pytest.mark.parametrize("flag", [None, "first", "last"])
-def test_read_status_is_the_record_and_any_flag(size, flag):
-    """``read_status`` against the whole status read as a list (the oracle),
-    short (a list) and long (numpy), the flag after the record or at the end."""
+def test_read_status_is_the_record_and_any_flag(size, flag, device):
+    """``read_status`` against the whole status read as a list on the CPU
+    (the oracle), short (a list) and long (numpy), on the test's device, the
+    flag after the record or at the end; read twice, the second status
+    differing, so that words kept from the first read cannot pass."""
     from obskernels.observers.report import read_status
     from obskernels.spec.record import STATUS_INIT
 
     n = len(STATUS_INIT)
-    status = torch.zeros(size, dtype=torch.int64)
-    status[:n] = torch.tensor(STATUS_INIT) + torch.arange(n)
-    if flag is not None and size > n:
-        status[n if flag == "first" else size - 1] = 1
-    words = status.tolist()
-    record, bad = read_status(status)
-    assert record == words[:n] and all(type(v) is int for v in record)
-    assert bad is any(words[n:])
+    for shift in (0, 1000):
+        status = torch.zeros(size, dtype=torch.int64)
+        status[:n] = torch.tensor(STATUS_INIT) + torch.arange(n) + shift
+        if flag is not None and size > n:
+            status[n if flag == "first" else size - 1] = 1 + shift
+        words = status.tolist()
+        record, bad = read_status(status.to(device))
+        assert record == words[:n] and all(type(v) is int for v in record)
+        assert bad is any(words[n:])
 
 
 # --------------------------------------------------------------------------- #
