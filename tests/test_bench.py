@@ -1041,6 +1041,28 @@ def test_cuda_host_measures_every_row():
         (r["row"], setting) for r in lead for setting in (("wiped", "turns") if llmc_available() else ("wiped",))]
     assert all(list(r["spans_us"]) == list(cuda_host.SPANS) and all(v > 0 for v in r["spans_us"].values())
                for r in traced)
+    # our kernels profiled in each setting: a device time for every lead call
+    kernels = cuda_host.kernel_rows(reps=3)
+    settings = cuda_host.KERNEL_SETTINGS if llmc_available() else cuda_host.KERNEL_SETTINGS[:2]
+    assert [r["row"] for r in kernels] == [r["row"] for r in lead]
+    assert all(list(r["kernels_us"]) == list(settings) and all(v > 0 for v in r["kernels_us"].values())
+               for r in kernels), kernels
+
+
+def test_cuda_host_counts_only_our_kernels_in_a_profile():
+    """``ours_per_call_us`` sums per call the device time of the profile's
+    events whose kernel is ours (``our_kernel_names``: the launched kernels
+    the compile report finds), leaving out the wipe's and the other
+    library's, and gives None where none of ours ran."""
+    from obskernels.bench import cuda_host
+
+    names = cuda_host.our_kernel_names()
+    assert {"_min_max_kernel", "_qparams_kernel", "_search_kernel"} <= names
+    assert not any(n.startswith("aten") or "elementwise" in n for n in names)
+    events = [("_min_max_kernel", 40.0), ("void at::native::vectorized_elementwise_kernel<4>", 100.0),
+              ("_qparams_kernel", 20.0), ("Memcpy DtoH (Device -> Pageable)", 7.0)]
+    assert cuda_host.ours_per_call_us(events, names, 4) == pytest.approx(15.0)
+    assert cuda_host.ours_per_call_us(events[1::2], names, 4) is None
 
 
 def test_oneshot_comparison_alternates_the_modes_repeated_calls(monkeypatch):

@@ -68,6 +68,10 @@ Rows:
   the rest), after the L2 wipe and, where llm-compressor imports, right
   after its call: which piece a cold call (the lead rows' in turns) pays
   for, where the parts above are timed hot;
+- printed after the trace (``kernel_rows``): our kernels' device time per
+  lead call, profiled (torch profiler, our kernels by name) back to back,
+  after the wipe and right after llm-compressor's call: whether the device
+  runs them slower in turns, or the host alone pays for the turns;
 - an fp8 activation's static_minmax forward at 2048x4096 bf16 (the
   calibration loop's repeated call): obskernels' observer eagerly (and with
   launch replays off, and with tensors to the launcher), the same forward
@@ -90,7 +94,8 @@ from typing import Callable, Dict, List, Optional
 
 __all__ = ["measure", "main", "ACTIVATION_SHAPE", "LEAD_WEIGHT_SHAPE", "loop_seconds", "sync_times",
            "sync_seconds", "issued_times", "part_rows", "minmax_by_part", "PARTS", "PINNED_READ",
-           "traced_spans", "trace_rows", "SPANS"]
+           "traced_spans", "trace_rows", "SPANS", "kernel_rows", "kernel_times", "our_kernel_names",
+           "ours_per_call_us", "KERNEL_SETTINGS"]
 
 try:  # the bare launch's kernel (this module imports without triton too)
     import triton
@@ -441,6 +446,75 @@ def trace_rows(reps: int = 20) -> List[Dict]:
     return out
 
 
+#: the settings ``kernel_rows`` profiles our kernels in, in its order
+KERNEL_SETTINGS = ("back to back", "wiped", "turns")
+
+
+def our_kernel_names() -> frozenset:
+    """The names of obskernels' launched Triton kernels (the compile
+    report's ``discover_kernels``): how a profile's device events are told
+    apart from the other library's and the wipe's."""
+    from obskernels.tools.kernel_report.launches import discover_kernels
+
+    return frozenset(attr for _, attr in discover_kernels().values())
+
+
+def ours_per_call_us(events, names, calls: int) -> Optional[float]:
+    """Per call, the device microseconds of the profiled ``events`` (pairs
+    of a kernel's name and its total device us) whose kernel is one of
+    ``names``; None where none is."""
+    mine = [us for key, us in events if key in names]
+    return sum(mine) / calls if mine else None
+
+
+def kernel_times(fn: Callable[[], object], reps: int, before: Callable[[], object],
+                 names) -> Optional[float]:
+    """Our kernels' device time per call of ``fn`` (us), from the torch
+    profiler over ``reps`` calls, each after ``before()`` and a
+    synchronisation, synchronised after; the other work's kernels (the
+    wipe's, the other library's) are in the profile but not counted."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            before()
+            torch.cuda.synchronize()
+            fn()
+            torch.cuda.synchronize()
+    events = [(e.key, e.self_device_time_total) for e in prof.key_averages()]
+    return ours_per_call_us(events, names, reps)
+
+
+def kernel_rows(reps: int = 20) -> List[Dict]:
+    """Per lead call (``_lead_rows``), our kernels' device time per call
+    (``kernel_times``) in ``KERNEL_SETTINGS``: calls back to back (the value
+    still in the L2), after the L2 wipe, and right after llm-compressor's
+    call and the wipe (where it imports), as the lead rows take turns: whether
+    the device itself runs our kernels slower in turns (its clocks fallen
+    while the other call kept it idle) or the host alone pays for the turns.
+    Run last: a profiler that traced CUDA stays attached to the process."""
+    wipe = _wipe()
+    out = []
+    for name, fn, partner in _lead_rows():
+        for _ in range(5):
+            fn()  # compiled and planned
+        names = our_kernel_names()
+        settings = {"back to back": lambda: None, "wiped": wipe}
+        if partner is not None:
+            partner()
+
+            def after_partner(partner=partner):
+                partner()
+                wipe()
+
+            settings["turns"] = after_partner
+        out.append({"row": name, "kernels_us": {setting: kernel_times(fn, reps, before, names)
+                                                for setting, before in settings.items()},
+                    "kind": "measured"})
+    return out
+
+
 def _wipe() -> Callable[[], object]:
     """Zeroes 256 MB of the GPU (more than any L2), as the lead rows do."""
     from obskernels.bench.runner import _wipe_buffer
@@ -664,8 +738,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         traced = []
         print(f"obskernels.bench.cuda_host: the lead calls not traced: {type(exc).__name__}: {exc}",
               file=sys.stderr)
+    try:
+        kernels = kernel_rows()
+    except Exception as exc:  # noqa: BLE001 - the measured rows stand
+        kernels = []
+        print(f"obskernels.bench.cuda_host: our kernels not profiled: {type(exc).__name__}: {exc}",
+              file=sys.stderr)
     if ns.json:
-        for r in rows + traced:
+        for r in rows + traced + kernels:
             print(json.dumps(r))
         return 0
     print(f"MEASURED on {rows[0]['device']}: wall time per call; unit = one 1-element CUDA add_ "
@@ -689,6 +769,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             spans = r["spans_us"] or {}
             print(f"{r['row']:52} {r['setting']:7} "
                   + " ".join(f"{_us(spans.get(s)):>8}" for s in SPANS) + f" {_us(r['total_us']):>8}")
+    if kernels:
+        print("our kernels' device time per lead call (us, torch profiler over 20 calls; back to back: the "
+              "value in the L2; wiped: after the L2 wipe; turns: after llm-compressor's call and the wipe)")
+        print(f"{'row':52} " + " ".join(f"{h:>13}" for h in KERNEL_SETTINGS))
+        for r in kernels:
+            print(f"{r['row']:52} " + " ".join(f"{_us(r['kernels_us'].get(h)):>13}" for h in KERNEL_SETTINGS))
     return 0
 
 
