@@ -1049,6 +1049,33 @@ def test_cuda_host_measures_every_row():
                for r in kernels), kernels
 
 
+def test_cuda_host_lead_settings_put_the_partner_before_the_wipe(monkeypatch):
+    """``trace_rows`` and ``kernel_rows`` take each lead call in its
+    settings: after the wipe, and where llm-compressor's call exists, after
+    it and then the wipe (``kernel_rows`` back to back too, nothing before);
+    a call with no partner has no "turns"."""
+    from obskernels.bench import cuda_host
+
+    seen = []
+    monkeypatch.setattr(cuda_host, "_lead_rows", lambda: [
+        ("a", lambda: None, lambda: seen.append("partner")), ("b", lambda: None, None)])
+    monkeypatch.setattr(cuda_host, "_wipe", lambda: lambda: seen.append("wipe"))
+
+    def before_of(fn, reps, before, *names):
+        seen.clear()
+        before()
+        return {"span": float(len(seen))} if not names else tuple(seen)
+
+    monkeypatch.setattr(cuda_host, "traced_spans", before_of)
+    monkeypatch.setattr(cuda_host, "kernel_times", before_of)
+    traced = cuda_host.trace_rows(reps=1)
+    assert [(r["row"], r["setting"], r["total_us"]) for r in traced] == [
+        ("a", "wiped", 1.0), ("a", "turns", 2.0), ("b", "wiped", 1.0)]
+    kernels = cuda_host.kernel_rows(reps=1)
+    assert kernels[0]["kernels_us"] == {"back to back": (), "wiped": ("wipe",), "turns": ("partner", "wipe")}
+    assert kernels[1]["kernels_us"] == {"back to back": (), "wiped": ("wipe",)}
+
+
 def test_cuda_host_counts_only_our_kernels_in_a_profile():
     """``ours_per_call_us`` sums per call the device time of the profile's
     events whose kernel is ours (``our_kernel_names``: the launched kernels

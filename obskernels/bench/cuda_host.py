@@ -428,18 +428,7 @@ def trace_rows(reps: int = 20) -> List[Dict]:
     wipe = _wipe()
     out = []
     for name, fn, partner in _lead_rows():
-        for _ in range(5):
-            fn()  # compiled and planned
-        settings = [("wiped", wipe)]
-        if partner is not None:
-            partner()
-
-            def after_partner(partner=partner):
-                partner()
-                wipe()
-
-            settings.append(("turns", after_partner))
-        for setting, before in settings:
+        for setting, before in _lead_settings(fn, partner, wipe).items():
             spans = traced_spans(fn, reps, before)
             out.append({"row": name, "setting": setting, "spans_us": spans,
                         "total_us": None if spans is None else sum(spans.values()), "kind": "measured"})
@@ -497,22 +486,31 @@ def kernel_rows(reps: int = 20) -> List[Dict]:
     wipe = _wipe()
     out = []
     for name, fn, partner in _lead_rows():
-        for _ in range(5):
-            fn()  # compiled and planned
+        settings = {"back to back": lambda: None, **_lead_settings(fn, partner, wipe)}
         names = our_kernel_names()
-        settings = {"back to back": lambda: None, "wiped": wipe}
-        if partner is not None:
-            partner()
-
-            def after_partner(partner=partner):
-                partner()
-                wipe()
-
-            settings["turns"] = after_partner
         out.append({"row": name, "kernels_us": {setting: kernel_times(fn, reps, before, names)
                                                 for setting, before in settings.items()},
                     "kind": "measured"})
     return out
+
+
+def _lead_settings(fn, partner, wipe) -> Dict[str, Callable[[], object]]:
+    """What precedes a lead call in its settings, after ``fn`` is compiled
+    and planned (and ``partner`` called once): "wiped", the L2 wipe; "turns"
+    (where llm-compressor imports: ``partner`` not None), its call of the
+    same observer then the wipe, as the lead rows take turns."""
+    for _ in range(5):
+        fn()  # compiled and planned
+    settings = {"wiped": wipe}
+    if partner is not None:
+        partner()
+
+        def after_partner():
+            partner()
+            wipe()
+
+        settings["turns"] = after_partner
+    return settings
 
 
 def _wipe() -> Callable[[], object]:
@@ -711,6 +709,15 @@ def _us(value: Optional[float]) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def _rows_or_none(rows: Callable[[], List[Dict]], failed: str) -> List[Dict]:
+    """``rows()``, or none where it fails, saying so (the measured rows stand)."""
+    try:
+        return rows()
+    except Exception as exc:  # noqa: BLE001 - reported, the other rows kept
+        print(f"obskernels.bench.cuda_host: {failed}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return []
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     import argparse
 
@@ -732,18 +739,8 @@ def main(argv: Optional[List[str]] = None) -> int:
               file=sys.stderr)
         return 2
     rows = measure(ns.n, ns.reps, progress=None if ns.json else sys.stderr)
-    try:
-        traced = trace_rows()
-    except Exception as exc:  # noqa: BLE001 - the measured rows stand
-        traced = []
-        print(f"obskernels.bench.cuda_host: the lead calls not traced: {type(exc).__name__}: {exc}",
-              file=sys.stderr)
-    try:
-        kernels = kernel_rows()
-    except Exception as exc:  # noqa: BLE001 - the measured rows stand
-        kernels = []
-        print(f"obskernels.bench.cuda_host: our kernels not profiled: {type(exc).__name__}: {exc}",
-              file=sys.stderr)
+    traced = _rows_or_none(trace_rows, "the lead calls not traced")
+    kernels = _rows_or_none(kernel_rows, "our kernels not profiled")
     if ns.json:
         for r in rows + traced + kernels:
             print(json.dumps(r))
