@@ -1563,9 +1563,11 @@ def _burst_run(monkeypatch, rounds):
 
 def test_rounds_spread_each_rows_calls_over_passes_of_the_whole_run(monkeypatch):
     """--rounds: every row's calls are taken in passes over the whole run
-    (A B C, A B C, ...), each pass its share of the calls, the figure the
-    median of all of them; so host noise lasting one case's stretch of the
-    run slows one pass of each row it meets, not every call of one case."""
+    (A B C, then C B A, A B C, ...: every other pass backwards, so that a
+    case's place in the run changes from pass to pass), each pass its share
+    of the calls, the figure the median of all of them; so host noise
+    lasting one case's stretch of the run slows one pass of each row it
+    meets, not every call of one case."""
     records, order = _burst_run(monkeypatch, rounds=1)
     assert order == "A" * 14 + "B" * 14 + "C" * 14  # two warm-up calls each, then 2 x 6 in turns
     by_case = {r.case.label.split()[0]: r.timing for r in records}
@@ -1574,7 +1576,8 @@ def test_rounds_spread_each_rows_calls_over_passes_of_the_whole_run(monkeypatch)
     assert all(r.timing.measured_pass_s is None for r in records)  # one pass: nothing per pass
 
     records, order = _burst_run(monkeypatch, rounds=3)
-    assert order == "AA" + "A" * 4 + "BB" + "B" * 4 + "CC" + "C" * 4 + ("A" * 4 + "B" * 4 + "C" * 4) * 2
+    assert order == ("AA" + "A" * 4 + "BB" + "B" * 4 + "CC" + "C" * 4 + "C" * 4 + "B" * 4 + "A" * 4
+                     + "A" * 4 + "B" * 4 + "C" * 4)
     assert len(records) == 6
     for r in records:
         assert r.timing.measured_reps == 6 and r.timing.measured_s == pytest.approx(0.010), r

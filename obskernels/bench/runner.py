@@ -6,7 +6,8 @@ For each (case, target, backend) one record:
   time of one call, synchronised (``torch.cuda.synchronize`` before and after
   on a GPU, the L2 wiped before), median of repeated calls after a warm-up,
   the backends of a case and target in turns (``interleaved_samples``), in
-  ``Options.rounds`` passes over the whole run (``passes``); an observer call
+  ``Options.rounds`` passes over the whole run (``passes``; every other one
+  backwards); an observer call
   includes constructing the observer (``Prepared.build``).
   Peak: the extra memory the call holds above what existed before, as bytes and
   as % of the value's bytes: on a GPU ``torch.cuda.max_memory_allocated``; on
@@ -902,7 +903,10 @@ def run(opts: Options) -> List[Record]:
     for k in range(1, opts.rounds):
         if opts.progress:
             opts.progress.write(f"timing pass {k + 1} of {opts.rounds}\n")
-        for group in groups:
+        # every other pass goes over the run backwards: a case timed early in
+        # one pass is timed late in the next, so a row slow in every pass is
+        # slow for its case, not for its place in the run
+        for group in (groups[::-1] if k % 2 else groups):
             _sample_group(group, device, per_pass)
     for group in groups:
         finish(group)
