@@ -890,9 +890,10 @@ def test_cuda_host_rounds_go_over_every_row_in_turn(monkeypatch, capsys):
     # after a wipe each, then 1 more after a wipe (issued); the lead call
     # then 2 more, each after its partner's call and a wipe (turns), and 1
     # more so (issued in turns), and 2 more, each after a sweep and a wipe
+    # (the unit and the bare launch as well, cold: after the lead call's partner)
     assert timed == [step for name in names for step in [name] * 4 + ["wipe", name] * 3
                      + (["partner", "wipe", name] * 3 + ["sweep", "wipe", name] * 2
-                        if name == "lead" else [])] * 3
+                        if name in ("unit", "launch", "lead") else [])] * 3
     for r, cost in zip(rows, (2.0, 3.0, 4.0, 7.0, 6.0, 9.0)):  # the minmax call's quiet second round
         assert r["loop_us"] == pytest.approx((2 * cost + 1.0) / 2 * 1e6)  # one synchronisation timed
         assert r["sync_us"] == pytest.approx((cost + 1.0) * 1e6)
@@ -900,11 +901,14 @@ def test_cuda_host_rounds_go_over_every_row_in_turn(monkeypatch, capsys):
         assert r["units"] == pytest.approx(r["loop_us"] / rows[0]["loop_us"])
     assert [r["issued_us"] for r in rows[:-1]] == [None] * 5
     assert rows[-1]["issued_us"] == pytest.approx((0.5 + 2.0 + 0.25) * 1e6)
-    assert [r["turns_us"] for r in rows[:-1]] == [r["turns_issued_us"] for r in rows[:-1]] == [None] * 5
-    assert rows[-1]["turns_us"] == pytest.approx((9.0 + 0.5 + 1.0) * 1e6)  # the partner untimed
+    # in turns: the lead call, and the unit and the bare launch (cold launches), the partner untimed
+    cold = [rows[0], rows[1], rows[-1]]
+    assert [r["turns_us"] for r in cold] == pytest.approx([(c + 0.5 + 1.0) * 1e6 for c in (2.0, 3.0, 9.0)])
+    assert [r["turns_us"] for r in rows[2:-1]] == [None] * 3
+    assert [r["turns_issued_us"] for r in rows[:-1]] == [None] * 5  # no launch site in the unit or launch
     assert rows[-1]["turns_issued_us"] == pytest.approx((0.5 + 2.0 + 0.25) * 1e6)
-    assert [r["swept_us"] for r in rows[:-1]] == [None] * 5
-    assert rows[-1]["swept_us"] == pytest.approx((9.0 + 0.5 + 1.0) * 1e6)  # the sweep untimed
+    assert [r["swept_us"] for r in cold] == pytest.approx([(c + 0.5 + 1.0) * 1e6 for c in (2.0, 3.0, 9.0)])
+    assert [r["swept_us"] for r in rows[2:-1]] == [None] * 3  # the sweep untimed
     assert _replay.Replay.__call__ is site  # the sites unwrapped after
     assert "the minmax call's parts not timed: RuntimeError: no parts here" in capsys.readouterr().err
 
@@ -1025,9 +1029,13 @@ def test_cuda_host_measures_every_row():
     # after llm-compressor's call where it imports; none where it does not, nor for other rows
     assert all((0 < r["turns_issued_us"] < r["turns_us"]) if llmc_available()
                else r["turns_us"] is r["turns_issued_us"] is None for r in lead)
-    assert all(r["turns_us"] is r["turns_issued_us"] is None for r in rows if r not in lead)
+    cold = [r for r in rows if r["row"] in cuda_host.COLD_LAUNCH_ROWS]  # the launches alone, in turns too
+    assert [r["row"] for r in cold] == list(cuda_host.COLD_LAUNCH_ROWS)
+    assert all((r["turns_us"] > 0 and r["swept_us"] > 0) if llmc_available()
+               else r["turns_us"] is r["swept_us"] is None for r in cold)
+    assert all(r["turns_us"] is r["turns_issued_us"] is None for r in rows if r not in lead + cold)
     assert all((r["swept_us"] > 0) if llmc_available() else r["swept_us"] is None for r in lead)
-    assert all(r["swept_us"] is None for r in rows if r not in lead)
+    assert all(r["swept_us"] is None for r in rows if r not in lead + cold)
     by_name = {r["row"]: r for r in rows}
     assert by_name["unit: one-element CUDA add_"]["issued_us"] is None
     assert by_name["activation forward 2048x4096, CUDA graph replay"]["issued_us"] is None

@@ -29,7 +29,9 @@ Every row gives four times in microseconds (the lead calls seven):
   having pushed ours out of the host's caches, costs it; and
   ``turns_issued_us``, ``issued_us`` of such calls: whether that cost comes
   before the first launch (the host) or after it (the lead table's calls,
-  where llm-compressor imports; None elsewhere);
+  where llm-compressor imports; also ``COLD_LAUNCH_ROWS``, the unit, the bare
+  launch and the minmax call's replayed launch, each after llm-compressor's
+  first lead call: what a launch alone costs cold; None elsewhere);
 - ``swept_us``: as ``turns_us``, each call after a sweep of the host's
   caches (``host.sweep_host_caches``, before the wipe) instead of
   llm-compressor's call: where it reads as ``turns_us`` does, the other
@@ -95,7 +97,7 @@ from typing import Callable, Dict, List, Optional
 __all__ = ["measure", "main", "ACTIVATION_SHAPE", "LEAD_WEIGHT_SHAPE", "loop_seconds", "sync_times",
            "sync_seconds", "issued_times", "part_rows", "minmax_by_part", "PARTS", "PINNED_READ",
            "traced_spans", "trace_rows", "SPANS", "kernel_rows", "kernel_times", "our_kernel_names",
-           "ours_per_call_us", "KERNEL_SETTINGS"]
+           "ours_per_call_us", "KERNEL_SETTINGS", "COLD_LAUNCH_ROWS"]
 
 try:  # the bare launch's kernel (this module imports without triton too)
     import triton
@@ -221,6 +223,10 @@ def _with_tensors(fn: Callable[[], object]) -> Callable[[], object]:
 
 
 #: the minmax call's pieces timed alone (``part_rows``), in ``minmax_by_part``'s order
+#: the rows timed in turns too (after the first lead call's partner), besides
+#: the lead calls: a torch op's launch, Triton's and ours, cold
+COLD_LAUNCH_ROWS = ("unit: one-element CUDA add_", "bare Triton launch", "part: the launch, replayed")
+
 PARTS = ("part: a new observer", "part: an output allocated", "part: a fresh status",
          "part: the launch, replayed", "part: the launch, tensors to Triton's launcher",
          "part: the status read")
@@ -637,11 +643,17 @@ def measure(n: int = 200, reps: int = 50, progress=None, rounds: int = 5) -> Lis
         rows += _activation_rows()
         wipe = _wipe()
         partners = {id(fn): partner for _, fn, partner in lead if partner is not None}
+        # the launch alone, cold as in the lead rows' turns: the unit (a torch
+        # op), a bare Triton launch and the minmax call's replayed launch, each
+        # after the first lead call's partner (llm-compressor's int8 channel call)
+        first = next((partner for _, _, partner in lead if partner is not None), None)
+        if first is not None:
+            partners.update((id(fn), first) for name, fn in rows if name in COLD_LAUNCH_ROWS)
         for _, fn in rows:
             for _ in range(5):
                 fn()  # compiled, planned and allocated before timing
-        for partner in partners.values():
-            partner()
+        for partner in {id(p): p for p in partners.values()}.values():
+            partner()  # each once
 
         def figures(done) -> Dict:
             loops, syncs, wipes, issues, turns, turns_issues, swept = zip(*done)
