@@ -223,13 +223,12 @@ def _with_tensors(fn: Callable[[], object]) -> Callable[[], object]:
 
 
 #: the minmax call's pieces timed alone (``part_rows``), in ``minmax_by_part``'s order
-#: the rows timed in turns too (after the first lead call's partner), besides
-#: the lead calls: a torch op's launch, Triton's and ours, cold
-COLD_LAUNCH_ROWS = ("unit: one-element CUDA add_", "bare Triton launch", "part: the launch, replayed")
-
 PARTS = ("part: a new observer", "part: an output allocated", "part: a fresh status",
          "part: the launch, replayed", "part: the launch, tensors to Triton's launcher",
          "part: the status read")
+#: the rows timed in turns too (after the first lead call's partner), besides
+#: the lead calls: a torch op's launch, Triton's and ours, cold
+COLD_LAUNCH_ROWS = ("unit: one-element CUDA add_", "bare Triton launch", PARTS[3])
 
 
 def _allocations(fn: Callable[[], object]) -> int:

@@ -233,7 +233,7 @@ def lead_speedups(records: Sequence[Record]) -> List[Dict]:
         ts, ls, rs = _modelled_s(t), _modelled_s(ld), _modelled_s(ref)
         tm, lm, em = _measured_s(t), _measured_s(g.get("llmc")), _measured_s(g.get("llmc-eager"))
         td, ldev = _device_s(t), _device_s(g.get("llmc"))
-        ti, tk = (None, None) if t is None else (t.timing.issued_s, t.timing.launched_s)
+        ti, tl = (None, None) if t is None else (t.timing.issued_s, t.timing.launched_s)
         out.append(dict(
             case=case, op=op, triton_us=ts and ts * 1e6, llmc_us=ls and ls * 1e6,
             llmc_path=ld and ld.backend, reference_us=rs and rs * 1e6,
@@ -246,7 +246,7 @@ def lead_speedups(records: Sequence[Record]) -> List[Dict]:
             eager_measured_ms=em and em * 1e3,
             measured_speedup=(lm / tm) if lm and tm else None,
             triton_device_us=td and td * 1e6, llmc_device_us=ldev and ldev * 1e6,
-            triton_issued_us=ti and ti * 1e6, triton_launched_us=tk and tk * 1e6,
+            triton_issued_us=ti and ti * 1e6, triton_launched_us=tl and tl * 1e6,
             triton_peak_pct=peak("triton"), eager_peak_pct=peak("llmc-eager"),
             llmc_peak_pct=peak("llmc") if peak("llmc") is not None else (ld and peak(ld.backend)),
         ))

@@ -7,8 +7,8 @@ For each (case, target, backend) one record:
   on a GPU, the L2 wiped before), median of repeated calls after a warm-up,
   the backends of a case and target in turns (``interleaved_samples``), in
   ``Options.rounds`` passes over the whole run (``passes``; every other one
-  backwards); an observer call
-  includes constructing the observer (``Prepared.build``).
+  backwards); an observer call includes constructing the observer
+  (``Prepared.build``).
   Peak: the extra memory the call holds above what existed before, as bytes and
   as % of the value's bytes: on a GPU ``torch.cuda.max_memory_allocated``; on
   the CPU the live storage created by aten ops (``AtenTraffic``), for Triton
@@ -315,11 +315,10 @@ def issued_samples(prepared: List, device: str, opts: Options,
     launch (CUDA events recorded around them, on the device's clock: the
     host's issue of the first launch, which an idle GPU waits for, the
     kernels, and the host's time between launches); None for a row not
-    marked. The
-    rows take turns as ``interleaved_samples`` times them (its warm-up, the
-    L2 wiped, synchronised), in one more pass made for this only: the sites
-    are wrapped within it (a Python frame per launch, an event recorded
-    after each), no measured time comes from it. An idle GPU waits the
+    marked. The rows take turns as ``interleaved_samples`` times them (its
+    warm-up, the L2 wiped, synchronised), in one more pass made for this
+    only: the sites are wrapped within it (a Python frame per launch, an
+    event recorded after each), no measured time comes from it. An idle GPU waits the
     first figure for work; the second less ``device_split``'s kernels (the
     device's work of the same calls, profiled) is the host's launching, as
     the timed calls meet it."""
