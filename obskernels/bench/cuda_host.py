@@ -489,10 +489,10 @@ def kernel_rows(reps: int = 20) -> List[Dict]:
     while the other call kept it idle) or the host alone pays for the turns.
     Run last: a profiler that traced CUDA stays attached to the process."""
     wipe = _wipe()
+    names = our_kernel_names()  # (the compile report's discovery imports every kernel module)
     out = []
     for name, fn, partner in _lead_rows():
         settings = {"back to back": lambda: None, **_lead_settings(fn, partner, wipe)}
-        names = our_kernel_names()
         out.append({"row": name, "kernels_us": {setting: kernel_times(fn, reps, before, names)
                                                 for setting, before in settings.items()},
                     "kind": "measured"})

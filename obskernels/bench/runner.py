@@ -318,10 +318,10 @@ def issued_samples(prepared: List, device: str, opts: Options,
     marked. The rows take turns as ``interleaved_samples`` times them (its
     warm-up, the L2 wiped, synchronised), in one more pass made for this
     only: the sites are wrapped within it (a Python frame per launch, an
-    event recorded after each), no measured time comes from it. An idle GPU waits the
-    first figure for work; the second less ``device_split``'s kernels (the
-    device's work of the same calls, profiled) is the host's launching, as
-    the timed calls meet it."""
+    event recorded after each), no measured time comes from it. An idle GPU
+    waits the first figure for work; the second less ``device_split``'s
+    kernels (the device's work of the same calls, profiled) is the host's
+    launching, as the timed calls meet it."""
     watch = LaunchWatch(device == "cuda")
     rows = [_Issued(p, watch) if m else p for p, m in zip(prepared, marked)]
     with watch.watching():
