@@ -20,8 +20,12 @@ TINY = oneshot.Shape(layers=1, hidden=128, intermediate=256, heads=4, kv_heads=2
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
-def test_oneshot_comparison_times_both_modes_and_compares_their_qparams(monkeypatch):
+def test_oneshot_comparison_times_both_modes_and_compares_their_qparams(monkeypatch, tmp_path):
     from obskernels import ops
+
+    # a Triton cache of this test's own (the fresh processes inherit it): what
+    # the calls compile, counted from it, is theirs alone
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))
 
     calls = []
     real = ops.min_max
@@ -39,6 +43,9 @@ def test_oneshot_comparison_times_both_modes_and_compares_their_qparams(monkeypa
     for r in rows:
         assert r["first_in_process_s"] > 0 and r["fresh_process_s"] > 0 and r["repeat_s"] is None
         assert r["fresh_process_samples"] == [r["fresh_process_s"]]
+        # on the CPU neither mode compiles a kernel (the drop-in's triton backend
+        # runs on CUDA tensors; here, under the interpreter, if at all)
+        assert r["first_in_process_compiled"] == [] and r["fresh_process_compiled"] == [[]], r
         # min/max observers: bit-identical qparams with and without the drop-in
         assert r["qparam_tensors"] == len(plain["qparams"]) and r["qparams_identical"] == r["qparam_tensors"]
     text = oneshot.table(rows, oneshot._provenance("cpu", TINY, "auto", "basic"))
@@ -64,3 +71,21 @@ def test_a_profiled_fresh_process_is_summarised_by_part(tmp_path):
     parts = oneshot.profile_parts(paths[1])
     assert parts[0] == "part: cumulative s (calls)" and len(parts) == 1 + len(oneshot.FIRST_USE_PARTS)
     assert [line.split(": ")[0].strip() for line in parts[1:]] == list(oneshot.FIRST_USE_PARTS)
+
+
+def test_the_table_shows_where_a_call_compiled_kernels():
+    """A call that compiled kernels into Triton's disk cache says how many
+    after its seconds (a fresh process should compile none); one that
+    compiled none, or where the cache could not be listed, shows its seconds
+    alone."""
+    base = dict(scheme="FP8", repeat_s=0.3, reps=3, fresh_process_s=1.5, qparam_tensors=168,
+                qparams_identical=168)
+    rows = [dict(base, mode="plain", first_in_process_s=0.245, first_in_process_compiled=None,
+                 fresh_process_samples=[0.603, 0.884], fresh_process_compiled=[None, None]),
+            dict(base, mode="drop-in", first_in_process_s=2.157,
+                 first_in_process_compiled=["_min_max_kernel"] * 3 + ["_qparams_kernel"],
+                 fresh_process_samples=[2.18, 0.778], fresh_process_compiled=[["_min_max_kernel"] * 2, []])]
+    lines = oneshot.table(rows, oneshot._provenance("cpu", TINY, "auto", "basic")).splitlines()
+    plain, ours = (next(line for line in lines if f"  {mode} " in line) for mode in ("plain", "drop-in"))
+    assert "compiled" not in plain and "0.245" in plain and "0.603, 0.884" in plain, plain
+    assert "2.157 (4 compiled)" in ours and "2.180 (2 compiled), 0.778" in ours, ours

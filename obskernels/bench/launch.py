@@ -34,7 +34,10 @@ it apart: kept from an earlier process, or hashed where
 ``OBSKERNELS_TRITON_KEY_CACHE=0``), the first call and a second one; "first use" is the first three
 less the second call. With CUDA the calls run there (MEASURED); without,
 the kernels compile for sm_90 and the recording driver takes the launches
-(a proxy, without the GPU's module loads and C launchers).
+(a proxy, without the GPU's module loads and C launchers). Each row also
+counts the kernels its timed processes compiled (``compiled_kernels``: the
+entries Triton's disk cache gained while each ran), which is none where the
+first process filled the cache as it should.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ from typing import Dict, List, Optional
 from obskernels.bench.host import zero_integers
 
 __all__ = ["RecordingDriver", "recording_driver", "triton_runs", "compiled_on_cpu", "measure",
-           "fresh_process_env", "run_fresh_process", "main"]
+           "fresh_process_env", "run_fresh_process", "compiled_kernels", "compiled_since", "main"]
 
 
 class _Launcher:
@@ -321,6 +324,50 @@ def run_fresh_process(cmd: List[str], env: Dict[str, str]):
             signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
+def compiled_kernels() -> Optional[Dict[str, str]]:
+    """The kernels in Triton's disk cache, {entry: kernel name}: each
+    compile Triton makes is an entry (a folder named by the compile's key)
+    holding the kernel's ``__grp__<name>.json``, and a process that finds
+    the entry compiles nothing. {} where the cache has no folder yet; None
+    where Triton does not import or keeps its cache elsewhere (a cache
+    manager of another kind)."""
+    try:
+        import triton.knobs as knobs
+        from triton.runtime.cache import FileCacheManager
+    except ImportError:
+        return None
+    if knobs.cache.manager_class not in (None, FileCacheManager):  # None: Triton's default, that one
+        return None
+    found = {}
+    try:
+        entries = list(os.scandir(knobs.cache.dir))
+    except OSError:  # no cache yet
+        return found
+    for entry in entries:
+        try:
+            names = os.listdir(entry.path) if entry.is_dir() else ()
+        except OSError:  # gone, or not ours to read
+            continue
+        for name in names:
+            if name.startswith(_GROUP[0]) and name.endswith(_GROUP[1]):
+                found[entry.name] = name[len(_GROUP[0]):-len(_GROUP[1])]
+    return found
+
+
+#: the name of a compiled kernel's file list in its cache entry: prefix, suffix
+_GROUP = ("__grp__", ".json")
+
+
+def compiled_since(before: Optional[Dict[str, str]]) -> Optional[List[str]]:
+    """The names of the kernels compiled into Triton's disk cache since
+    ``before`` (a ``compiled_kernels()``), sorted, by every process using
+    that cache; None where either listing is None."""
+    now = compiled_kernels()
+    if before is None or now is None:
+        return None
+    return sorted(name for entry, name in now.items() if entry not in before)
+
+
 def first_use(scenarios=FIRST_USE, runs: int = 3, device: str = "cpu", progress=None) -> List[Dict]:
     """Per scenario: the median of ``runs`` fresh processes'
     ``first_use_child`` (after one untimed process, which fills Triton's
@@ -332,25 +379,32 @@ def first_use(scenarios=FIRST_USE, runs: int = 3, device: str = "cpu", progress=
 
     def child(scenario):
         cmd = [sys.executable, "-m", "obskernels.bench.launch", "--first-use-child", scenario, device]
+        before = compiled_kernels()
         proc = run_fresh_process(cmd, env)
         if proc.returncode != 0:
             raise RuntimeError(f"the first-use child failed:\n{proc.stderr[-3000:]}")
         row = json.loads(proc.stdout.strip().splitlines()[-1])
+        row["compiled"] = compiled_since(before)
         if progress:
             progress.write(f"  {scenario}: " + ", ".join(
-                f"{k[:-2]} {1e3 * v:.1f} ms" for k, v in row.items() if k.endswith("_s")) + "\n")
+                f"{k[:-2]} {1e3 * v:.1f} ms" for k, v in row.items() if k.endswith("_s"))
+                + ("" if row["compiled"] is None else f", {len(row['compiled'])} compiled") + "\n")
             progress.flush()
         return row
 
     out = []
     for scenario in scenarios:
-        child(scenario)
+        filling = child(scenario)
         rows = [child(scenario) for _ in range(runs)]
         kept = {r["triton_key_kept"] for r in rows}
+        compiled = [r["compiled"] for r in rows]
         out.append(dict({k: statistics.median(r[k] for r in rows) for k in rows[0] if k.endswith("_s")},
                         scenario=scenario, device=device, runs=runs, triton_runs=rows[-1]["triton_runs"],
                         triton_key={frozenset({True}): "kept", frozenset({False}): "hashed"}.get(
-                            frozenset(kept), "mixed")))
+                            frozenset(kept), "mixed"),
+                        # what the timed processes compiled: nothing where the cache held every kernel
+                        compiled=None if None in compiled else sorted(sum(compiled, [])),
+                        filled=filling["compiled"]))
     return out
 
 
@@ -371,13 +425,16 @@ def _print_first_use(rows, triton) -> None:
     print(f"first call in a fresh process, {where}, kernels from Triton's disk cache "
           f"(triton {triton}; median of {rows[0]['runs']} processes; ms)")
     print(f"{'scenario':22} {'kernels import':>14} {'Triton start-up':>15} {'key':>6} {'first call':>10} "
-          f"{'second call':>11} {'first use':>9}")
+          f"{'second call':>11} {'first use':>9} {'compiled':>8}")
     for r in rows:
+        compiled = "-" if r.get("compiled") is None else str(len(r["compiled"]))
         print(f"{r['scenario']:22} {1e3 * r['import_s']:14.1f} {1e3 * r['triton_startup_s']:15.1f} "
               f"{r['triton_key']:>6} {1e3 * r['first_call_s']:10.1f} {1e3 * r['second_call_s']:11.2f} "
-              f"{1e3 * r['first_use_s']:9.1f}")
+              f"{1e3 * r['first_use_s']:9.1f} {compiled:>8}")
     print("key: Triton's key of its installation kept from an earlier process (obskernels.kernels._triton_key) "
           "or hashed afresh (OBSKERNELS_TRITON_KEY_CACHE=0, or the installation changed)")
+    print("compiled: kernels the timed processes compiled into Triton's disk cache (0: every one was found "
+          "there; -: the cache could not be listed)")
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -21,7 +21,9 @@ median of the next ``--reps`` calls (after both modes' first calls, the
 modes alternating), and the first call in a fresh process (a child running
 one call: what a user's next session pays, kernels from triton's disk
 cache), the median of ``--fresh-reps`` such processes per mode, the modes
-taking turns (plain, drop-in, drop-in, plain, ...). Also: how many of the
+taking turns (plain, drop-in, drop-in, plain, ...), each call's kernels
+compiled into Triton's disk cache counted ("2.180 (4 compiled)": a fresh
+process should compile none). Also: how many of the
 qparam tensors (scales, zero points, global scales) the two modes produce
 bit-identically.
 ``--profile-fresh``: one more fresh process per (scheme, mode), its call
@@ -245,36 +247,51 @@ def compare(schemes=DEFAULT_SCHEMES, shape: Shape = LLAMA3_8B, device: str = "cp
     median of ``reps`` more, the median of ``fresh_reps`` first calls in a
     fresh process each (``fresh``; in ``fresh_order``, every sample in the
     row's ``fresh_process_samples``); and per scheme, the qparam tensors
-    identical between the modes. The repeated
+    identical between the modes. The first call's and each fresh process's
+    kernels compiled into Triton's disk cache (``launch.compiled_since``;
+    None where it cannot be listed) are in ``first_in_process_compiled`` and
+    ``fresh_process_compiled``: a fresh process should find every kernel
+    the calls before it compiled. The repeated
     calls alternate between the modes (plain, drop-in, plain, ...), each mode's
     first call made before: a process's calls keep getting faster for a while
     after its first (an H200 ran FP8 plain in 0.93, 0.29, 0.24 s), which a
     mode's calls made in one run would count against the mode run first.
     ``profile_dir``: also one profiled fresh process per row
     (``_profile_fresh``; its path in the row's ``fresh_profile``)."""
+    from obskernels.bench.launch import compiled_kernels, compiled_since
+
     if fresh and fresh_reps < 1:
         raise ValueError(f"fresh_reps must be at least 1 (got {fresh_reps}); fresh=False skips them")
     rows = []
     for scheme in schemes:
-        first = {mode: run_once(scheme, mode, shape, device, backend, pipeline) for mode in MODES}
+        first, first_compiled = {}, {}
+        for mode in MODES:
+            before = compiled_kernels()
+            first[mode] = run_once(scheme, mode, shape, device, backend, pipeline)
+            first_compiled[mode] = compiled_since(before)
         again = {mode: [] for mode in MODES}
         for _ in range(reps):
             for mode in MODES:
                 again[mode].append(run_once(scheme, mode, shape, device, backend, pipeline))
         fresh_s = {mode: [] for mode in MODES}
+        fresh_compiled = {mode: [] for mode in MODES}
         for mode in (fresh_order(fresh_reps) if fresh else []):
+            before = compiled_kernels()
             fresh_s[mode].append(_child(scheme, mode, shape, device, backend, pipeline))
+            fresh_compiled[mode].append(compiled_since(before))
         for mode in MODES:
             times = [r["seconds"] for r in again[mode]]
             row = {"scheme": scheme, "mode": mode, "first_in_process_s": first[mode]["seconds"],
+                   "first_in_process_compiled": first_compiled[mode],
                    "repeat_s": statistics.median(times) if times else None,
                    "reps": reps, "fresh_process_s": statistics.median(fresh_s[mode]) if fresh_s[mode] else None,
-                   "fresh_process_samples": fresh_s[mode]}
+                   "fresh_process_samples": fresh_s[mode], "fresh_process_compiled": fresh_compiled[mode]}
             if profile_dir:
                 row["fresh_profile"] = _profile_fresh(scheme, mode, shape, device, backend, pipeline, profile_dir)
             rows.append(row)
             if progress:
-                progress.write(f"  {scheme} {mode}: {json.dumps({k: row[k] for k in row if k.endswith('_s')})}\n")
+                shown = {k: row[k] for k in row if k.endswith(("_s", "_compiled"))}
+                progress.write(f"  {scheme} {mode}: {json.dumps(shown)}\n")
         plain, ours = ((again[m] or [first[m]])[-1]["qparams"] for m in MODES)
         same = sum(1 for k in plain if k in ours and _same(plain[k], ours[k]))
         for row in rows[-len(MODES):]:
@@ -308,11 +325,17 @@ def table(rows: List[Dict], prov: Dict) -> str:
     fresh_n = max((len(r.get("fresh_process_samples") or ()) for r in rows), default=0)
     head = ["scheme", "mode", "first in process s", f"repeat s (median of {rows[0]['reps'] if rows else 0})",
             f"fresh process s (median of {fresh_n})", "fresh processes s", "qparams identical"]
+    def compiled(x, names):  # seconds, and how many kernels were compiled in them where any were
+        return f(x) + (f" ({len(names)} compiled)" if names else "")
+
     lines = [head]
     for r in rows:
-        samples = ", ".join(f(x) for x in r.get("fresh_process_samples") or ()) or "-"
-        lines.append([r["scheme"], r["mode"], f(r["first_in_process_s"]), f(r["repeat_s"]),
-                      f(r["fresh_process_s"]), samples, f"{r['qparams_identical']}/{r['qparam_tensors']}"])
+        samples = r.get("fresh_process_samples") or ()
+        made = r.get("fresh_process_compiled") or [None] * len(samples)
+        samples = ", ".join(compiled(x, n) for x, n in zip(samples, made)) or "-"
+        first = compiled(r["first_in_process_s"], r.get("first_in_process_compiled"))
+        lines.append([r["scheme"], r["mode"], first, f(r["repeat_s"]), f(r["fresh_process_s"]), samples,
+                      f"{r['qparams_identical']}/{r['qparam_tensors']}"])
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(head))]
     out = ["  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
     out.insert(1, "  ".join("-" * w for w in widths))

@@ -177,22 +177,40 @@ def test_first_use_parts_on_cuda():
     _first_use_row(sys.executable, "minmax call", "cuda")
 
 
-def test_first_use_writes_each_process_as_it_ends(monkeypatch):
+def _compile_into(cache, key, name):
+    """What a compile leaves in Triton's disk cache: an entry named by its
+    key, holding the kernel's files and their list."""
+    entry = cache / key
+    entry.mkdir(parents=True)
+    (entry / f"{name}.cubin").write_bytes(b"")
+    (entry / f"__grp__{name}.json").write_text("{}")
+
+
+def test_first_use_writes_each_process_as_it_ends(monkeypatch, tmp_path):
     """``--first-use`` reports every fresh process as it ends (a run cut short
     by a time limit keeps them), and the table's figures are the medians of
     the timed processes, the first (which may compile) left out; the key of
-    Triton's installation is "kept" where every timed process read it."""
+    Triton's installation is "kept" where every timed process read it; the
+    kernels each process compiled are those it added to Triton's disk cache,
+    the first process's apart."""
     import io
 
     from obskernels.bench import launch
 
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+    _compile_into(cache, "k0", "_earlier_kernel")  # a kernel of an earlier session
+    (cache / "obskernels").mkdir()  # not a compile: the kept key's folder
     parts = ("import_s", "triton_startup_s", "first_call_s", "second_call_s", "first_use_s")
     made = iter([[9.0] * 5, [0.1, 0.4, 0.05, 0.001, 0.55], [0.3, 0.2, 0.07, 0.003, 0.45],
                  [0.2, 0.3, 0.06, 0.002, 0.50]])
+    compiles = iter([[("k1", "_min_max_kernel"), ("k2", "_qparams_kernel")], [], [("k3", "_min_max_kernel")], []])
 
     def fake_run(cmd, **kw):
         assert cmd[-3:] == ["--first-use-child", "minmax call", "cuda"]
         values = next(made)
+        for key, name in next(compiles):
+            _compile_into(cache, key, name)
         # the first process hashes Triton's installation and keeps the key for the others
         row = dict(zip(parts, values), triton_runs=[1, 0], triton_key_kept=values[0] != 9.0)
         return subprocess.CompletedProcess(cmd, 0, stdout=json.dumps(row) + "\n", stderr="")
@@ -202,10 +220,67 @@ def test_first_use_writes_each_process_as_it_ends(monkeypatch):
     (row,) = launch.first_use(("minmax call",), runs=3, device="cuda", progress=progress)
     lines = progress.getvalue().splitlines()
     assert len(lines) == 4 and lines[0].startswith("  minmax call: import 9000.0 ms")
+    assert lines[0].endswith(", 2 compiled"), lines[0]
     assert lines[1] == ("  minmax call: import 100.0 ms, triton_startup 400.0 ms, first_call 50.0 ms, "
-                        "second_call 1.0 ms, first_use 550.0 ms")
+                        "second_call 1.0 ms, first_use 550.0 ms, 0 compiled")
     assert [row[k] for k in parts] == [0.2, 0.3, 0.06, 0.002, 0.5]
     assert row["triton_key"] == "kept", row
+    assert row["filled"] == ["_min_max_kernel", "_qparams_kernel"], row
+    assert row["compiled"] == ["_min_max_kernel"], row
+
+
+def test_compiled_kernels_lists_tritons_disk_cache(monkeypatch, tmp_path):
+    """``compiled_kernels``: a cache not made yet holds nothing; each entry
+    with a kernel's file list is one compile, by the kernel's name; a cache
+    kept by another kind of manager cannot be listed (None, as
+    ``compiled_since`` then says)."""
+    from triton.runtime.cache import FileCacheManager
+
+    from obskernels.bench import launch
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+    assert launch.compiled_kernels() == {}
+    before = launch.compiled_kernels()
+    _compile_into(cache, "a1", "_search_kernel")
+    _compile_into(cache, "a2", "_search_kernel")
+    (cache / "a3").mkdir()  # an entry of other files (a launcher's module)
+    (cache / "a3" / "cuda_utils.so").write_bytes(b"")
+    assert launch.compiled_kernels() == {"a1": "_search_kernel", "a2": "_search_kernel"}
+    assert launch.compiled_since(before) == ["_search_kernel", "_search_kernel"]
+    assert launch.compiled_since(launch.compiled_kernels()) == []
+    assert launch.compiled_since(None) is None
+
+    class Elsewhere(FileCacheManager):
+        pass
+
+    import triton.knobs
+
+    monkeypatch.setattr(triton.knobs.cache, "manager_class", Elsewhere)
+    assert launch.compiled_kernels() is None and launch.compiled_since({}) is None
+
+
+FIRST_USE_COUNTED = """
+import json, sys
+from obskernels.bench import launch
+(row,) = launch.first_use(("minmax call",), runs=1, device="cpu")
+print(json.dumps({"filled": row["filled"], "compiled": row["compiled"]}))
+"""
+
+
+@pytest.mark.slow
+def test_a_fresh_process_finds_the_kernels_the_one_before_compiled(python, tmp_path):
+    """``--first-use`` on an empty Triton cache, under each triton: its first
+    process compiles the minmax call's kernel (Triton's key of its
+    installation made afresh too, and kept), and the timed process after it
+    compiles nothing, every kernel's key being the same in a new process."""
+    env = dict(compiling_env(), TRITON_CACHE_DIR=str(tmp_path / "cache"))
+    proc = subprocess.run([python, "-c", FIRST_USE_COUNTED], env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "_min_max_kernel" in row["filled"], row
+    assert row["compiled"] == [], row
 
 
 PROFILED_FIRST_USE = """
