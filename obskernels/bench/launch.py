@@ -35,9 +35,10 @@ it apart: kept from an earlier process, or hashed where
 less the second call. With CUDA the calls run there (MEASURED); without,
 the kernels compile for sm_90 and the recording driver takes the launches
 (a proxy, without the GPU's module loads and C launchers). Each row also
-counts the kernels its timed processes compiled (``compiled_kernels``: the
-entries Triton's disk cache gained while each ran), which is none where the
-first process filled the cache as it should.
+counts what its timed processes compiled, kernels and (triton 3.6)
+their C launchers (``compiled_kernels``: the entries Triton's disk cache
+gained while each ran), which is nothing where the first process filled the
+cache as it should.
 """
 
 from __future__ import annotations
@@ -325,12 +326,15 @@ def run_fresh_process(cmd: List[str], env: Dict[str, str]):
 
 
 def compiled_kernels() -> Optional[Dict[str, str]]:
-    """The kernels in Triton's disk cache, {entry: kernel name}: each
-    compile Triton makes is an entry (a folder named by the compile's key)
-    holding the kernel's ``__grp__<name>.json``, and a process that finds
-    the entry compiles nothing. {} where the cache has no folder yet; None
-    where Triton does not import or keeps its cache elsewhere (a cache
-    manager of another kind)."""
+    """What Triton compiled into its disk cache, {entry: name}: each compile
+    is an entry (a folder named by its key), a kernel's holding its
+    ``__grp__<kernel>.json`` (named by the kernel), a C module's its
+    ``<module>.<suffix>.so`` (triton 3.6 builds a launcher,
+    ``__triton_launcher``, for every kernel variant it loads, with the C
+    compiler, and caches it the same way; named by the module). A process
+    that finds an entry compiles nothing for it. {} where the cache has no
+    folder yet; None where Triton does not import or keeps its cache
+    elsewhere (a cache manager of another kind)."""
     try:
         import triton.knobs as knobs
         from triton.runtime.cache import FileCacheManager
@@ -348,20 +352,29 @@ def compiled_kernels() -> Optional[Dict[str, str]]:
             names = os.listdir(entry.path) if entry.is_dir() else ()
         except OSError:  # gone, or not ours to read
             continue
-        for name in names:
-            if name.startswith(_GROUP[0]) and name.endswith(_GROUP[1]):
-                found[entry.name] = name[len(_GROUP[0]):-len(_GROUP[1])]
+        name = _compiled_name(names)
+        if name is not None:
+            found[entry.name] = name
     return found
 
 
-#: the name of a compiled kernel's file list in its cache entry: prefix, suffix
-_GROUP = ("__grp__", ".json")
+def _compiled_name(files) -> Optional[str]:
+    """The name of what a cache entry of ``files`` holds: a kernel (its
+    file list's name, ``__grp__<kernel>.json``), else a C module
+    (``<module>...so``); None for anything else."""
+    modules = []
+    for name in files:
+        if name.startswith("__grp__") and name.endswith(".json"):
+            return name[len("__grp__"):-len(".json")]
+        if name.endswith(".so"):
+            modules.append(name.split(".", 1)[0])
+    return min(modules) if modules else None
 
 
 def compiled_since(before: Optional[Dict[str, str]]) -> Optional[List[str]]:
-    """The names of the kernels compiled into Triton's disk cache since
-    ``before`` (a ``compiled_kernels()``), sorted, by every process using
-    that cache; None where either listing is None."""
+    """The names of what was compiled into Triton's disk cache since
+    ``before`` (a ``compiled_kernels()``: kernels and launchers), sorted, by
+    every process using that cache; None where either listing is None."""
     now = compiled_kernels()
     if before is None or now is None:
         return None
@@ -402,7 +415,7 @@ def first_use(scenarios=FIRST_USE, runs: int = 3, device: str = "cpu", progress=
                         scenario=scenario, device=device, runs=runs, triton_runs=rows[-1]["triton_runs"],
                         triton_key={frozenset({True}): "kept", frozenset({False}): "hashed"}.get(
                             frozenset(kept), "mixed"),
-                        # what the timed processes compiled: nothing where the cache held every kernel
+                        # what the timed processes compiled: nothing where the cache held it all
                         compiled=None if None in compiled else sorted(sum(compiled, [])),
                         filled=filling["compiled"]))
     return out
@@ -433,7 +446,7 @@ def _print_first_use(rows, triton) -> None:
               f"{1e3 * r['first_use_s']:9.1f} {compiled:>8}")
     print("key: Triton's key of its installation kept from an earlier process (obskernels.kernels._triton_key) "
           "or hashed afresh (OBSKERNELS_TRITON_KEY_CACHE=0, or the installation changed)")
-    print("compiled: kernels the timed processes compiled into Triton's disk cache (0: every one was found "
+    print("compiled: kernels and launchers the timed processes compiled into Triton's disk cache (0: all found "
           "there; -: the cache could not be listed)")
 
 

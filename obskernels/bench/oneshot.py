@@ -21,9 +21,9 @@ median of the next ``--reps`` calls (after both modes' first calls, the
 modes alternating), and the first call in a fresh process (a child running
 one call: what a user's next session pays, kernels from triton's disk
 cache), the median of ``--fresh-reps`` such processes per mode, the modes
-taking turns (plain, drop-in, drop-in, plain, ...), each call's kernels
-compiled into Triton's disk cache counted ("2.180 (4 compiled)": a fresh
-process should compile none). Also: how many of the
+taking turns (plain, drop-in, drop-in, plain, ...), what each call
+compiled into Triton's disk cache (kernels, launchers) counted ("2.180 (4
+compiled)": a fresh process should compile nothing). Also: how many of the
 qparam tensors (scales, zero points, global scales) the two modes produce
 bit-identically.
 ``--profile-fresh``: one more fresh process per (scheme, mode), its call
@@ -247,10 +247,10 @@ def compare(schemes=DEFAULT_SCHEMES, shape: Shape = LLAMA3_8B, device: str = "cp
     median of ``reps`` more, the median of ``fresh_reps`` first calls in a
     fresh process each (``fresh``; in ``fresh_order``, every sample in the
     row's ``fresh_process_samples``); and per scheme, the qparam tensors
-    identical between the modes. The first call's and each fresh process's
-    kernels compiled into Triton's disk cache (``launch.compiled_since``;
+    identical between the modes. What the first call and each fresh process
+    compiled into Triton's disk cache (``launch.compiled_since``;
     None where it cannot be listed) are in ``first_in_process_compiled`` and
-    ``fresh_process_compiled``: a fresh process should find every kernel
+    ``fresh_process_compiled``: a fresh process should find everything
     the calls before it compiled. The repeated
     calls alternate between the modes (plain, drop-in, plain, ...), each mode's
     first call made before: a process's calls keep getting faster for a while

@@ -231,9 +231,11 @@ def test_first_use_writes_each_process_as_it_ends(monkeypatch, tmp_path):
 
 def test_compiled_kernels_lists_tritons_disk_cache(monkeypatch, tmp_path):
     """``compiled_kernels``: a cache not made yet holds nothing; each entry
-    with a kernel's file list is one compile, by the kernel's name; a cache
-    kept by another kind of manager cannot be listed (None, as
-    ``compiled_since`` then says)."""
+    with a kernel's file list is one compile, by the kernel's name, and each
+    with a C module (triton 3.6's launcher of a kernel variant) one, by the
+    module's name; other folders are not compiles; a cache kept by another
+    kind of manager cannot be listed (None, as ``compiled_since`` then
+    says)."""
     from triton.runtime.cache import FileCacheManager
 
     from obskernels.bench import launch
@@ -244,10 +246,13 @@ def test_compiled_kernels_lists_tritons_disk_cache(monkeypatch, tmp_path):
     before = launch.compiled_kernels()
     _compile_into(cache, "a1", "_search_kernel")
     _compile_into(cache, "a2", "_search_kernel")
-    (cache / "a3").mkdir()  # an entry of other files (a launcher's module)
-    (cache / "a3" / "cuda_utils.so").write_bytes(b"")
-    assert launch.compiled_kernels() == {"a1": "_search_kernel", "a2": "_search_kernel"}
-    assert launch.compiled_since(before) == ["_search_kernel", "_search_kernel"]
+    (cache / "a3").mkdir()  # a kernel variant's launcher
+    (cache / "a3" / "__triton_launcher.cpython-311-x86_64-linux-gnu.so").write_bytes(b"")
+    (cache / "obskernels").mkdir()  # the kept key of Triton's installation: no compile
+    (cache / "obskernels" / "triton-key-0123").write_text("3.6.0-hash")
+    assert launch.compiled_kernels() == {"a1": "_search_kernel", "a2": "_search_kernel",
+                                         "a3": "__triton_launcher"}
+    assert launch.compiled_since(before) == ["__triton_launcher", "_search_kernel", "_search_kernel"]
     assert launch.compiled_since(launch.compiled_kernels()) == []
     assert launch.compiled_since(None) is None
 
