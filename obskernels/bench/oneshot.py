@@ -325,7 +325,8 @@ def table(rows: List[Dict], prov: Dict) -> str:
     fresh_n = max((len(r.get("fresh_process_samples") or ()) for r in rows), default=0)
     head = ["scheme", "mode", "first in process s", f"repeat s (median of {rows[0]['reps'] if rows else 0})",
             f"fresh process s (median of {fresh_n})", "fresh processes s", "qparams identical"]
-    def compiled(x, names):  # seconds, and how many kernels were compiled in them where any were
+
+    def compiled(x, names):  # seconds, and how many compiles they made where they made any
         return f(x) + (f" ({len(names)} compiled)" if names else "")
 
     lines = [head]
