@@ -1112,7 +1112,7 @@ def test_oneshot_comparison_alternates_the_modes_repeated_calls(monkeypatch):
 
     def fake_run_once(scheme, mode, *args, **kwargs):
         order.append(mode)
-        return {"seconds": next(seconds), "qparams": {"s": torch.ones(1)}}
+        return {"seconds": next(seconds), "qparams": {"s": torch.ones(1)}, "variants": {}}
 
     monkeypatch.setattr(oneshot, "run_once", fake_run_once)
     rows = oneshot.compare(["FP8"], oneshot.LLAMA3_8B, "cpu", reps=3, fresh=False)
@@ -1134,11 +1134,11 @@ def test_oneshot_fresh_processes_take_turns_and_give_their_median(monkeypatch):
 
     def fake_run_once(scheme, mode, *args, **kwargs):
         events.append(("in process", mode))
-        return {"seconds": 0.5, "qparams": {"s": torch.ones(1)}}
+        return {"seconds": 0.5, "qparams": {"s": torch.ones(1)}, "variants": {}}
 
     def fake_child(scheme, mode, *args, **kwargs):
         events.append(("fresh", mode))
-        return next(seconds[mode])
+        return {"seconds": next(seconds[mode]), "variants": {}}
 
     monkeypatch.setattr(oneshot, "run_once", fake_run_once)
     monkeypatch.setattr(oneshot, "_child", fake_child)

@@ -46,6 +46,8 @@ def test_oneshot_comparison_times_both_modes_and_compares_their_qparams(monkeypa
         # on the CPU neither mode compiles a kernel (the drop-in's triton backend
         # runs on CUDA tensors; here, under the interpreter, if at all)
         assert r["first_in_process_compiled"] == [] and r["fresh_process_compiled"] == [[]], r
+        # nor sets up a kernel variant: none the fresh process set up is new
+        assert r["fresh_process_unseen"] == [[]], r
         # min/max observers: bit-identical qparams with and without the drop-in
         assert r["qparam_tensors"] == len(plain["qparams"]) and r["qparams_identical"] == r["qparam_tensors"]
     text = oneshot.table(rows, oneshot._provenance("cpu", TINY, "auto", "basic"))
@@ -75,8 +77,9 @@ def test_a_profiled_fresh_process_is_summarised_by_part(tmp_path):
 
 def test_the_table_shows_where_a_call_compiled_kernels():
     """A call that compiled kernels into Triton's disk cache says how many
-    after its seconds (a fresh process should compile none); one that
-    compiled none, or where the cache could not be listed, shows its seconds
+    after its seconds (a fresh process should compile none), and a fresh
+    process how many kernel variants it set up that the parent never did;
+    one that did neither, or where neither could be known, shows its seconds
     alone."""
     base = dict(scheme="FP8", repeat_s=0.3, reps=3, fresh_process_s=1.5, qparam_tensors=168,
                 qparams_identical=168)
@@ -84,8 +87,39 @@ def test_the_table_shows_where_a_call_compiled_kernels():
                  fresh_process_samples=[0.603, 0.884], fresh_process_compiled=[None, None]),
             dict(base, mode="drop-in", first_in_process_s=2.157,
                  first_in_process_compiled=["_min_max_kernel"] * 3 + ["_qparams_kernel"],
-                 fresh_process_samples=[2.18, 0.778], fresh_process_compiled=[["_min_max_kernel"] * 2, []])]
+                 fresh_process_samples=[2.18, 0.778], fresh_process_compiled=[["_min_max_kernel"] * 2, []],
+                 fresh_process_unseen=[[["_min_max_kernel", "{}"]], []])]
     lines = oneshot.table(rows, oneshot._provenance("cpu", TINY, "auto", "basic")).splitlines()
     plain, ours = (next(line for line in lines if f"  {mode} " in line) for mode in ("plain", "drop-in"))
     assert "compiled" not in plain and "0.245" in plain and "0.603, 0.884" in plain, plain
-    assert "2.157 (4 compiled)" in ours and "2.180 (2 compiled), 0.778" in ours, ours
+    assert "2.157 (4 compiled)" in ours and "2.180 (2 compiled, 1 unseen), 0.778" in ours, ours
+
+
+def test_a_fresh_process_names_the_variants_its_parent_never_set_up(monkeypatch):
+    """``fresh_process_unseen``: per fresh process, the kernel variants it
+    set up that no call of the comparing process did (any mode, any call:
+    a process sets a variant up once), by digest; None where either side
+    could not be known."""
+    import torch
+
+    made = {("plain", False): {}, ("drop-in", False): {"d1": ["_min_max_kernel", "a"]}}
+    calls = iter([{"d2": ["_qparams_kernel", "b"]}, {}])  # a repeated call sets one more up
+
+    def fake_run_once(scheme, mode, *args, **kwargs):
+        variants = made.pop((mode, False), None)
+        if variants is None:
+            variants = next(calls)
+        return {"seconds": 0.1, "qparams": {"w_scale": torch.ones(1)}, "variants": variants}
+
+    children = iter([
+        {"seconds": 0.5, "variants": {}},  # plain
+        {"seconds": 2.0, "variants": {"d1": ["_min_max_kernel", "a"], "d3": ["_min_max_kernel", "c"]}},
+        {"seconds": 0.7, "variants": {"d1": ["_min_max_kernel", "a"], "d2": ["_qparams_kernel", "b"]}},
+        {"seconds": 0.6, "variants": None},  # plain, where Triton did not import
+    ])
+    monkeypatch.setattr(oneshot, "run_once", fake_run_once)
+    monkeypatch.setattr(oneshot, "_child", lambda *a, **k: next(children))
+    plain, ours = oneshot.compare(["FP8"], TINY, "cpu", reps=1, fresh=True, fresh_reps=2)
+    assert ours["fresh_process_samples"] == [2.0, 0.7] and plain["fresh_process_samples"] == [0.5, 0.6]
+    assert ours["fresh_process_unseen"] == [[["_min_max_kernel", "c"]], []], ours
+    assert plain["fresh_process_unseen"] == [[], None], plain

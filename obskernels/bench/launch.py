@@ -54,7 +54,8 @@ from typing import Dict, List, Optional
 from obskernels.bench.host import zero_integers
 
 __all__ = ["RecordingDriver", "recording_driver", "triton_runs", "compiled_on_cpu", "measure",
-           "fresh_process_env", "run_fresh_process", "compiled_kernels", "compiled_since", "main"]
+           "fresh_process_env", "run_fresh_process", "compiled_kernels", "compiled_since",
+           "kernel_variants", "main"]
 
 
 class _Launcher:
@@ -379,6 +380,39 @@ def compiled_since(before: Optional[Dict[str, str]]) -> Optional[List[str]]:
     if before is None or now is None:
         return None
     return sorted(name for entry, name in now.items() if entry not in before)
+
+
+@contextlib.contextmanager
+def kernel_variants():
+    """Within the block, every kernel variant this process sets up, as
+    Triton's ``jit_cache_hook`` sees it (once per variant and process, before
+    Triton looks for it in its disk cache): yields {digest: [kernel,
+    specialisation]}, the specialisation Triton's own JSON of the variant
+    (signature, constexprs, argument attributes such as 16-byte alignment,
+    compile options), the digest the first 16 hex digits of its SHA-256. Two
+    processes that set up a variant of the same digest asked for the same
+    compile. A hook set before is called as well, and its answer returned;
+    yields None where Triton does not import."""
+    try:
+        import triton.knobs as knobs
+    except ImportError:
+        yield None
+        return
+    import hashlib
+
+    seen: Dict[str, List[str]] = {}
+    previous = knobs.runtime.jit_cache_hook
+
+    def hook(*args, **kwargs):
+        data = kwargs["compile"]["specialization_data"]
+        seen[hashlib.sha256(data.encode()).hexdigest()[:16]] = [kwargs["fn"].name, data]
+        return previous(*args, **kwargs) if previous is not None else False
+
+    knobs.runtime.jit_cache_hook = hook
+    try:
+        yield seen
+    finally:
+        knobs.runtime.jit_cache_hook = previous
 
 
 def first_use(scenarios=FIRST_USE, runs: int = 3, device: str = "cpu", progress=None) -> List[Dict]:

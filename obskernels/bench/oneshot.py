@@ -22,10 +22,11 @@ modes alternating), and the first call in a fresh process (a child running
 one call: what a user's next session pays, kernels from triton's disk
 cache), the median of ``--fresh-reps`` such processes per mode, the modes
 taking turns (plain, drop-in, drop-in, plain, ...), what each call
-compiled into Triton's disk cache (kernels, launchers) counted ("2.180 (4
-compiled)": a fresh process should compile nothing). Also: how many of the
-qparam tensors (scales, zero points, global scales) the two modes produce
-bit-identically.
+compiled into Triton's disk cache (kernels, launchers) counted, and for a
+fresh process the kernel variants it set up that this process never did
+("2.180 (4 compiled, 1 unseen)": a fresh process should compile nothing).
+Also: how many of the qparam tensors (scales, zero points, global scales)
+the two modes produce bit-identically.
 ``--profile-fresh``: one more fresh process per (scheme, mode), its call
 profiled (cProfile), summarised by part -- Triton's key, its compiles and
 launch front end, the GPU module loads, the kernels' import -- and by
@@ -117,14 +118,20 @@ def _data(shape: Shape):
 
 def run_once(scheme: str, mode: str, shape: Shape, device: str, backend: str = "auto",
              pipeline: str = "basic", profile: Optional[str] = None) -> Dict:
-    """One ``oneshot`` of ``scheme`` in ``mode``: {"seconds", "qparams"} (the
-    qparam tensors of the quantized model, on the CPU). ``profile``: a path
-    the timed call's cProfile statistics are written to (its seconds then
-    include the profiler's cost)."""
+    """One ``oneshot`` of ``scheme`` in ``mode``: {"seconds", "qparams",
+    "variants"} (the qparam tensors of the quantized model, on the CPU; the
+    kernel variants the call set up first in this process,
+    ``launch.kernel_variants``, whose hook runs inside the timed call:
+    0.1-0.6 ms per variant set up on the development CPU, Triton's JSON of
+    the variant included, nothing per launch). ``profile``: a
+    path the timed call's cProfile statistics are written to (its seconds
+    then include the profiler's cost)."""
     import warnings
 
     from llmcompressor import oneshot
     from llmcompressor.modifiers.quantization import QuantizationModifier
+
+    from obskernels.bench.launch import kernel_variants
 
     from obskernels.integrations.llmcompressor import enabled
 
@@ -139,7 +146,7 @@ def run_once(scheme: str, mode: str, shape: Shape, device: str, backend: str = "
         profiler = cProfile.Profile() if profile else None
         _sync(device)
         t0 = time.perf_counter()
-        with scope, (profiler or contextlib.nullcontext()):
+        with scope, kernel_variants() as variants, (profiler or contextlib.nullcontext()):
             oneshot(model=model, processor=processor, dataset=data, recipe=recipe,
                     num_calibration_samples=shape.samples, pipeline=pipeline)
             _sync(device)
@@ -148,7 +155,7 @@ def run_once(scheme: str, mode: str, shape: Shape, device: str, backend: str = "
             profiler.dump_stats(profile)
     qparams = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()
                if k.endswith(("_scale", "_zero_point", "global_scale"))}
-    return {"seconds": seconds, "qparams": qparams}
+    return {"seconds": seconds, "qparams": qparams, "variants": variants}
 
 
 #: fresh processes per (scheme, mode): one each is not enough (NVFP4's
@@ -169,8 +176,9 @@ def fresh_order(reps: int) -> List[str]:
 
 
 def _child(scheme: str, mode: str, shape: Shape, device: str, backend: str, pipeline: str,
-           extra=()) -> float:
-    """Seconds of one ``oneshot`` call in a new interpreter (the first call there)."""
+           extra=()) -> Dict:
+    """One ``oneshot`` call in a new interpreter (the first call there):
+    {"seconds", "variants"} (``run_once``'s)."""
     cmd = [sys.executable, "-m", "obskernels.bench.oneshot", "--child", "--schemes", scheme,
            "--modes", mode, "--device", device, "--backend", backend, "--pipeline", pipeline,
            "--shape-json", json.dumps(asdict(shape)), *extra]
@@ -179,7 +187,7 @@ def _child(scheme: str, mode: str, shape: Shape, device: str, backend: str, pipe
     proc = run_fresh_process(cmd, fresh_process_env(PYTHONSAFEPATH="1"))
     if proc.returncode != 0:
         raise RuntimeError(f"the fresh-process run failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])["seconds"]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 # what a fresh process's first call spends its time in, beyond oneshot's own work
@@ -251,7 +259,11 @@ def compare(schemes=DEFAULT_SCHEMES, shape: Shape = LLAMA3_8B, device: str = "cp
     compiled into Triton's disk cache (``launch.compiled_since``;
     None where it cannot be listed) are in ``first_in_process_compiled`` and
     ``fresh_process_compiled``: a fresh process should find everything
-    the calls before it compiled. The repeated
+    the calls before it compiled. ``fresh_process_unseen``: per fresh
+    process, the kernel variants it set up that this process never did
+    ([kernel, Triton's specialisation], ``launch.kernel_variants``; None
+    where not known): where a fresh process compiles, these say whether it
+    asked for other variants or for the same ones under another key. The repeated
     calls alternate between the modes (plain, drop-in, plain, ...), each mode's
     first call made before: a process's calls keep getting faster for a while
     after its first (an H200 ran FP8 plain in 0.93, 0.29, 0.24 s), which a
@@ -263,29 +275,44 @@ def compare(schemes=DEFAULT_SCHEMES, shape: Shape = LLAMA3_8B, device: str = "cp
     if fresh and fresh_reps < 1:
         raise ValueError(f"fresh_reps must be at least 1 (got {fresh_reps}); fresh=False skips them")
     rows = []
+    here: Optional[Dict] = {}  # every kernel variant this process has set up (None: not known)
+
+    def run(scheme, mode):
+        nonlocal here
+        r = run_once(scheme, mode, shape, device, backend, pipeline)
+        here = None if here is None or r["variants"] is None else {**here, **r["variants"]}
+        return r
+
     for scheme in schemes:
         first, first_compiled = {}, {}
         for mode in MODES:
             before = compiled_kernels()
-            first[mode] = run_once(scheme, mode, shape, device, backend, pipeline)
+            first[mode] = run(scheme, mode)
             first_compiled[mode] = compiled_since(before)
         again = {mode: [] for mode in MODES}
         for _ in range(reps):
             for mode in MODES:
-                again[mode].append(run_once(scheme, mode, shape, device, backend, pipeline))
+                again[mode].append(run(scheme, mode))
         fresh_s = {mode: [] for mode in MODES}
         fresh_compiled = {mode: [] for mode in MODES}
+        fresh_unseen = {mode: [] for mode in MODES}
         for mode in (fresh_order(fresh_reps) if fresh else []):
             before = compiled_kernels()
-            fresh_s[mode].append(_child(scheme, mode, shape, device, backend, pipeline))
+            child = _child(scheme, mode, shape, device, backend, pipeline)
             fresh_compiled[mode].append(compiled_since(before))
+            fresh_s[mode].append(child["seconds"])
+            # the variants the child set up that this process never did: a
+            # specialisation of its own (another alignment, say)
+            fresh_unseen[mode].append(None if here is None or child["variants"] is None else
+                                      sorted(v for d, v in child["variants"].items() if d not in here))
         for mode in MODES:
             times = [r["seconds"] for r in again[mode]]
             row = {"scheme": scheme, "mode": mode, "first_in_process_s": first[mode]["seconds"],
                    "first_in_process_compiled": first_compiled[mode],
                    "repeat_s": statistics.median(times) if times else None,
                    "reps": reps, "fresh_process_s": statistics.median(fresh_s[mode]) if fresh_s[mode] else None,
-                   "fresh_process_samples": fresh_s[mode], "fresh_process_compiled": fresh_compiled[mode]}
+                   "fresh_process_samples": fresh_s[mode], "fresh_process_compiled": fresh_compiled[mode],
+                   "fresh_process_unseen": fresh_unseen[mode]}
             if profile_dir:
                 row["fresh_profile"] = _profile_fresh(scheme, mode, shape, device, backend, pipeline, profile_dir)
             rows.append(row)
@@ -326,14 +353,18 @@ def table(rows: List[Dict], prov: Dict) -> str:
     head = ["scheme", "mode", "first in process s", f"repeat s (median of {rows[0]['reps'] if rows else 0})",
             f"fresh process s (median of {fresh_n})", "fresh processes s", "qparams identical"]
 
-    def compiled(x, names):  # seconds, and how many compiles they made where they made any
-        return f(x) + (f" ({len(names)} compiled)" if names else "")
+    def compiled(x, names, unseen=None):
+        # seconds, then how many compiles they made and how many variants
+        # this process never set up, where there were any
+        notes = [f"{len(n)} {what}" for n, what in ((names, "compiled"), (unseen, "unseen")) if n]
+        return f(x) + (f" ({', '.join(notes)})" if notes else "")
 
     lines = [head]
     for r in rows:
         samples = r.get("fresh_process_samples") or ()
         made = r.get("fresh_process_compiled") or [None] * len(samples)
-        samples = ", ".join(compiled(x, n) for x, n in zip(samples, made)) or "-"
+        unseen = r.get("fresh_process_unseen") or [None] * len(samples)
+        samples = ", ".join(compiled(*sample) for sample in zip(samples, made, unseen)) or "-"
         first = compiled(r["first_in_process_s"], r.get("first_in_process_compiled"))
         lines.append([r["scheme"], r["mode"], first, f(r["repeat_s"]), f(r["fresh_process_s"]), samples,
                       f"{r['qparams_identical']}/{r['qparam_tensors']}"])
@@ -377,7 +408,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     schemes = [s for s in a.schemes.split(",") if s]
     if a.child:  # one call, the first in this process
         r = run_once(schemes[0], a.modes.split(",")[0], shape, device, a.backend, a.pipeline, a.profile)
-        print(json.dumps({"seconds": r["seconds"]}))
+        print(json.dumps({"seconds": r["seconds"], "variants": r["variants"]}))
         return 0
     prov = _provenance(device, shape, a.backend, a.pipeline)
     if a.fresh_reps < 1:

@@ -265,6 +265,45 @@ def test_compiled_kernels_lists_tritons_disk_cache(monkeypatch, tmp_path):
     assert launch.compiled_kernels() is None and launch.compiled_since({}) is None
 
 
+KERNEL_VARIANTS = """
+import json, warnings
+import triton.knobs as knobs
+from obskernels.bench import host, launch
+earlier = []
+set_before = knobs.runtime.jit_cache_hook = lambda **kw: earlier.append(kw["fn"].name)
+sc = next(s for s in host.SCENARIOS if s.name == "minmax call")
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    call = host._call_of(sc)
+    with launch.compiled_on_cpu(), launch.kernel_variants() as seen:
+        call()
+        call()  # a variant is set up once per process
+print(json.dumps({"seen": seen, "earlier": earlier, "restored": knobs.runtime.jit_cache_hook is set_before}))
+"""
+
+
+@pytest.mark.slow
+def test_kernel_variants_are_the_same_in_every_process(python):
+    """``kernel_variants``, under each triton, in two processes making the
+    same call: each sees the minmax call's kernel variant once, with Triton's
+    own specialisation of it (the value's bf16 pointer, the alignment
+    attributes), under the same digest in both; a hook set before is called
+    for it too and is in place again after the block."""
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run([python, "-c", KERNEL_VARIANTS], env=compiling_env(), capture_output=True,
+                              text=True, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    first, second = runs
+    assert first["seen"] == second["seen"], (first["seen"], second["seen"])
+    assert [name for name, _ in first["seen"].values()] == ["_min_max_kernel"], first["seen"]
+    ((digest, (_, data)),) = first["seen"].items()
+    spec = json.loads(data)
+    assert spec["name"].endswith("min_max._min_max_kernel") and spec["signature"]["x_ptr"] == "*bf16", spec
+    assert len(digest) == 16 and first["earlier"] == ["_min_max_kernel"] and first["restored"], first
+
+
 FIRST_USE_COUNTED = """
 import json, sys
 from obskernels.bench import launch
