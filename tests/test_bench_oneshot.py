@@ -123,3 +123,6 @@ def test_a_fresh_process_names_the_variants_its_parent_never_set_up(monkeypatch)
     assert ours["fresh_process_samples"] == [2.0, 0.7] and plain["fresh_process_samples"] == [0.5, 0.6]
     assert ours["fresh_process_unseen"] == [[["_min_max_kernel", "c"]], []], ours
     assert plain["fresh_process_unseen"] == [[], None], plain
+    # what the first call set up, to compare an unseen variant with
+    assert ours["first_in_process_variants"] == [["_min_max_kernel", "a"]], ours
+    assert plain["first_in_process_variants"] == [], plain

@@ -242,6 +242,12 @@ def profile_parts(path: str) -> List[str]:
     return lines[start:start + 1 + len(FIRST_USE_PARTS)]
 
 
+def _listed(variants: Optional[Dict]) -> Optional[List]:
+    """``launch.kernel_variants``' {digest: [kernel, specialisation]} as a
+    sorted list of its values (None stays None)."""
+    return None if variants is None else sorted(variants.values())
+
+
 def _same(a, b) -> bool:
     import torch
 
@@ -263,7 +269,9 @@ def compare(schemes=DEFAULT_SCHEMES, shape: Shape = LLAMA3_8B, device: str = "cp
     process, the kernel variants it set up that this process never did
     ([kernel, Triton's specialisation], ``launch.kernel_variants``; None
     where not known): where a fresh process compiles, these say whether it
-    asked for other variants or for the same ones under another key. The repeated
+    asked for other variants or for the same ones under another key
+    (``first_in_process_variants``, those the first call set up, to compare
+    them with). The repeated
     calls alternate between the modes (plain, drop-in, plain, ...), each mode's
     first call made before: a process's calls keep getting faster for a while
     after its first (an H200 ran FP8 plain in 0.93, 0.29, 0.24 s), which a
@@ -304,11 +312,12 @@ def compare(schemes=DEFAULT_SCHEMES, shape: Shape = LLAMA3_8B, device: str = "cp
             # the variants the child set up that this process never did: a
             # specialisation of its own (another alignment, say)
             fresh_unseen[mode].append(None if here is None or child["variants"] is None else
-                                      sorted(v for d, v in child["variants"].items() if d not in here))
+                                      _listed({d: v for d, v in child["variants"].items() if d not in here}))
         for mode in MODES:
             times = [r["seconds"] for r in again[mode]]
             row = {"scheme": scheme, "mode": mode, "first_in_process_s": first[mode]["seconds"],
                    "first_in_process_compiled": first_compiled[mode],
+                   "first_in_process_variants": _listed(first[mode]["variants"]),
                    "repeat_s": statistics.median(times) if times else None,
                    "reps": reps, "fresh_process_s": statistics.median(fresh_s[mode]) if fresh_s[mode] else None,
                    "fresh_process_samples": fresh_s[mode], "fresh_process_compiled": fresh_compiled[mode],
