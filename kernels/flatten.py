@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 from compressed_tensors.quantization import QuantizationStrategy
 
+from obskernels.kernels._cache_keys import settle
 from obskernels.kernels.launch import FUSED, current_config, flatten_tile
 from obskernels.kernels._layout import (
     check_kernel_dtype,
@@ -104,6 +105,7 @@ def flatten_for_calibration(flat: Flattening):
     out = torch.empty(layout.flat_shape, dtype=value.dtype, device=value.device)
     tile = flatten_tile(layout, value.element_size(), current_config("flatten"))
     perm = layout.perm if layout.gather else value  # unread unless GATHER
+    settle(_flatten_kernel)  # its cache key as every process makes it (_cache_keys.py)
     with on_device(value):
         _flatten_kernel[(tile.programs, tile.split)](
             value, perm, out, *layout.kernel_args(), tile.rows_per_split,

@@ -58,8 +58,11 @@ def _specialise(launch: Launch):
     from triton.compiler import ASTSource, make_backend
     from triton.runtime.jit import create_function_from_signature
 
+    from obskernels.kernels._cache_keys import settle
+
     backend = make_backend(_target())
     fn = launch.fn
+    settle(fn)  # its cache key as a launch makes it
     binder = create_function_from_signature(fn.signature, fn.params, backend)
     bound, spec, options = binder(*launch.args, **launch.kwargs)
     key = repr((launch.kernel, spec, sorted(options.items())))
