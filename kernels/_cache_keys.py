@@ -22,9 +22,11 @@ a Triton that orders it so itself this changes only when the hashing happens.
 The launch sites call it before a kernel's first launch through Triton's
 path (``_replay.Replay``, the flatten kernel's launch, the compile report's
 variants). The dependencies are read from the function's code: the global
-and closure names it loads, and the attributes it reads from modules of
-ours, a superset of what Triton's hash visits (hashing one more function
-changes no key). Triton's own modules are left out, as its hash leaves them.
+and closure names it loads, and the attributes of those names it reads (a
+module's, a class's), a superset of what Triton's hash visits (hashing one
+more function changes no key; ``tests/kernels/test_cache_keys.py`` checks the
+superset against Triton's own walk). Triton's own modules and objects are
+left out, as its hash leaves them.
 """
 
 from __future__ import annotations
@@ -71,16 +73,17 @@ def _dependencies(fn) -> list:
     scope = py.__globals__
     values = [closure[n] if n in closure else scope[n] for n in names if n in closure or n in scope]
     values += list(py.__defaults__ or ()) + list((py.__kwdefaults__ or {}).values())
-    found, modules = [], set()
+    found, holders = [], set()
     while values:
         value = values.pop()
         if isinstance(value, _CALLABLE):
             if _ours(value):
                 found.append(value)
-        elif isinstance(value, types.ModuleType) and id(value) not in modules and _ours(value):
-            modules.add(id(value))
-            # the module's own dict: its attributes as a kernel reads them,
-            # without running a module class's properties
+        elif hasattr(value, "__dict__") and id(value) not in holders and _ours(value):
+            # a module, a class, a namespace: the attributes a kernel reads
+            # from it, as its own dict holds them (no module class's property
+            # run); Triton's hash follows them too
+            holders.add(id(value))
             attrs = vars(value)
             values += [attrs[n] for n in names if n in attrs]
     return found

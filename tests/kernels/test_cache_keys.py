@@ -8,6 +8,7 @@ memoryless_mse call (whose kernels hash helpers the min/max kernel calls
 too) is not its key in a process that made the min/max call first, and the
 second process compiles the min/max kernel again. Triton 3.9 hashes the
 callee first; there the test checks that settling changes nothing it finds.
+And ``settle`` finds at least the dependencies Triton's own hash walks into.
 
 The subprocesses run under each triton of ``compile_pythons()``, without
 TRITON_INTERPRET (the kernels compile for sm_90 and a recording driver takes
@@ -83,3 +84,49 @@ def test_a_process_finds_the_kernels_another_compiled_whatever_their_calls_order
     differ = [name for name in shared if first["keys"][name] != second["keys"][name]]
     assert differ == [], differ
     assert first["clashes"] == [] and second["clashes"] == [], (first["clashes"], second["clashes"])
+
+
+# per kernel function of the package (the search's imported too), the jit
+# functions Triton's own hash walks into (its DependenciesFinder, recording
+# instead of hashing) that ``_cache_keys`` does not find
+WALK = """
+import importlib, inspect, json, sys
+from triton.runtime.jit import DependenciesFinder, JITFunction
+import obskernels.kernels
+importlib.import_module("obskernels.kernels.mse_search")
+from obskernels.kernels._cache_keys import _dependencies
+
+
+class Recording(DependenciesFinder):
+    def _update_hash(self, func):
+        self.walked.append(func)
+
+
+missed, functions = {}, {}
+for module in list(sys.modules.values()):
+    for fn in list(vars(module).values()):
+        if isinstance(fn, JITFunction) and fn.__module__.startswith("obskernels"):
+            functions[id(fn)] = fn
+for fn in functions.values():
+    walk = Recording(name=fn._fn_name, globals=fn.__globals__, nonlocals=inspect.getclosurevars(fn.fn).nonlocals,
+                     src=fn.src)
+    walk.walked = []
+    walk.visit(fn.parse())
+    found = {id(d) for d in _dependencies(fn)}
+    lost = sorted({d.__name__ for d in walk.walked if id(d) not in found})
+    if lost:
+        missed[f"{fn.__module__}.{fn.__name__}"] = lost
+print(json.dumps({"functions": len(functions), "missed": missed}))
+"""
+
+
+def test_the_dependencies_found_hold_every_one_tritons_hash_walks_into(python):
+    """``_cache_keys`` finds a kernel function's dependencies in its code;
+    Triton's hash finds them walking its source. For every kernel function
+    of the package, each function Triton's walk hashes is among those found
+    (else it would be hashed in Triton's order again, its key depending on
+    what ran first)."""
+    proc = subprocess.run([python, "-c", WALK], env=compiling_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert row["functions"] >= 100 and row["missed"] == {}, row
