@@ -11,8 +11,9 @@ first: ``_min_max_kernel``'s after a memoryless_mse call (whose search
 kernels hash helpers the min/max kernel calls too) is not its key in a
 process that made only min/max calls. Such a process misses in Triton's
 disk cache every min/max kernel the other one compiled and compiles them
-again: an FP8 ``oneshot`` in a fresh process paid 1.3-1.6 s for it on an
-H200's host, after a process that had run a W4A16 calibration first. Newer
+again: most likely why an FP8 ``oneshot`` in a fresh process took 1.3-1.6 s
+more on an H200's host, after a process that had run a W4A16 calibration
+first (that run counted no compiles; the development CPU reproduces it). Newer
 Triton (3.9) hashes the callee first; its keys do not depend on the order.
 
 ``settle(fn)`` hashes ``fn``'s dependencies callee first (depth first, each

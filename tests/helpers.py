@@ -9,6 +9,7 @@ where triton is missing.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import subprocess
@@ -357,3 +358,12 @@ def compiling_env() -> dict:
     for name in ("TRITON_INTERPRET", "TRITON_DEFAULT_FP_FUSION", "TRITON_FORCE_DISABLE_FP_FUSION"):
         env.pop(name, None)
     return env
+
+
+def compiled_row(python, *argv, timeout: int = 900, **env) -> dict:
+    """``python *argv`` in a ``compiling_env()`` (plus ``env``), which must
+    succeed: the JSON object its last line of output prints."""
+    proc = subprocess.run([python, *argv], env=dict(compiling_env(), **env), capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -17,11 +17,8 @@ their launches), on a Triton cache directory of the test's own.
 
 from __future__ import annotations
 
-import json
-import subprocess
-
 import pytest
-from helpers import compile_pythons, compiling_env, python_id
+from helpers import compile_pythons, compiled_row, python_id
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
 pytest.importorskip("triton", reason="the Triton kernels need triton")
@@ -63,11 +60,7 @@ def python(request):
 
 
 def _calls(python, cache_dir, *scenarios):
-    env = dict(compiling_env(), TRITON_CACHE_DIR=str(cache_dir))
-    proc = subprocess.run([python, "-c", WORKER, *scenarios], env=env, capture_output=True, text=True,
-                          timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return compiled_row(python, "-c", WORKER, *scenarios, TRITON_CACHE_DIR=str(cache_dir))
 
 
 def test_a_process_finds_the_kernels_another_compiled_whatever_their_calls_order(python, tmp_path):
@@ -126,7 +119,5 @@ def test_the_dependencies_found_hold_every_one_tritons_hash_walks_into(python):
     of the package, each function Triton's walk hashes is among those found
     (else it would be hashed in Triton's order again, its key depending on
     what ran first)."""
-    proc = subprocess.run([python, "-c", WALK], env=compiling_env(), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    row = compiled_row(python, "-c", WALK, timeout=600)
     assert row["functions"] >= 100 and row["missed"] == {}, row

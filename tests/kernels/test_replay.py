@@ -20,7 +20,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import compile_pythons, compiling_env, python_id, triton_version
+from helpers import compile_pythons, compiled_row, compiling_env, python_id, triton_version
 
 pytestmark = pytest.mark.kernel
 
@@ -147,10 +147,7 @@ def _first_use_row(python, scenario, device):
     nor hash the installation), and the first call goes through Triton's
     launch path where the second is replayed past it. Returns the process's
     row."""
-    proc = subprocess.run([python, "-m", "obskernels.bench.launch", "--first-use-child", scenario, device],
-                          env=compiling_env(), capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    row = compiled_row(python, "-m", "obskernels.bench.launch", "--first-use-child", scenario, device)
     assert row["scenario"] == scenario and row["device"] == device, row
     assert row["kernels_imported_before"] is False, row
     assert row["startup_keys"] == 1 and row["hashes_in_calls"] == 0, row
@@ -291,10 +288,7 @@ def test_kernel_variants_are_the_same_in_every_process(python):
     for it too and is in place again after the block."""
     runs = []
     for _ in range(2):
-        proc = subprocess.run([python, "-c", KERNEL_VARIANTS], env=compiling_env(), capture_output=True,
-                              text=True, timeout=900)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        runs.append(compiled_row(python, "-c", KERNEL_VARIANTS))
     first, second = runs
     assert first["seen"] == second["seen"], (first["seen"], second["seen"])
     assert [name for name, _ in first["seen"].values()] == ["_min_max_kernel"], first["seen"]
@@ -318,11 +312,7 @@ def test_a_fresh_process_finds_the_kernels_the_one_before_compiled(python, tmp_p
     process compiles the minmax call's kernel (Triton's key of its
     installation made afresh too, and kept), and the timed process after it
     compiles nothing, every kernel's key being the same in a new process."""
-    env = dict(compiling_env(), TRITON_CACHE_DIR=str(tmp_path / "cache"))
-    proc = subprocess.run([python, "-c", FIRST_USE_COUNTED], env=env, capture_output=True, text=True,
-                          timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    row = compiled_row(python, "-c", FIRST_USE_COUNTED, TRITON_CACHE_DIR=str(tmp_path / "cache"))
     assert "_min_max_kernel" in row["filled"], row
     assert row["compiled"] == [], row
 

@@ -11,12 +11,10 @@ their launches), each with a Triton cache directory of its own.
 from __future__ import annotations
 
 import functools
-import json
 import os
-import subprocess
 
 import pytest
-from helpers import compile_pythons, compiling_env, python_id
+from helpers import compile_pythons, compiled_row, python_id
 
 pytestmark = pytest.mark.kernel
 pytest.importorskip("triton", reason="the Triton kernels need triton")
@@ -38,10 +36,8 @@ print(json.dumps(row))
 
 
 def _process(python, cache_dir, keep):
-    env = dict(compiling_env(), TRITON_CACHE_DIR=str(cache_dir), OBSKERNELS_TRITON_KEY_CACHE="1" if keep else "0")
-    proc = subprocess.run([python, "-c", WORKER], env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return compiled_row(python, "-c", WORKER, TRITON_CACHE_DIR=str(cache_dir),
+                        OBSKERNELS_TRITON_KEY_CACHE="1" if keep else "0")
 
 
 @pytest.mark.slow
