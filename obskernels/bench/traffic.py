@@ -345,17 +345,19 @@ class TritonTraffic:
         c.per_launch.append(["triton", _kernel_name(executor), c.bytes_moved - b0, c.flops - f0])
 
     # -- the hooks: each takes the original entry point and returns its wrapper
+    # the cache arguments after the mask differ between tritons (3.9: one
+    # cache_policy; 3.6-3.8: cache_modifier, eviction_policy): passed on as given
     def _on_load(self, orig):
-        def create_masked_load(builder, ptrs, mask, other, cache_policy, is_volatile):
+        def create_masked_load(builder, ptrs, mask, *cache_and_more):
             self._access(ptrs, mask, written=False)
-            return orig(builder, ptrs, mask, other, cache_policy, is_volatile)
+            return orig(builder, ptrs, mask, *cache_and_more)
 
         return create_masked_load
 
     def _on_store(self, orig):
-        def create_masked_store(builder, ptrs, value, mask, cache_policy):
+        def create_masked_store(builder, ptrs, value, mask, *cache):
             self._access(ptrs, mask, written=True)
-            return orig(builder, ptrs, value, mask, cache_policy)
+            return orig(builder, ptrs, value, mask, *cache)
 
         return create_masked_store
 
