@@ -177,6 +177,24 @@ def _triton_installed() -> bool:
     return _triton_found[0]
 
 
+def _release(version: str) -> tuple:
+    """(major, minor) of a version string ("3.6.0", "2.4.0rc1", "3.7.0+git1a2b")."""
+    parts = version.split(".")
+    return int(parts[0]), int("".join(c for c in parts[1].split("+")[0] if c.isdigit()) or 0)
+
+
+def interpreter_unfit_reason(triton_version: str, numpy_version: str) -> str | None:
+    """Why triton's interpreter of ``triton_version`` cannot run the kernels
+    beside numpy ``numpy_version``, or None. Triton 3.6's interpreter turns a
+    loop's bound, a one-element array, into a Python int, which numpy 2.4 and
+    later refuse: every kernel with a loop to a runtime bound fails in it."""
+    if _release(triton_version) < (3, 7) and _release(numpy_version) >= (2, 4):
+        return (f"triton {triton_version}'s interpreter cannot run the kernels beside numpy "
+                f"{numpy_version} (it turns one-element arrays into ints, which numpy 2.4 refuses): "
+                "use triton 3.7 or later, or numpy below 2.4")
+    return None
+
+
 def _kernels_runtime() -> tuple:
     if not _runtime:
         if not _triton_installed():
@@ -187,7 +205,13 @@ def _kernels_runtime() -> tuple:
         except ImportError as exc:  # triton present but broken, or kernels missing
             _runtime.append((f"the kernels failed to import ({exc})", False))
         else:
-            _runtime.append((None, bool(kernels.INTERPRETED)))
+            reason = None
+            if kernels.INTERPRETED:  # the interpreter runs every launch, CUDA tensors' too
+                import numpy
+                import triton
+
+                reason = interpreter_unfit_reason(triton.__version__, numpy.__version__)
+            _runtime.append((reason, bool(kernels.INTERPRETED)))
     return _runtime[0]
 
 

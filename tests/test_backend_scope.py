@@ -275,3 +275,41 @@ def test_the_environment_variable_is_read_at_each_operation(monkeypatch, environ
         env[backends.ENV_VAR] = "cuda"  # a block wins: the variable is not read
         assert get_backend() == "reference"
     env.pop(backends.ENV_VAR, None)
+
+
+@pytest.mark.parametrize("triton_version, numpy_version, unfit", [
+    ("3.6.0", "2.4.6", True),
+    ("3.6.0+git1a2b3c", "2.5.0", True),
+    ("3.6.0", "2.3.5", False),
+    ("3.7.1", "2.4.6", False),
+    ("3.9.0", "2.4.0rc1", False),
+    ("3.10.0", "3.0.0", False),
+])
+def test_an_interpreter_unfit_for_the_kernels_is_named(triton_version, numpy_version, unfit):
+    """Triton 3.6's interpreter turns a loop bound (a one-element array) into
+    an int, which numpy 2.4 refuses: the kernels' loops would fail inside."""
+    reason = backends.interpreter_unfit_reason(triton_version, numpy_version)
+    if not unfit:
+        assert reason is None
+    else:
+        assert triton_version in reason and numpy_version in reason and "triton 3.7" in reason, reason
+
+
+@needs_triton
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), reason="the interpreter's case")
+def test_an_unfit_interpreter_makes_the_triton_backend_unavailable(monkeypatch):
+    """Forcing triton says why; "auto" computes with the reference instead."""
+    why = backends.interpreter_unfit_reason("3.6.0", "2.4.6")
+    backends.triton_unavailable_reason(None)  # the runtime found out, then replaced
+    monkeypatch.setattr(backends, "_runtime", [(why, True)])
+    value = _weight(3)
+    assert "triton" not in backends.available_backends(value)
+    assert "triton" not in backends.available_backends()
+    with use_backend("auto"):
+        assert backends.resolve_backend(value) == "reference"
+        mins, _ = ops.min_max(value, "weight", ARGS)
+    with use_backend("reference"):
+        assert torch.equal(mins, ops.min_max(value, "weight", ARGS)[0])
+    with pytest.raises(backends.BackendUnavailableError, match="numpy 2.4"):
+        with use_backend("triton"):
+            ops.min_max(value, "weight", ARGS)
