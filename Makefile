@@ -46,28 +46,39 @@ setup: $(STAMP)
 
 # The compile check (tests/kernels/test_kernels_compile.py) compiles every kernel
 # variant for sm_90a under each triton the project supports: the one in
-# $(PYTHON) (the newest) and the lowest that pyproject.toml declares, in an
+# $(PYTHON) (the newest), the lowest that pyproject.toml declares and each
+# minor release between them (the tritons torch 2.10 to 2.14 pin), each in an
 # environment of its own (CPU torch; scripts/triton_env.sh). The test runs the
 # probe under every interpreter listed in OBSKERNELS_COMPILE_PYTHONS too (':'
-# between them); one that is missing or broken fails the test.
+# between them); one that is missing or broken fails the test. So do the
+# launch replay and kernel cache-key tests, which read Triton's internals.
 TRITON_LOW ?= 3.6.0
 TRITON_LOW_VENV ?= .venv-triton36
-TRITON_LOW_STAMP := $(TRITON_LOW_VENV)/.obskernels-triton-setup.stamp
-COMPILE_ENV = OBSKERNELS_COMPILE_PYTHONS=$(TRITON_LOW_VENV)/bin/python
+TRITON_BETWEEN ?= 3.7.1 3.8.0
+# 3.7.1 -> .venv-triton37
+triton_venv = .venv-triton$(subst .,,$(basename $(1)))
+TRITON_BETWEEN_VENVS := $(foreach v,$(TRITON_BETWEEN),$(call triton_venv,$(v)))
+TRITON_STAMPS := $(foreach d,$(TRITON_LOW_VENV) $(TRITON_BETWEEN_VENVS),$(d)/.obskernels-triton-setup.stamp)
+empty :=
+COMPILE_ENV = OBSKERNELS_COMPILE_PYTHONS=$(subst $(empty) $(empty),:,$(foreach d,$(TRITON_LOW_VENV) $(TRITON_BETWEEN_VENVS),$(d)/bin/python))
 
-$(TRITON_LOW_STAMP): pyproject.toml scripts/triton_env.sh
-	VENV=$(TRITON_LOW_VENV) TRITON_VERSION=$(TRITON_LOW) BASE_PYTHON=$(BASE_PYTHON) bash scripts/triton_env.sh
-	touch $@
+define triton_env_rule
+$(1)/.obskernels-triton-setup.stamp: pyproject.toml scripts/triton_env.sh
+	VENV=$(1) TRITON_VERSION=$(2) BASE_PYTHON=$$(BASE_PYTHON) bash scripts/triton_env.sh
+	touch $$@
+endef
+$(eval $(call triton_env_rule,$(TRITON_LOW_VENV),$(TRITON_LOW)))
+$(foreach v,$(TRITON_BETWEEN),$(eval $(call triton_env_rule,$(call triton_venv,$(v)),$(v))))
 
-triton-env: $(TRITON_LOW_STAMP)
+triton-env: $(TRITON_STAMPS)
 
 # The whole suite: reference, kernels under the interpreter, observers, DDP,
 # the compile check under both tritons.
-test: $(STAMP) $(TRITON_LOW_STAMP)
+test: $(STAMP) $(TRITON_STAMPS)
 	$(TEST_ENV) $(COMPILE_ENV) $(PYTHON) -m pytest -q -p no:cacheprovider $(XDIST)
 
 # Everything but the slow process-spawning tests.
-test-fast: $(STAMP) $(TRITON_LOW_STAMP)
+test-fast: $(STAMP) $(TRITON_STAMPS)
 	$(TEST_ENV) $(COMPILE_ENV) $(PYTHON) -m pytest -q -p no:cacheprovider $(XDIST) -m "not slow"
 
 bench: $(STAMP)
@@ -118,4 +129,4 @@ clean:
 
 # Also removes the project environments.
 distclean: clean
-	rm -rf $(VENV) $(LLMC_VENV) $(TRITON_LOW_VENV)
+	rm -rf $(VENV) $(LLMC_VENV) $(TRITON_LOW_VENV) $(TRITON_BETWEEN_VENVS)

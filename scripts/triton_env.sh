@@ -2,8 +2,9 @@
 # Creates (or refreshes) an environment with an older triton for the compile
 # check: tests/kernels/test_kernels_compile.py compiles every kernel variant for
 # sm_90a under each triton the project supports (the main environment has the newest;
-# this one the lowest that pyproject.toml declares). Nothing runs a kernel, so
-# torch is the CPU build, and no GPU is needed.
+# these the lowest that pyproject.toml declares and each minor release between,
+# one environment each: the Makefile's TRITON_LOW and TRITON_BETWEEN). Nothing
+# runs a kernel, so torch is the CPU build, and no GPU is needed.
 #
 #   VENV=.venv-triton36        where the environment goes (gitignored via .venv*/)
 #   TRITON_VERSION=3.6.0       the triton it holds

@@ -2,13 +2,15 @@
 
 pyproject.toml's lower bound on triton is the lowest triton the compile check
 (tests/kernels/test_kernels_compile.py) runs under: the Makefile builds that
-environment (TRITON_LOW, scripts/triton_env.sh) and lists it in
-OBSKERNELS_COMPILE_PYTHONS for `make test`; the newest triton is the main
-environment's.
+environment (TRITON_LOW, scripts/triton_env.sh), one for each minor release
+between it and the newest (TRITON_BETWEEN: what torch 2.12 to 2.14 pin), and
+lists them in OBSKERNELS_COMPILE_PYTHONS for `make test`; the newest triton
+is the main environment's.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import re
 import subprocess
@@ -32,6 +34,12 @@ def _makefile_var(name: str) -> str:
     return m.group(1)
 
 
+def _makefile_list(name: str) -> list:
+    m = re.search(rf"^{name}\s*\?=\s*(.*)$", (REPO_ROOT / "Makefile").read_text(), re.M)
+    assert m, f"the Makefile sets no {name}"
+    return m.group(1).split()
+
+
 def _minor(version: str) -> tuple:
     return tuple(int(x) for x in version.split(".")[:2])
 
@@ -43,17 +51,35 @@ def test_pyproject_declares_the_triton_the_makefile_tests():
     assert _minor(declared) >= (3, 6), "triton below 3.6 was never tested"
 
 
-def test_the_lowest_triton_environment_is_configured_by_make_test():
-    """`make test` (and so CI) passes the lowest-triton environment to the
-    compile check; outside make there may be none (a targeted run)."""
+def test_every_minor_triton_from_the_lowest_to_the_newest_is_compiled_under():
+    """No triton a user's torch may pin is skipped: the lowest, each minor
+    release between, and the main environment's (the newest)."""
+    low, between = _makefile_var("TRITON_LOW"), _makefile_list("TRITON_BETWEEN")
+    newest = importlib.metadata.version("triton")
+    minors = sorted({_minor(v) for v in [low, *between, newest]})
+    assert len({major for major, _ in minors}) == 1, f"a new major triton: revise the matrix {minors}"
+    first, last = minors[0][1], minors[-1][1]
+    assert minors == [(minors[0][0], m) for m in range(first, last + 1)], (
+        f"the compile matrix {minors} skips a minor release between triton {low} and {newest}")
+
+
+def test_the_triton_environments_are_configured_by_make_test():
+    """`make test` (and so CI) passes the lowest-triton environment and those
+    between it and the newest to the compile check; outside make there may
+    be none (a targeted run)."""
     dry = subprocess.run(["make", "-n", "test"], cwd=REPO_ROOT, capture_output=True, text=True,
                          env=dict(os.environ, MAKEFLAGS=""))
     assert dry.returncode == 0, dry.stderr
-    venv = _makefile_var("TRITON_LOW_VENV")
-    assert f"OBSKERNELS_COMPILE_PYTHONS={venv}/bin/python" in dry.stdout, dry.stdout[-2000:]
+    m = re.search(r"OBSKERNELS_COMPILE_PYTHONS=(\S+)", dry.stdout)
+    assert m, dry.stdout[-2000:]
+    listed = m.group(1).split(":")
+    assert listed[0] == f"{_makefile_var('TRITON_LOW_VENV')}/bin/python", listed
+    for version in _makefile_list("TRITON_BETWEEN"):
+        major, minor = _minor(version)
+        assert f".venv-triton{major}{minor}/bin/python" in listed, (version, listed)
 
 
-def test_configured_compile_environments_hold_the_lowest_triton():
+def test_configured_compile_environments_hold_the_tritons_of_the_matrix():
     pythons = [p for p in os.environ.get("OBSKERNELS_COMPILE_PYTHONS", "").split(os.pathsep) if p]
     if not pythons:
         pytest.skip("no extra compile environment configured (`make test` configures one)")
@@ -63,4 +89,6 @@ def test_configured_compile_environments_hold_the_lowest_triton():
                              capture_output=True, text=True)
         assert out.returncode == 0, f"{python}: {out.stderr[-500:]}"
         versions.append(out.stdout.strip())
-    assert _minor(_declared_lowest_triton()) in {_minor(v) for v in versions}, versions
+    configured = {_minor(v) for v in versions}
+    wanted = [_declared_lowest_triton(), *_makefile_list("TRITON_BETWEEN")]
+    assert all(_minor(v) in configured for v in wanted), (wanted, versions)

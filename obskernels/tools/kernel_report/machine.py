@@ -242,6 +242,20 @@ def subroutines(instrs: List[tuple]) -> List[tuple]:
     return sorted(found)
 
 
+# an operand addressed from the stack pointer R1 ([R1], [R1+0x8]; not R10..R19)
+_STACK_ADDRESS = re.compile(r"\[R1(?![0-9])")
+
+
+def local_memory_ops(instrs: List[tuple]) -> int:
+    """Instructions that touch local memory: spill stores and loads (``STL``,
+    ``LDL``) and any access addressed from the stack pointer. A stack frame
+    that no instruction touches costs nothing: triton 3.7.1's sm_90a code
+    for one search variant reserves 8 bytes around ptxas's division
+    subroutines and never reads or writes them."""
+    return sum(op.split(".")[0] in ("LDL", "STL") or bool(_STACK_ADDRESS.search(rest))
+               for _, op, rest in instrs)
+
+
 def double_precision(op: str) -> bool:
     """Whether an opcode computes or converts in float64 (DFMA, DADD,
     F2F.F64.F32, MUFU.RCP64H...)."""

@@ -29,6 +29,7 @@ from obskernels.tools.kernel_report.machine import (
     cross_warp_reductions,
     hot_loop,
     issue_seconds,
+    local_memory_ops,
     moving_conversion,
     parse_sass,
     pipe_of,
@@ -231,14 +232,17 @@ def compile_variant(launch: Launch) -> Dict:
             counts[pipe_of(instrs[i][1])] += 1
         return counts
 
-    spill_ops = sum(op.split(".")[0] in ("LDL", "STL") for _, op, _ in instrs)
+    local_ops = local_memory_ops(instrs)
     shared = max(int(res.get("SHARED", 0)), int(k.metadata.shared))
     hot_ir = ttgir_hot_loop(k.asm["ttgir"], streaming)
     rec.update(
         registers=int(res.get("REG", 0)),
         stack=int(res.get("STACK", 0)),
         local=int(res.get("LOCAL", 0)),
-        spills=int(res.get("STACK", 0)) + int(res.get("LOCAL", 0)) + spill_ops,
+        local_ops=local_ops,
+        # local memory in use: its bytes and the instructions touching it (a
+        # stack frame counts where some instruction does)
+        spills=(int(res.get("LOCAL", 0)) + local_ops + (int(res.get("STACK", 0)) if local_ops else 0)),
         shared=shared,
         warps_per_sm=warps_per_sm(int(res.get("REG", 0)), shared, rec["num_warps"]),
         sass_total=len(instrs),
