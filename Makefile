@@ -73,7 +73,7 @@ $(foreach v,$(TRITON_BETWEEN),$(eval $(call triton_env_rule,$(call triton_venv,$
 triton-env: $(TRITON_STAMPS)
 
 # The whole suite: reference, kernels under the interpreter, observers, DDP,
-# the compile check under both tritons.
+# the compile check under every triton of the matrix.
 test: $(STAMP) $(TRITON_STAMPS)
 	$(TEST_ENV) $(COMPILE_ENV) $(PYTHON) -m pytest -q -p no:cacheprovider $(XDIST)
 

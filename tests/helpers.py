@@ -329,7 +329,8 @@ def compile_pythons() -> list:
     """The interpreters a check of compiled kernels runs under (each in a
     subprocess without TRITON_INTERPRET): this one (the newest triton) and
     every one listed in OBSKERNELS_COMPILE_PYTHONS (':'-separated; `make test`
-    lists the environment with the lowest triton pyproject.toml declares)."""
+    lists the environments of the lowest triton pyproject.toml declares and
+    of each minor release between it and this one's)."""
     extra = os.environ.get("OBSKERNELS_COMPILE_PYTHONS", "")
     return [sys.executable] + [p for p in extra.split(os.pathsep) if p.strip()]
 

@@ -82,7 +82,7 @@ def test_the_triton_environments_are_configured_by_make_test():
 def test_configured_compile_environments_hold_the_tritons_of_the_matrix():
     pythons = [p for p in os.environ.get("OBSKERNELS_COMPILE_PYTHONS", "").split(os.pathsep) if p]
     if not pythons:
-        pytest.skip("no extra compile environment configured (`make test` configures one)")
+        pytest.skip("no extra compile environment configured (`make test` configures them)")
     versions = []
     for python in pythons:
         out = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('triton'))"],
