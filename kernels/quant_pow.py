@@ -29,9 +29,12 @@ def pow_pos(d, n):
     """d ** n for d >= 0 in fp32, within a few ulp, without libdevice.
 
     d = m * 2^e with m in [1, 2): n * log2(d) = n*e + n*log2(m). The product
-    n*e is split into its rounded value and its exact error (fma) and its
-    integer part k is taken out before exp2, so exp2 only sees [0, 1) and the
-    result is 2^f * 2^k. d = 0 gives 0, inf gives inf, NaN stays NaN.
+    n*e is taken exactly as two: n = n_hi + n_lo, the top 12 bits of n's
+    significand and the rest, each times e (an integer of at most 8 bits)
+    without a rounding; its integer part k is taken out before exp2, so
+    exp2 only sees [0, 1) and the result is 2^f * 2^k. No fma: triton 3.8's
+    interpreter and older round one twice. d = 0 gives 0, inf gives inf,
+    NaN stays NaN.
     """
     tiny = d < 1.1754943508222875e-38
     ds = tl.where(tiny, d * 16777216.0, d)
@@ -40,11 +43,12 @@ def pow_pos(d, n):
     m = ((bits & 0x7FFFFF) | 0x3F800000).to(tl.float32, bitcast=True)
     lg = tl.math.log2(m)
     ef = e.to(tl.float32)
-    a = n * ef
-    a_err = tl.fma(n, ef, -a)
-    b = n * lg
-    k = tl.floor(a + b)
-    f = (a - k) + (a_err + b)
+    nf = tl.full([], n, tl.float32)  # a tensor also where n is a host float (the interpreter's)
+    n_hi = (nf.to(tl.uint32, bitcast=True) & 0xFFFFF000).to(tl.float32, bitcast=True)
+    a = n_hi * ef  # exact: 12 x 8 significant bits, a multiple of ulp(n_hi)
+    c = (nf - n_hi) * ef + n * lg  # (n_lo * e, exact) + n log2(m)
+    k = tl.floor(a + c)
+    f = (a - k) + c  # a - k exact: both multiples of ulp(n_hi), |a - k| < |c| + 1
     r = tl.math.exp2(f)
     kc = tl.minimum(tl.maximum(k, -252.0), 254.0).to(tl.int32)
     k1 = kc >> 1

@@ -57,8 +57,9 @@ DEFAULT_REGISTER_BUDGET = 128
 #
 # |d|**norm for a general norm (quant_pow.pow_pos) runs exp2(norm * log2(d)):
 # libdevice log2f (accurate to ~1 ulp), ex2.approx.ftz.f32 (<= 2 ulp, on the
-# reduced argument f in [0, 1), so the flush-to-zero never applies) and an
-# exact split of norm * e by fmaf_rn. The per-element error is a few fp32 ulp
+# reduced argument f in [0, 1), so the flush-to-zero never applies) and
+# norm * e taken exactly as two products (norm's top 12 significand bits and
+# the rest, each times an 8-bit integer). The per-element error is a few fp32 ulp
 # (~2^-21 relative): after the bf16 / fp16 rounding of the "mse" flavour it
 # flips a value only within that distance of a rounding boundary, and in fp32
 # it stays far below the parity tolerance (1e-6 relative on the group's
