@@ -58,9 +58,10 @@ TRITON_BETWEEN ?= 3.7.1 3.8.0
 # 3.7.1 -> .venv-triton37
 triton_venv = .venv-triton$(subst .,,$(basename $(1)))
 TRITON_BETWEEN_VENVS := $(foreach v,$(TRITON_BETWEEN),$(call triton_venv,$(v)))
-TRITON_STAMPS := $(foreach d,$(TRITON_LOW_VENV) $(TRITON_BETWEEN_VENVS),$(d)/.obskernels-triton-setup.stamp)
+TRITON_VENVS := $(TRITON_LOW_VENV) $(TRITON_BETWEEN_VENVS)
+TRITON_STAMPS := $(foreach d,$(TRITON_VENVS),$(d)/.obskernels-triton-setup.stamp)
 empty :=
-COMPILE_ENV = OBSKERNELS_COMPILE_PYTHONS=$(subst $(empty) $(empty),:,$(foreach d,$(TRITON_LOW_VENV) $(TRITON_BETWEEN_VENVS),$(d)/bin/python))
+COMPILE_ENV = OBSKERNELS_COMPILE_PYTHONS=$(subst $(empty) $(empty),:,$(foreach d,$(TRITON_VENVS),$(d)/bin/python))
 
 define triton_env_rule
 $(1)/.obskernels-triton-setup.stamp: pyproject.toml scripts/triton_env.sh
@@ -129,4 +130,4 @@ clean:
 
 # Also removes the project environments.
 distclean: clean
-	rm -rf $(VENV) $(LLMC_VENV) $(TRITON_LOW_VENV) $(TRITON_BETWEEN_VENVS)
+	rm -rf $(VENV) $(LLMC_VENV) $(TRITON_VENVS)

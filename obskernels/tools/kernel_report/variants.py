@@ -233,16 +233,17 @@ def compile_variant(launch: Launch) -> Dict:
         return counts
 
     local_ops = local_memory_ops(instrs)
+    stack, local = int(res.get("STACK", 0)), int(res.get("LOCAL", 0))
     shared = max(int(res.get("SHARED", 0)), int(k.metadata.shared))
     hot_ir = ttgir_hot_loop(k.asm["ttgir"], streaming)
     rec.update(
         registers=int(res.get("REG", 0)),
-        stack=int(res.get("STACK", 0)),
-        local=int(res.get("LOCAL", 0)),
+        stack=stack,
+        local=local,
         local_ops=local_ops,
         # local memory in use: its bytes and the instructions touching it (a
         # stack frame counts where some instruction does)
-        spills=(int(res.get("LOCAL", 0)) + local_ops + (int(res.get("STACK", 0)) if local_ops else 0)),
+        spills=local + local_ops + (stack if local_ops else 0),
         shared=shared,
         warps_per_sm=warps_per_sm(int(res.get("REG", 0)), shared, rec["num_warps"]),
         sass_total=len(instrs),
