@@ -130,9 +130,10 @@ def test_every_launch_runs_on_the_values_device(call, monkeypatch):
 @pytest.mark.parametrize("current", [0, 1])
 def test_device_context_is_the_values_cuda_device(current, monkeypatch):
     """A launch on cuda:1 runs in a ``torch.cuda.device(1)`` block, or in no
-    block where cuda:1 is already current (the current device stood in for:
-    asked, never set, so no GPU is needed)."""
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: current)
+    block where cuda:1 is already current (the current device stood in for
+    where the launcher asks it: asked, never set, so no GPU is needed; a
+    CUDA build of torch on a machine without one raises on torch's own)."""
+    monkeypatch.setattr(layout_module, "current_cuda_device", lambda: current)
     for context in (layout_module._device_context(torch.device("cuda", 1)),
                     layout_module.launch_context(torch.device("cuda", 1))()):
         if current == 1:

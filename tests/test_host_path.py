@@ -259,6 +259,21 @@ def test_a_bad_call_after_a_good_one_of_the_same_value_still_fails():
             ops.min_max(value, "input", args, held=held, averaging_constant=True, out=held)
 
 
+def _zero_keeps_its_sign_in_interpreted_args() -> bool:
+    """Whether a float argument of -0.0 reaches an interpreted kernel as
+    -0.0: not under the interpreters before triton 3.9, whose
+    ``scalar_constant`` makes any zero the null value (+0.0; docs/spec.md
+    §6). Compiled kernels get the value as it is."""
+    try:
+        import triton
+    except ImportError:
+        return True
+    from obskernels.backends import _release
+    return not triton.knobs.runtime.interpret or _release(triton.__version__) >= (3, 9)
+
+
+@pytest.mark.xfail(not _zero_keeps_its_sign_in_interpreted_args(), strict=True,
+                   reason="this triton's interpreter turns a -0.0 argument into +0.0")
 def test_the_sign_of_a_zero_constant_is_part_of_the_signature():
     """-0.0 and 0.0 compare equal but can round to zeros of other signs: the
     moving average held * (1 - c) + new * c with c = -0.0 keeps a held -0.0,
