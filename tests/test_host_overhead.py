@@ -839,8 +839,12 @@ def test_instruction_counts_are_read_between_the_marks():
 #: 234,314 and the activation forward 109,276 when these were set (a
 #: callgrind count does not move between runs); a change that adds a tenth
 #: to either fails here. Another Python or torch counts otherwise: the
-#: budgets hold for the versions `make test` installs.
+#: budgets hold for the versions `make test` installs, and were checked under
+#: torch 2.14.1 (CUDA build, triton 3.8: 230,851 and 109,632) and 2.15.0
+#: (CUDA build, triton 3.9: 227,893 and 105,997).
 INSTRUCTION_BUDGETS = {"minmax call": 258_000, "activation forward": 120_000}
+#: the torch releases (major, minor) the budgets were checked under
+INSTRUCTION_BUDGET_TORCH = {(2, 13), (2, 14), (2, 15)}
 
 
 @pytest.mark.slow
@@ -853,8 +857,9 @@ def test_host_instructions_per_call_within_budget():
 
     from obskernels.bench import instructions
 
-    if sys.version_info[:2] != (3, 11) or not torch.__version__.startswith("2.13"):
-        pytest.skip(f"the budgets are counts of Python 3.11 and torch 2.13 (here "
+    torch_release = tuple(int(p) for p in torch.__version__.split(".")[:2])
+    if sys.version_info[:2] != (3, 11) or torch_release not in INSTRUCTION_BUDGET_TORCH:
+        pytest.skip(f"the budgets are counts of Python 3.11 and torch 2.13-2.15 (here "
                     f"{sys.version_info[0]}.{sys.version_info[1]}, torch {torch.__version__})")
     rows = instructions.count(list(INSTRUCTION_BUDGETS), calls=50)
     assert [r["scenario"] for r in rows] == [instructions.UNIT, *INSTRUCTION_BUDGETS]
