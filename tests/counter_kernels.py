@@ -1,5 +1,5 @@
-"""Kernels whose traffic tests/test_bench.py works out by hand (imported
-where triton is installed)."""
+"""Kernels whose traffic tests/test_bench.py and its worker (tests/traffic_worker.py)
+work out by hand (imported where triton is installed)."""
 
 from __future__ import annotations
 

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from obskernels.backends import _release
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -28,27 +30,21 @@ def _declared_lowest_triton() -> str:
     return found[0]
 
 
-def _makefile_var(name: str) -> str:
-    m = re.search(rf"^{name}\s*\?=\s*(\S+)", (REPO_ROOT / "Makefile").read_text(), re.M)
-    assert m, f"the Makefile sets no {name}"
-    return m.group(1)
-
-
 def _makefile_list(name: str) -> list:
     m = re.search(rf"^{name}\s*\?=\s*(.*)$", (REPO_ROOT / "Makefile").read_text(), re.M)
-    assert m, f"the Makefile sets no {name}"
+    assert m and m.group(1).split(), f"the Makefile sets no {name}"
     return m.group(1).split()
 
 
-def _minor(version: str) -> tuple:
-    return tuple(int(x) for x in version.split(".")[:2])
+def _makefile_var(name: str) -> str:
+    return _makefile_list(name)[0]
 
 
 def test_pyproject_declares_the_triton_the_makefile_tests():
     declared, tested = _declared_lowest_triton(), _makefile_var("TRITON_LOW")
-    assert _minor(declared) == _minor(tested), (
+    assert _release(declared) == _release(tested), (
         f"pyproject.toml requires triton>={declared} but `make test` compiles under {tested}")
-    assert _minor(declared) >= (3, 6), "triton below 3.6 was never tested"
+    assert _release(declared) >= (3, 6), "triton below 3.6 was never tested"
 
 
 def test_every_minor_triton_from_the_lowest_to_the_newest_is_compiled_under():
@@ -56,7 +52,7 @@ def test_every_minor_triton_from_the_lowest_to_the_newest_is_compiled_under():
     release between, and the main environment's (the newest)."""
     low, between = _makefile_var("TRITON_LOW"), _makefile_list("TRITON_BETWEEN")
     newest = importlib.metadata.version("triton")
-    minors = sorted({_minor(v) for v in [low, *between, newest]})
+    minors = sorted({_release(v) for v in [low, *between, newest]})
     assert len({major for major, _ in minors}) == 1, f"a new major triton: revise the matrix {minors}"
     first, last = minors[0][1], minors[-1][1]
     assert minors == [(minors[0][0], m) for m in range(first, last + 1)], (
@@ -75,7 +71,7 @@ def test_the_triton_environments_are_configured_by_make_test():
     listed = m.group(1).split(":")
     assert listed[0] == f"{_makefile_var('TRITON_LOW_VENV')}/bin/python", listed
     for version in _makefile_list("TRITON_BETWEEN"):
-        major, minor = _minor(version)
+        major, minor = _release(version)
         assert f".venv-triton{major}{minor}/bin/python" in listed, (version, listed)
 
 
@@ -89,6 +85,6 @@ def test_configured_compile_environments_hold_the_tritons_of_the_matrix():
                              capture_output=True, text=True)
         assert out.returncode == 0, f"{python}: {out.stderr[-500:]}"
         versions.append(out.stdout.strip())
-    configured = {_minor(v) for v in versions}
+    configured = {_release(v) for v in versions}
     wanted = [_declared_lowest_triton(), *_makefile_list("TRITON_BETWEEN")]
-    assert all(_minor(v) in configured for v in wanted), (wanted, versions)
+    assert all(_release(v) in configured for v in wanted), (wanted, versions)

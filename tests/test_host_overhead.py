@@ -855,10 +855,10 @@ def test_host_instructions_per_call_within_budget():
     unit's row first, every row in units of it."""
     import sys
 
+    from obskernels.backends import _release
     from obskernels.bench import instructions
 
-    torch_release = tuple(int(p) for p in torch.__version__.split(".")[:2])
-    if sys.version_info[:2] != (3, 11) or torch_release not in INSTRUCTION_BUDGET_TORCH:
+    if sys.version_info[:2] != (3, 11) or _release(torch.__version__) not in INSTRUCTION_BUDGET_TORCH:
         pytest.skip(f"the budgets are counts of Python 3.11 and torch 2.13-2.15 (here "
                     f"{sys.version_info[0]}.{sys.version_info[1]}, torch {torch.__version__})")
     rows = instructions.count(list(INSTRUCTION_BUDGETS), calls=50)
