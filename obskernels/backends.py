@@ -183,12 +183,19 @@ def _release(version: str) -> tuple:
     return int(parts[0]), int("".join(c for c in parts[1].split("+")[0] if c.isdigit()) or 0)
 
 
+def interpreter_numpy_requirement(triton_version: str) -> str | None:
+    """The numpy that triton's interpreter of ``triton_version`` needs to run
+    the kernels, as a pip requirement ("numpy<2.4" before triton 3.7), or
+    None. Triton 3.6's interpreter turns a loop's bound, a one-element array,
+    into a Python int, which numpy 2.4 and later refuse: every kernel with a
+    loop to a runtime bound fails in it."""
+    return "numpy<2.4" if _release(triton_version) < (3, 7) else None
+
+
 def interpreter_unfit_reason(triton_version: str, numpy_version: str) -> str | None:
     """Why triton's interpreter of ``triton_version`` cannot run the kernels
-    beside numpy ``numpy_version``, or None. Triton 3.6's interpreter turns a
-    loop's bound, a one-element array, into a Python int, which numpy 2.4 and
-    later refuse: every kernel with a loop to a runtime bound fails in it."""
-    if _release(triton_version) < (3, 7) and _release(numpy_version) >= (2, 4):
+    beside numpy ``numpy_version`` (``interpreter_numpy_requirement``), or None."""
+    if interpreter_numpy_requirement(triton_version) and _release(numpy_version) >= (2, 4):
         return (f"triton {triton_version}'s interpreter cannot run the kernels beside numpy "
                 f"{numpy_version} (it turns one-element arrays into ints, which numpy 2.4 refuses): "
                 "use triton 3.7 or later, or numpy below 2.4")

@@ -29,4 +29,16 @@ else
 fi
 # torch is present now, so the project's plain `torch>=` requirement installs nothing more.
 pip_install -e ".[test,bench,example]"
+# The suite runs the kernels in triton's interpreter on a CPU, and triton 3.6's
+# (torch 2.10's and 2.11's) cannot run them beside numpy 2.4 or later: with such
+# a triton here, numpy goes below that. The library needs no such bound (a GPU
+# compiles the kernels), so only this environment gets it.
+numpy_req=$(PYTHONSAFEPATH=1 "$PY" -c "
+import importlib.metadata as m, importlib.util as u
+from obskernels.backends import interpreter_numpy_requirement as need
+print((need(m.version('triton')) or '') if u.find_spec('triton') else '')")
+if [ -n "$numpy_req" ]; then
+    pip_install "$numpy_req"
+    echo "setup: triton $("$PY" -c 'import importlib.metadata as m; print(m.version("triton"))')'s interpreter (the suite's on a CPU) needs $numpy_req: numpy $("$PY" -c 'import numpy; print(numpy.__version__)')"
+fi
 PYTHONSAFEPATH=1 "$PY" -c "import torch, obskernels; print('setup: torch', torch.__version__, '| obskernels', obskernels.__version__, '| backends', obskernels.available_backends())"

@@ -66,7 +66,12 @@ if os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("trito
 
 import pytest  # noqa: E402
 
-from obskernels.backends import triton_unavailable_reason, use_backend  # noqa: E402
+from obskernels.backends import (  # noqa: E402
+    interpreter_numpy_requirement,
+    interpreter_unfit_reason,
+    triton_unavailable_reason,
+    use_backend,
+)
 
 BACKENDS = ("reference", "triton")
 
@@ -82,6 +87,23 @@ def _parity_device() -> str:
 
 #: the device of the parity tests' tensors in this run
 DEVICE = _parity_device()
+
+
+def pytest_configure(config):
+    """A triton interpreter that cannot run the kernels beside this numpy
+    (triton 3.6's beside numpy 2.4, say: torch 2.10's and 2.11's triton)
+    stops the run at once, naming the fix, instead of failing every test
+    that launches a kernel."""
+    if os.environ.get("TRITON_INTERPRET") != "1" or not importlib.util.find_spec("triton"):
+        return
+    import numpy
+    import triton
+
+    reason = interpreter_unfit_reason(triton.__version__, numpy.__version__)
+    if reason:
+        pytest.exit(f"the suite runs the kernels in triton's interpreter, and {reason} "
+                    f"(`pip install '{interpreter_numpy_requirement(triton.__version__)}'`, "
+                    "as `make setup` does)", returncode=pytest.ExitCode.USAGE_ERROR)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -19,13 +19,16 @@ import asyncio
 import contextlib
 import importlib.util
 import os
+import subprocess
 import threading
+from pathlib import Path
 
 import pytest
 import torch
 from compressed_tensors.quantization import QuantizationArgs
 
 from obskernels import Observer, backends, get_backend, ops, set_backend, use_backend
+from helpers import compile_pythons, python_id
 
 # triton installed but unable to run is a failure (use_backend raises), not a skip
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
@@ -293,6 +296,34 @@ def test_an_interpreter_unfit_for_the_kernels_is_named(triton_version, numpy_ver
         assert reason is None
     else:
         assert triton_version in reason and numpy_version in reason and "triton 3.7" in reason, reason
+    wants_numpy_below = "numpy<2.4" if triton_version.startswith("3.6") else None
+    assert backends.interpreter_numpy_requirement(triton_version) == wants_numpy_below
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("python", compile_pythons(), ids=python_id)
+def test_the_suite_stops_at_once_under_an_unfit_interpreter(python):
+    """The suite under each triton of the compile matrix, its interpreter on:
+    where that interpreter cannot run the kernels beside the environment's
+    numpy (triton 3.6 beside numpy 2.4 or later, as the matrix's 3.6
+    environment has it), it stops before its first test and names the numpy
+    to install, instead of failing every test that launches a kernel;
+    elsewhere the test asked for runs and passes."""
+    versions = subprocess.run([python, "-c", "import numpy, triton; print(triton.__version__, numpy.__version__)"],
+                              capture_output=True, text=True, timeout=120, check=True).stdout.split()
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         "tests/test_backend_scope.py::test_an_interpreter_unfit_for_the_kernels_is_named"],
+        cwd=root, env=dict(os.environ, TRITON_INTERPRET="1", PYTHONSAFEPATH="1"),
+        capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    triton_release, numpy_release = (backends._release(v) for v in versions)
+    if triton_release < (3, 7) and numpy_release >= (2, 4):
+        assert proc.returncode == pytest.ExitCode.USAGE_ERROR, out[-3000:]
+        assert "pip install 'numpy<2.4'" in out and "passed" not in out, out[-3000:]
+    else:
+        assert proc.returncode == 0 and "6 passed" in out, out[-3000:]
 
 
 @needs_triton
