@@ -38,7 +38,7 @@ import importlib.metadata as m, importlib.util as u
 from obskernels.backends import interpreter_numpy_requirement as need
 print((need(m.version('triton')) or '') if u.find_spec('triton') else '')")
 if [ -n "$numpy_req" ]; then
+    echo "setup: this triton's interpreter (the suite's on a CPU) needs $numpy_req"
     pip_install "$numpy_req"
-    echo "setup: triton $("$PY" -c 'import importlib.metadata as m; print(m.version("triton"))')'s interpreter (the suite's on a CPU) needs $numpy_req: numpy $("$PY" -c 'import numpy; print(numpy.__version__)')"
 fi
 PYTHONSAFEPATH=1 "$PY" -c "import torch, obskernels; print('setup: torch', torch.__version__, '| obskernels', obskernels.__version__, '| backends', obskernels.available_backends())"
