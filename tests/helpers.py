@@ -9,6 +9,7 @@ where triton is missing.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
 import re
@@ -368,3 +369,26 @@ def compiled_row(python, *argv, timeout: int = 900, **env) -> dict:
                           timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def left_for_the_collector(call) -> list:
+    """The objects made by ``call()`` that only the cyclic garbage collector
+    would free (reference cycles no longer reachable), by type name. A
+    collection that finds them runs inside whichever later call allocates
+    past the collector's threshold, and until then they keep their tensors
+    (on a GPU, device memory) alive."""
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        call()
+        gc.collect()
+        found = sorted(type(o).__name__ for o in gc.garbage)
+    finally:
+        gc.garbage.clear()
+        gc.set_debug(0)
+        if enabled:
+            gc.enable()
+        gc.collect()
+    return found

@@ -730,10 +730,12 @@ def test_host_proxy_times_a_scenario_in_turns_after_its_partner(monkeypatch):
     the same call), the proxy times it once more in each round, each call
     right after a partner call, untimed: the turns figures; and once more
     again, each call after a sweep of the host's caches, untimed: the swept
-    figures; None for a scenario without a partner."""
+    figures; None for a scenario without a partner. The garbage collections
+    counted are those inside the timed calls, not the partner's or the
+    sweep's."""
     from obskernels.bench import host
 
-    order, now = [], [0.0]
+    order, now, collected = [], [0.0], [0]
     costs = {"a": 2.0, "b": 3.0}
     after_partner, swept = [False], [False]
 
@@ -742,17 +744,21 @@ def test_host_proxy_times_a_scenario_in_turns_after_its_partner(monkeypatch):
             order.append(sc.name)
             # colder after the partner, less so after a sweep
             now[0] += costs[sc.name] + (5.0 if after_partner[0] else 0.0) + (4.0 if swept[0] else 0.0)
+            # a collection in every b call, and in a's calls after the partner
+            collected[0] += sc.name == "b" or after_partner[0]
             after_partner[0] = swept[0] = False
         return call
 
     def partner():
         order.append("partner")
         now[0] += 100.0  # untimed
+        collected[0] += 3  # not ours
         after_partner[0] = True
 
     def sweep():  # colder too, by less
         order.append("sweep")
         now[0] += 50.0  # untimed
+        collected[0] += 2  # not ours
         swept[0] = True
 
     monkeypatch.setattr(host, "unit_seconds", lambda: 1.0)
@@ -762,6 +768,7 @@ def test_host_proxy_times_a_scenario_in_turns_after_its_partner(monkeypatch):
     monkeypatch.setattr(host, "_call_of", call_of)
     monkeypatch.setattr(host, "_partner_of", lambda sc: partner if sc.name == "a" else None)
     monkeypatch.setattr(host, "sweep_host_caches", sweep)
+    monkeypatch.setattr(host, "collections", lambda: collected[0])
     a, b = (dataclasses.replace(host.SCENARIOS[0], name=n) for n in ("a", "b"))
     rows = host.measure((a, b), reps=4, warmup=1, rounds=2)
     # warm-up: each call once, then its partner; each round: a and b alone,
@@ -772,6 +779,7 @@ def test_host_proxy_times_a_scenario_in_turns_after_its_partner(monkeypatch):
         ("a", 2e6, 7e6, 6e6), ("b", 3e6, None, None)]
     assert rows[0]["turns_units"] == 7.0 and rows[1]["turns_units"] is None  # the unit: 1 s
     assert rows[0]["swept_units"] == 6.0 and rows[1]["swept_units"] is None
+    assert [(r["gc_per_1000"], r["turns_gc_per_1000"]) for r in rows] == [(0.0, 1000.0), (1000.0, None)]
 
 
 @needs_interpreter

@@ -33,6 +33,8 @@ import obskernels
 from obskernels import Observer, ops
 from obskernels.backends import use_backend
 
+from helpers import left_for_the_collector, nvfp4_args
+
 pytestmark = pytest.mark.kernel
 pytest.importorskip("triton", reason="the plans prepare Triton launches")
 bench_host = pytest.importorskip("obskernels.bench.host")
@@ -792,3 +794,41 @@ def test_a_second_observer_of_a_signature_combines_in_one_launch_from_its_first_
                 assert sink[0][2][2] is pmin and sink[0][2][3] is pmax  # kept, not allocated
             assert_same(obs.min_vals, ref.min_vals, f"{name} {backend} forward {i}: min_vals")
             assert_same(obs.max_vals, ref.max_vals, f"{name} {backend} forward {i}: max_vals")
+
+
+# --------------------------------------------------------------------------- #
+# nothing left for the cyclic garbage collector
+# --------------------------------------------------------------------------- #
+@pytest.mark.parametrize("backend_name", ["reference", "triton"])
+@pytest.mark.parametrize("base_name", ["weight", "input"])
+@pytest.mark.parametrize("name", sorted(Observer.registered_names()))
+def test_an_observer_call_leaves_nothing_for_the_cyclic_collector(name, base_name, backend_name):
+    """An observer made, attached to a Linear, fed through the module's
+    forward and directly, asked for its qparams and dropped is freed by
+    reference counting alone, as are its tensors (llm-compressor 0.14's
+    observers are not: each holds a fusion handler that holds it). The
+    triton backend's launches are stubbed: the interpreter's own launch
+    machinery leaves cycles of its own, which a GPU does not run."""
+    nvfp4 = "nvfp4" in name or "fouroversix" in name
+    args = nvfp4_args() if nvfp4 else QuantizationArgs(num_bits=4, strategy="group", group_size=16)
+    value = torch.randn(4, 8, 64)
+
+    def call():
+        with use_backend(backend_name):
+            obs = Observer.load_from_registry(name, base_name=base_name, args=args)
+            module = torch.nn.Linear(64, 32, bias=False)
+            obs.attach(module)
+            module(value)  # an imatrix observer's hook
+            observed = module.weight if base_name == "weight" else value
+            obs(observed)
+            obs(observed)
+            obs.get_qparams()
+            obs.detach(module)
+
+    if backend_name == "triton":
+        with bench_host.stubbed_launches():
+            call()  # the signatures' plans, kept for the process
+            left = left_for_the_collector(call)
+    else:
+        left = left_for_the_collector(call)
+    assert not left, f"{name} on {base_name}: left for the collector {left}"

@@ -825,6 +825,49 @@ def test_host_proxy_measures_the_drop_in_forward():
     assert not drop_in.is_enabled()
 
 
+@pytest.mark.parametrize("backend_name", ["reference", "triton"])
+@pytest.mark.parametrize("name", ALL_NAMES)
+def test_the_drop_in_leaves_the_collector_what_llmcompressor_leaves(name, backend_name, forced):
+    """llm-compressor 0.14's observers are reference cycles (each holds a
+    fusion handler that holds it), freed only by the cyclic garbage
+    collector. An observer of the drop-in, built as llm-compressor builds
+    one once the drop-in is enabled, observing and asked for its qparams,
+    leaves the collector exactly what llm-compressor's own observer leaves
+    (the oracle, the drop-in off), its class in place of llm-compressor's:
+    the drop-in adds no cycle, so no tensor of its own waits for a
+    collection. The triton backend's launches are stubbed: the
+    interpreter's launch machinery leaves cycles of its own, which a GPU
+    does not run."""
+    from obskernels.bench import host
+
+    from helpers import left_for_the_collector
+
+    kw = WEIGHT_ARGS["nvfp4" if "nvfp4" in name else "int4-group16"]
+    value = torch.randn(32, 64)
+
+    def maker(enable):
+        (drop_in.enable if enable else drop_in.disable)()
+        cls = type(LCObserver.load_from_registry(name, base_name="weight",
+                                                 args=QuantizationArgs(**copy.deepcopy(kw))))
+        assert ("ObsKernels" in cls.__name__) == enable
+
+        def call():
+            obs = cls(base_name="weight", args=QuantizationArgs(**copy.deepcopy(kw)))
+            obs(value)
+            obs(value)
+            obs.get_qparams()
+
+        return cls, call
+
+    base, plain = maker(enable=False)
+    adapter, ours = maker(enable=True)
+    with host.stubbed_launches():
+        ours()  # the signature's plans, kept for the process
+        theirs, left = left_for_the_collector(plain), left_for_the_collector(ours)
+    assert base.__name__ in theirs, f"{name}: llm-compressor's observer left no cycle {theirs}"
+    assert sorted(base.__name__ if t == adapter.__name__ else t for t in left) == theirs
+
+
 def test_host_proxy_partners_are_llmcompressors_own_calls():
     """obskernels.bench.host times its min/max and MSE scenarios in turns
     after llm-compressor's own observer (the drop-in off) making the same

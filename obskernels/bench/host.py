@@ -63,12 +63,22 @@ the host's caches instead (``swept_us``, ``swept_units``:
 ``sweep_host_caches``, untimed, before each call): where that reads as the
 turns do, the other library's call costs ours no more than the host caches
 it took.
+
+Each row also counts the garbage collections that ran inside its timed
+calls, per 1,000 calls (``gc_per_1000``, ``turns_gc_per_1000``): an
+obskernels observer leaves no reference cycles, so alone its calls rarely
+reach the collector's threshold, while llm-compressor 0.14's observers are
+cycles (each holds a fusion handler that holds it) that only a collection
+frees, and in turns some of those collections run inside our calls. A
+scenario's time is a median, which such calls do not move while they are
+few; the count says how few.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -401,6 +411,11 @@ def interleaved(calls: List, rounds: int, time_round: Callable,
     return timed
 
 
+def collections() -> int:
+    """Garbage collections run so far in this process, every generation."""
+    return sum(s["collections"] for s in gc.get_stats())
+
+
 def measure(scenarios=SCENARIOS, reps: int = 300, warmup: int = 20, rounds: int = 5) -> List[Dict]:
     """One record per scenario: host microseconds per call (``quiet_seconds``
     of ``rounds`` rounds of ``reps // rounds`` calls, stub time excluded,
@@ -408,7 +423,9 @@ def measure(scenarios=SCENARIOS, reps: int = 300, warmup: int = 20, rounds: int 
     ``unit_seconds()``, the same again in turns where the scenario has a
     partner (``_partner_of``: each call right after the partner's, untimed;
     None otherwise) and after a sweep of the host's caches for those
-    scenarios (``sweep_host_caches``, untimed), and Python calls."""
+    scenarios (``sweep_host_caches``, untimed), Python calls, and the
+    garbage collections inside the timed calls per 1,000 calls, alone and
+    in turns."""
     import warnings
 
     from obskernels.bench.backends import llmc_available
@@ -418,17 +435,26 @@ def measure(scenarios=SCENARIOS, reps: int = 300, warmup: int = 20, rounds: int 
     rounds = max(rounds, 1)
     per_round = max(reps // rounds, 1)
 
+    collected: Dict[int, int] = {}  # id of a run -> collections inside its timed calls
+
     def time_round(timed) -> List[float]:
         fn, before = timed
         times = []
+        ran = 0
         for _ in range(per_round):
             if before is not None:
                 before()
             _Stub.spent = 0.0
+            c0 = collections()
             t0 = time.perf_counter()
             fn()
             times.append(time.perf_counter() - t0 - _Stub.spent)
+            ran += collections() - c0
+        collected[id(timed)] = collected.get(id(timed), 0) + ran
         return times
+
+    def per_1000(run) -> float:
+        return collected.get(id(run), 0) * 1000 / (rounds * per_round)
 
     out = []
     with stubbed_launches(), warnings.catch_warnings():
@@ -442,16 +468,18 @@ def measure(scenarios=SCENARIOS, reps: int = 300, warmup: int = 20, rounds: int 
                     partner()
         # each scenario alone, then in turns where it has a partner, then
         # after a cache sweep where it has one, in the same rounds
+        solo = [(fn, None) for _, fn in calls]
         paired = [(fn, p) for (_, fn), p in zip(calls, partners) if p]
-        runs = [(fn, None) for _, fn in calls] + paired + [(fn, sweep_host_caches) for fn, _ in paired]
+        runs = solo + paired + [(fn, sweep_host_caches) for fn, _ in paired]
         timed = iter(interleaved(runs, rounds, time_round))
         alone = [next(timed) for _ in calls]
         turns_of = iter([next(timed) for _ in paired])
-        swept_of = timed
-        for (sc, fn), partner, done in zip(calls, partners, alone):
+        paired_of, swept_of = iter(paired), timed
+        for (sc, fn), partner, done, run in zip(calls, partners, alone, solo):
             seconds = quiet_seconds(done)
             turns = None if partner is None else quiet_seconds(next(turns_of))
             swept = None if partner is None else quiet_seconds(next(swept_of))
+            in_turns = None if partner is None else next(paired_of)
             out.append({
                 "scenario": sc.name, "observer": sc.observer, "repeat": sc.repeat,
                 "host_us": seconds * 1e6, "units": seconds / unit,
@@ -460,6 +488,8 @@ def measure(scenarios=SCENARIOS, reps: int = 300, warmup: int = 20, rounds: int 
                 "swept_us": None if swept is None else swept * 1e6,
                 "swept_units": None if swept is None else swept / unit,
                 "python_calls": _python_calls(fn), "unit_us": unit * 1e6,
+                "gc_per_1000": per_1000(run),
+                "turns_gc_per_1000": None if in_turns is None else per_1000(in_turns),
             })
     return out
 
@@ -514,15 +544,19 @@ def _print_table(rows: List[Dict]) -> None:
     unit = rows[0]["unit_us"] if rows else 0.0
     print(f"host cost per call, launches stubbed (a proxy; unit = one 1-element add_ = {unit:.2f} us)")
     turns = any(r.get("turns_us") is not None for r in rows)
-    print(f"{'scenario':32} {'observer':22} {'us':>8} {'units':>7} {'py calls':>9}"
-          + (f" {'in turns us':>12} {'units':>7} {'swept us':>9} {'units':>7}" if turns else ""))
+    print(f"{'scenario':32} {'observer':22} {'us':>8} {'units':>7} {'py calls':>9} {'gc/1k':>6}"
+          + (f" {'in turns us':>12} {'units':>7} {'gc/1k':>6} {'swept us':>9} {'units':>7}"
+             if turns else ""))
     for r in rows:
-        line = f"{r['scenario']:32} {r['observer']:22} {r['host_us']:8.1f} {r['units']:7.1f} {r['python_calls']:9d}"
+        line = (f"{r['scenario']:32} {r['observer']:22} {r['host_us']:8.1f} {r['units']:7.1f} "
+                f"{r['python_calls']:9d} {r['gc_per_1000']:6.0f}")
         if turns:
             t, s = r.get("turns_us"), r.get("swept_us")
-            line += f" {'-':>12} {'-':>7}" if t is None else f" {t:12.1f} {r['turns_units']:7.1f}"
+            line += (f" {'-':>12} {'-':>7} {'-':>6}" if t is None
+                     else f" {t:12.1f} {r['turns_units']:7.1f} {r['turns_gc_per_1000']:6.0f}")
             line += f" {'-':>9} {'-':>7}" if s is None else f" {s:9.1f} {r['swept_units']:7.1f}"
         print(line)
+    print("gc/1k: garbage collections that ran inside the timed calls, per 1,000 calls")
     if turns:
         print("in turns: each call right after llm-compressor's own observer made the same call "
               "(untimed; its MSE search on its Triton path, the kernel stubbed), as the bench's "
