@@ -833,16 +833,19 @@ def test_cuda_host_rounds_go_over_every_row_in_turn(monkeypatch, capsys):
     first launch site returned (None for a row that launches through none);
     turns: wiped calls each after the row's partner's call (llm-compressor's,
     untimed; None for a row without one), and issued in such calls; swept:
-    wiped calls each after a sweep of the host's caches, for the same rows.
+    wiped calls each after a sweep of the host's caches, for the same rows;
+    the garbage collections inside the timed calls in turns, per 1,000.
     Faked: CUDA, the L2 wipe, the launch sites, the rows' calls (each
     advancing a clock by its own cost, 0.5 more right after a wipe; the lead
-    call's launch 2.0 after its start and 0.25 long, part of its cost)."""
+    call's launch 2.0 after its start and 0.25 long, part of its cost; a
+    collection in every lead call, three in every partner's, untimed)."""
     from obskernels.bench import cuda_host, host
     from obskernels.kernels import _replay
 
     clock = _FakeClock(step=0.0, sync=1.0)
     order = []
     wiped = [False]
+    collected = [0]
 
     def wipe():
         order.append("wipe")
@@ -864,6 +867,7 @@ def test_cuda_host_rounds_go_over_every_row_in_turn(monkeypatch, capsys):
         def call():
             order.append(name)
             made.append(name)
+            collected[0] += {"lead": 1, "partner": 3}.get(name, 0)
             second = quiet is not None and 5 + 7 < len(made) <= 5 + 14  # after 5 warm-up calls
             clock.now += (quiet if second else cost) + (0.5 if wiped[0] else 0.0)
             if launch_at is not None:
@@ -892,6 +896,7 @@ def test_cuda_host_rounds_go_over_every_row_in_turn(monkeypatch, capsys):
     monkeypatch.setattr(cuda_host, "part_rows", no_parts)  # the other rows measured all the same
     monkeypatch.setattr(cuda_host, "_wipe", lambda: wipe)
     monkeypatch.setattr(host, "sweep_host_caches", sweep)
+    monkeypatch.setattr(host, "collections", lambda: collected[0])
     monkeypatch.setattr(host, "SCENARIOS", (minmax,))
     monkeypatch.setattr(host, "_call_of", lambda sc, device="cpu": row(sc.name, 5.0, quiet=4.0))
     rows = cuda_host.measure(n=2, reps=6, rounds=3)
@@ -924,6 +929,8 @@ def test_cuda_host_rounds_go_over_every_row_in_turn(monkeypatch, capsys):
     assert rows[-1]["turns_issued_us"] == pytest.approx((0.5 + 2.0 + 0.25) * 1e6)
     assert [r["swept_us"] for r in cold] == pytest.approx([(c + 0.5 + 1.0) * 1e6 for c in (2.0, 3.0, 9.0)])
     assert [r["swept_us"] for r in rows[2:-1]] == [None] * 3  # the sweep untimed
+    assert [r["turns_gc_per_1000"] for r in cold] == [0.0, 0.0, 1000.0]  # the partner's not counted
+    assert [r["turns_gc_per_1000"] for r in rows[2:-1]] == [None] * 3
     assert _replay.Replay.__call__ is site  # the sites unwrapped after
     assert "the minmax call's parts not timed: RuntimeError: no parts here" in capsys.readouterr().err
 

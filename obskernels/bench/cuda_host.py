@@ -36,6 +36,10 @@ Every row gives four times in microseconds (the lead calls seven):
   caches (``host.sweep_host_caches``, before the wipe) instead of
   llm-compressor's call: where it reads as ``turns_us`` does, the other
   library's call costs ours the host caches it took and nothing more.
+- ``turns_gc_per_1000``: the garbage collections that ran inside the
+  timed calls of ``turns_us``, per 1,000 calls (llm-compressor's observers
+  are reference cycles, which only a collection frees, and one may run
+  inside our call after its call; ``host.collections``).
 The rows are timed in 5 rounds that go over all of them in turn
 (``host.interleaved``), so that a stretch of other work on the GPU's host
 slows one round of every row rather than every call of one.
@@ -138,18 +142,26 @@ def loop_seconds(fn: Callable[[], object], n: int, rounds: int = 5) -> float:
 
 
 def sync_times(fn: Callable[[], object], reps: int,
-               wipe: Optional[Callable[[], object]] = None) -> List[float]:
+               wipe: Optional[Callable[[], object]] = None,
+               collected: Optional[List[int]] = None) -> List[float]:
     """Seconds of ``reps`` single calls, each synchronised (and, with
-    ``wipe``, made after ``wipe()``, the L2 wiped, and a synchronisation)."""
+    ``wipe``, made after ``wipe()``, the L2 wiped, and a synchronisation);
+    with ``collected``, the garbage collections that ran inside the timed
+    calls added to its one element."""
+    from obskernels.bench.host import collections
+
     times = []
     for _ in range(reps):
         if wipe is not None:
             wipe()
         _sync()
+        c0 = collections() if collected is not None else 0
         t0 = time.perf_counter()
         fn()
         _sync()
         times.append(time.perf_counter() - t0)
+        if collected is not None:
+            collected[0] += collections() - c0
     return times
 
 
@@ -655,14 +667,16 @@ def measure(n: int = 200, reps: int = 50, progress=None, rounds: int = 5) -> Lis
             partner()  # each once
 
         def figures(done) -> Dict:
-            loops, syncs, wipes, issues, turns, turns_issues, swept = zip(*done)
+            loops, syncs, wipes, issues, turns, turns_issues, swept, turns_gc = zip(*done)
             return {"loop_us": min(loops) * 1e6,
                     "sync_us": host.quiet_seconds(syncs) * 1e6,
                     "wiped_us": host.quiet_seconds(wipes) * 1e6,
                     "issued_us": _issued_us(issues),
                     "turns_us": host.quiet_seconds(turns) * 1e6 if all(turns) else None,
                     "turns_issued_us": _issued_us(turns_issues),
-                    "swept_us": host.quiet_seconds(swept) * 1e6 if all(swept) else None}
+                    "swept_us": host.quiet_seconds(swept) * 1e6 if all(swept) else None,
+                    "turns_gc_per_1000": (sum(turns_gc) * 1000 / sum(map(len, turns))
+                                          if all(turns) else None)}
 
         def time_round(fn):
             partner = partners.get(id(fn))
@@ -676,11 +690,13 @@ def measure(n: int = 200, reps: int = 50, progress=None, rounds: int = 5) -> Lis
                 wipe()
 
             issued_reps = max(per_round // 2, 1)
+            collected = [0]
             return (loop_seconds(fn, n, rounds=1), sync_times(fn, per_round),
                     sync_times(fn, per_round, wipe), issued_times(fn, issued_reps, wipe),
-                    None if partner is None else sync_times(fn, per_round, after_partner),
+                    None if partner is None else sync_times(fn, per_round, after_partner, collected),
                     None if partner is None else issued_times(fn, issued_reps, after_partner),
-                    None if partner is None else sync_times(fn, per_round, after_sweep))
+                    None if partner is None else sync_times(fn, per_round, after_sweep),
+                    collected[0])
 
         def report(r: int, timed) -> None:
             if progress:
@@ -759,11 +775,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"MEASURED on {rows[0]['device']}: wall time per call; unit = one 1-element CUDA add_ "
           f"= {rows[0]['unit_us']:.2f} us (back to back)")
     print(f"{'row':58} {'loop us':>9} {'sync us':>9} {'wiped us':>9} {'issued us':>9} {'turns us':>9} "
-          f"{'t-issued':>9} {'swept us':>9} {'units':>7}")
+          f"{'t-issued':>9} {'swept us':>9} {'units':>7} {'t-gc/1k':>8}")
     for r in rows:
+        gc_1k = r["turns_gc_per_1000"]
         print(f"{r['row']:58} {r['loop_us']:9.1f} {r['sync_us']:9.1f} {r['wiped_us']:9.1f} "
               f"{_us(r['issued_us']):>9} {_us(r['turns_us']):>9} {_us(r['turns_issued_us']):>9} "
-              f"{_us(r['swept_us']):>9} {r['units']:7.1f}")
+              f"{_us(r['swept_us']):>9} {r['units']:7.1f} {'-' if gc_1k is None else f'{gc_1k:.0f}':>8}")
+    print("t-gc/1k: garbage collections that ran inside the timed calls in turns, per 1,000 calls")
     for r in rows:
         if "by_part_us" in r:
             print("minmax call by part (loop us): " + ", ".join(
