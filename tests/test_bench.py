@@ -896,7 +896,7 @@ def test_cuda_host_rounds_go_over_every_row_in_turn(monkeypatch, capsys):
     monkeypatch.setattr(cuda_host, "part_rows", no_parts)  # the other rows measured all the same
     monkeypatch.setattr(cuda_host, "_wipe", lambda: wipe)
     monkeypatch.setattr(host, "sweep_host_caches", sweep)
-    monkeypatch.setattr(host, "collections", lambda: collected[0])
+    monkeypatch.setattr(host, "gc_collections", lambda: collected[0])
     monkeypatch.setattr(host, "SCENARIOS", (minmax,))
     monkeypatch.setattr(host, "_call_of", lambda sc, device="cpu": row(sc.name, 5.0, quiet=4.0))
     rows = cuda_host.measure(n=2, reps=6, rounds=3)

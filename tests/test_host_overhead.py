@@ -768,7 +768,7 @@ def test_host_proxy_times_a_scenario_in_turns_after_its_partner(monkeypatch):
     monkeypatch.setattr(host, "_call_of", call_of)
     monkeypatch.setattr(host, "_partner_of", lambda sc: partner if sc.name == "a" else None)
     monkeypatch.setattr(host, "sweep_host_caches", sweep)
-    monkeypatch.setattr(host, "collections", lambda: collected[0])
+    monkeypatch.setattr(host, "gc_collections", lambda: collected[0])
     a, b = (dataclasses.replace(host.SCENARIOS[0], name=n) for n in ("a", "b"))
     rows = host.measure((a, b), reps=4, warmup=1, rounds=2)
     # warm-up: each call once, then its partner; each round: a and b alone,

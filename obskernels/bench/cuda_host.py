@@ -39,7 +39,7 @@ Every row gives four times in microseconds (the lead calls seven):
 - ``turns_gc_per_1000``: the garbage collections that ran inside the
   timed calls of ``turns_us``, per 1,000 calls (llm-compressor's observers
   are reference cycles, which only a collection frees, and one may run
-  inside our call after its call; ``host.collections``).
+  inside our call after its call; ``host.gc_collections``).
 The rows are timed in 5 rounds that go over all of them in turn
 (``host.interleaved``), so that a stretch of other work on the GPU's host
 slows one round of every row rather than every call of one.
@@ -148,20 +148,20 @@ def sync_times(fn: Callable[[], object], reps: int,
     ``wipe``, made after ``wipe()``, the L2 wiped, and a synchronisation);
     with ``collected``, the garbage collections that ran inside the timed
     calls added to its one element."""
-    from obskernels.bench.host import collections
+    from obskernels.bench.host import gc_collections
 
     times = []
     for _ in range(reps):
         if wipe is not None:
             wipe()
         _sync()
-        c0 = collections() if collected is not None else 0
+        c0 = gc_collections() if collected is not None else 0
         t0 = time.perf_counter()
         fn()
         _sync()
         times.append(time.perf_counter() - t0)
         if collected is not None:
-            collected[0] += collections() - c0
+            collected[0] += gc_collections() - c0
     return times
 
 

@@ -411,7 +411,7 @@ def interleaved(calls: List, rounds: int, time_round: Callable,
     return timed
 
 
-def collections() -> int:
+def gc_collections() -> int:
     """Garbage collections run so far in this process, every generation."""
     return sum(s["collections"] for s in gc.get_stats())
 
@@ -445,11 +445,11 @@ def measure(scenarios=SCENARIOS, reps: int = 300, warmup: int = 20, rounds: int 
             if before is not None:
                 before()
             _Stub.spent = 0.0
-            c0 = collections()
+            c0 = gc_collections()
             t0 = time.perf_counter()
             fn()
             times.append(time.perf_counter() - t0 - _Stub.spent)
-            ran += collections() - c0
+            ran += gc_collections() - c0
         collected[id(timed)] = collected.get(id(timed), 0) + ran
         return times
 
