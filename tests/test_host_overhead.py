@@ -782,6 +782,24 @@ def test_host_proxy_times_a_scenario_in_turns_after_its_partner(monkeypatch):
     assert [(r["gc_per_1000"], r["turns_gc_per_1000"]) for r in rows] == [(0.0, 1000.0), (1000.0, None)]
 
 
+def test_host_proxy_counts_the_collections_started_within_its_block():
+    """The proxies' collection counter counts each collection started
+    inside ``counting_collections()``, every generation, and none outside,
+    its callback gone after the block."""
+    import gc
+
+    from obskernels.bench import host
+
+    before = host.gc_collections()
+    with host.counting_collections():
+        gc.collect(0)
+        gc.collect()
+        inside = host.gc_collections()
+    gc.collect()
+    assert inside - before == 2 and host.gc_collections() == inside
+    assert host._count_collection not in gc.callbacks
+
+
 @needs_interpreter
 def test_host_proxy_stubs_every_kernel_and_restores_them():
     from obskernels.bench import host

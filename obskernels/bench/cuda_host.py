@@ -39,7 +39,7 @@ Every row gives four times in microseconds (the lead calls seven):
 - ``turns_gc_per_1000``: the garbage collections that ran inside the
   timed calls of ``turns_us``, per 1,000 calls (llm-compressor's observers
   are reference cycles, which only a collection frees, and one may run
-  inside our call after its call; ``host.gc_collections``).
+  inside our call after its call; ``host.counting_collections``).
 The rows are timed in 5 rounds that go over all of them in turn
 (``host.interleaved``), so that a stretch of other work on the GPU's host
 slows one round of every row rather than every call of one.
@@ -631,7 +631,7 @@ def measure(n: int = 200, reps: int = 50, progress=None, rounds: int = 5) -> Lis
     rows: List[tuple] = [("unit: one-element CUDA add_", _unit()), ("bare Triton launch", _bare_launch())]
     rounds = max(rounds, 1)
     per_round = max(reps // rounds, 1)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), host.counting_collections():
         warnings.simplefilter("ignore")
         for sc in host.SCENARIOS:
             if sc.drop_in and not llmc_available():

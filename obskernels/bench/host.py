@@ -411,9 +411,32 @@ def interleaved(calls: List, rounds: int, time_round: Callable,
     return timed
 
 
+#: garbage collections started while ``counting_collections()`` is active
+_STARTED = [0]
+
+
+def _count_collection(phase: str, info: Dict) -> None:
+    if phase == "start":
+        _STARTED[0] += 1
+
+
+@contextlib.contextmanager
+def counting_collections():
+    """Within the block, every garbage collection started is counted
+    (``gc.callbacks``), so that a timed loop reads a counter
+    (``gc_collections``) beside the call it times rather than asking the
+    collector for its statistics there: a call timed cold must not follow
+    other work of ours."""
+    gc.callbacks.append(_count_collection)
+    try:
+        yield
+    finally:
+        gc.callbacks.remove(_count_collection)
+
+
 def gc_collections() -> int:
-    """Garbage collections run so far in this process, every generation."""
-    return sum(s["collections"] for s in gc.get_stats())
+    """Garbage collections started so far within ``counting_collections()``."""
+    return _STARTED[0]
 
 
 def measure(scenarios=SCENARIOS, reps: int = 300, warmup: int = 20, rounds: int = 5) -> List[Dict]:
@@ -457,7 +480,7 @@ def measure(scenarios=SCENARIOS, reps: int = 300, warmup: int = 20, rounds: int 
         return collected.get(id(run), 0) * 1000 / (rounds * per_round)
 
     out = []
-    with stubbed_launches(), warnings.catch_warnings():
+    with stubbed_launches(), counting_collections(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         calls = [(sc, _call_of(sc)) for sc in scenarios if not (sc.drop_in and not llmc_available())]
         partners = [_partner_of(sc) for sc, _ in calls]
